@@ -1,0 +1,9 @@
+# Warning flags for holdfast's own tests, benchmarks and examples. Never applied to consumers:
+# the library target carries no compile options.
+add_library(holdfast_warnings INTERFACE)
+target_compile_options(holdfast_warnings INTERFACE
+  -Wall -Wextra -Wpedantic -Wconversion -Wsign-conversion -Wshadow -Werror)
+
+# Our own targets see the headers as project headers (not SYSTEM), so the warnings reach them.
+add_library(holdfast_dev INTERFACE)
+target_link_libraries(holdfast_dev INTERFACE holdfast holdfast_warnings)

@@ -1,0 +1,117 @@
+// holdfast/error.hpp — the exception types every component throws.
+//
+// Guarantees:
+//   - Every failure of an operating-system call surfaces as holdfast::error (a std::system_error
+//     in the generic category) carrying the operation ("fsync"), the path or key it acted on, and
+//     errno. what() reads "fsync '/ckpt/step-10': Input/output error".
+//   - Bad input (a malformed file, a corrupt cache, an invalid key) also derives from
+//     holdfast::error, so one catch clause sees every holdfast failure.
+//   - Expected outcomes (a filled slot, an existing key, a timeout) are values, never exceptions.
+// Caveats:
+//   - errno values are Linux's; the category is std::generic_category().
+#pragma once
+
+#include <cerrno>
+#include <cstddef>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "version.hpp"
+
+HOLDFAST_NAMESPACE_BEGIN
+
+/// A failed operation: what was done, to which file or key, and the errno it failed with.
+class error : public std::system_error {
+ public:
+  error(int errnum, std::string operation, std::string path)
+      : error(errnum, std::move(operation), std::move(path), std::string()) {}
+
+  /// As above, with extra detail appended to what() (a line number, a slot, a peer's message).
+  error(int errnum, std::string operation, std::string path, const std::string& detail)
+      : std::system_error(errnum, std::generic_category(), describe(operation, path, detail)),
+        operation_(std::move(operation)),
+        path_(std::move(path)) {}
+
+  /// The operation that failed, e.g. "fsync", "rename", "parse".
+  const std::string& operation() const noexcept { return operation_; }
+  /// The file, directory or key the operation acted on (may be empty).
+  const std::string& path() const noexcept { return path_; }
+  /// The errno value (same as code().value()).
+  int errnum() const noexcept { return code().value(); }
+
+ private:
+  static std::string describe(const std::string& op, const std::string& path,
+                              const std::string& detail) {
+    std::string s = op;
+    if (!path.empty()) s += " '" + path + "'";
+    if (!detail.empty()) s += " (" + detail + ")";
+    return s;
+  }
+
+  std::string operation_;
+  std::string path_;
+};
+
+/// Malformed input file or message: names the file and the line or byte offset (errno EINVAL).
+class format_error : public error {
+ public:
+  format_error(std::string path, const std::string& where_and_why)
+      : error(EINVAL, "parse", std::move(path), where_and_why) {}
+};
+
+/// A cache file that cannot be trusted: names the file and the slot (errno EBADMSG).
+class corrupt_cache : public error {
+ public:
+  corrupt_cache(std::string path, std::size_t slot, const std::string& why)
+      : error(EBADMSG, "cache", std::move(path), "slot " + std::to_string(slot) + ": " + why),
+        slot_(slot) {}
+  /// The slot (index entry) found bad; for a bad header, 0.
+  std::size_t slot() const noexcept { return slot_; }
+
+ private:
+  std::size_t slot_;
+};
+
+/// Workers did not all answer within the agreement deadline (errno ETIMEDOUT).
+class agreement_timeout : public error {
+ public:
+  agreement_timeout(std::string key, std::vector<int> missing_tasks)
+      : error(ETIMEDOUT, "agree", std::move(key), "no answer from tasks " + join(missing_tasks)),
+        missing_(std::move(missing_tasks)) {}
+  /// The task ids that never answered.
+  const std::vector<int>& missing_tasks() const noexcept { return missing_; }
+
+ private:
+  static std::string join(const std::vector<int>& v) {
+    std::string s;
+    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    return s;
+  }
+  std::vector<int> missing_;
+};
+
+/// Another worker's step failed; raised on every other worker (errno ECANCELED).
+class peer_error : public error {
+ public:
+  peer_error(int origin_task, std::string type_name, std::string message)
+      : error(ECANCELED, "peer step", "task " + std::to_string(origin_task),
+              type_name + ": " + message),
+        origin_(origin_task),
+        type_(std::move(type_name)),
+        message_(std::move(message)) {}
+  /// The task id whose step raised.
+  int origin_task() const noexcept { return origin_; }
+  /// The type name of the original exception.
+  const std::string& type_name() const noexcept { return type_; }
+  /// The original exception's what().
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  int origin_;
+  std::string type_;
+  std::string message_;
+};
+
+HOLDFAST_NAMESPACE_END
