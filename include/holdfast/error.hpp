@@ -86,7 +86,10 @@ class agreement_timeout : public error {
  private:
   static std::string join(const std::vector<int>& v) {
     std::string s;
-    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i > 0) s += ',';
+      s += std::to_string(v[i]);
+    }
     return s;
   }
   std::vector<int> missing_;
