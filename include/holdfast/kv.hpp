@@ -1,0 +1,373 @@
+// holdfast/kv.hpp — the coordination key-value store contract shared by every backend.
+//
+// The step agreement talks to its peers through a small key-value store with the semantics of
+// TensorFlow's coordination service: insert-once, a blocking get with a deadline, try-get,
+// listing by directory prefix and deletion. Three backends implement it: `in_process_kv`
+// (threads of one process), `filesystem_kv` (a shared directory) and `etcd_kv` (etcd v3).
+//
+// Guarantees:
+//   - `kv_store<T>` (C++20) and `is_kv_store_v<T>` / `check_kv_store<T>()` (C++17) check the
+//     seven operations; check_kv_store's static_asserts name the first missing member.
+//   - Keys are `/`-separated paths of non-empty segments. A key that is empty, has an empty
+//     segment (a leading, trailing or doubled `/`), a `.` or `..` segment, or a NUL byte is
+//     rejected with holdfast::error(EINVAL, op, key, why) before any I/O.
+//   - Every backend scopes its keys under a `kv_namespace` (run id + incarnation), so a
+//     restarted job never reads the keys of its previous incarnation, and two namespaces never
+//     see each other's keys (neither part may contain `/`, so no key of one namespace can spell
+//     a key of another).
+//   - `list(prefix)` and `erase_prefix(prefix)` use directory semantics: they cover every key
+//     strictly below `prefix + "/"` (so "acks" covers "acks/0" but neither "acks" itself nor
+//     "acks2/0"); an empty prefix covers the whole namespace. A trailing `/` is accepted.
+//     Results are sorted by key, bytewise (unsigned), like etcd.
+//   - `counting_kv<Kv>` counts the operations of any backend per kind, thread-safely.
+// Caveats:
+//   - Values are opaque bytes (they may contain NUL); keys are compared bytewise, not
+//     normalized beyond the checks above.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "error.hpp"
+#include "io.hpp"  // detail::detect
+
+HOLDFAST_NAMESPACE_BEGIN
+
+/// A sorted list of key/value pairs, as returned by `list`.
+using kv_pairs = std::vector<std::pair<std::string, std::string>>;
+
+namespace detail {
+
+/// Why `key` is not a valid key, or an empty string when it is.
+inline std::string key_problem(std::string_view key) {
+  if (key.empty()) return "empty key";
+  if (key.find('\0') != std::string_view::npos) return "key contains a NUL byte";
+  std::size_t start = 0;
+  for (;;) {
+    std::size_t end = key.find('/', start);
+    std::string_view seg = key.substr(start, end == std::string_view::npos ? end : end - start);
+    if (seg.empty()) return "empty path segment (leading, trailing or doubled '/')";
+    if (seg == "..") return "'..' segment";
+    if (seg == ".") return "'.' segment";
+    if (end == std::string_view::npos) return {};
+    start = end + 1;
+  }
+}
+
+/// Display form of a key for messages: NUL bytes shown as \0.
+inline std::string printable_key(std::string_view key) {
+  std::string out;
+  for (char c : key) {
+    if (c == '\0')
+      out += "\\0";
+    else
+      out += c;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// Throws holdfast::error(EINVAL, op, key, why) unless `key` is a valid key.
+inline void validate_key(std::string_view key, const char* op = "kv key") {
+  std::string why = detail::key_problem(key);
+  if (!why.empty()) throw error(EINVAL, op, detail::printable_key(key), "invalid key: " + why);
+}
+
+/// True when `key` is a valid key.
+inline bool is_valid_key(std::string_view key) noexcept {
+  try {
+    return detail::key_problem(key).empty();
+  } catch (...) {
+    return false;
+  }
+}
+
+/// Normalizes a list/erase prefix: "" stays "" (the whole namespace), one trailing '/' is
+/// dropped, and the rest must be a valid key; throws holdfast::error(EINVAL, op, prefix) if not.
+inline std::string normalize_prefix(std::string_view prefix, const char* op = "kv prefix") {
+  if (prefix.empty()) return {};
+  std::string_view p = prefix;
+  if (p.back() == '/') p.remove_suffix(1);
+  std::string why = detail::key_problem(p);
+  if (!why.empty())
+    throw error(EINVAL, op, detail::printable_key(prefix), "invalid prefix: " + why);
+  return std::string(p);
+}
+
+/// The scope of a job's keys: its run id and its incarnation (restart count or attempt id).
+/// Each part is one non-empty key segment (no '/', no NUL, not "." or "..").
+class kv_namespace {
+ public:
+  /// Throws holdfast::error(EINVAL, "kv namespace", part) when a part is not one valid segment.
+  kv_namespace(std::string run_id, std::string incarnation)
+      : run_(std::move(run_id)), incarnation_(std::move(incarnation)) {
+    check(run_, "run id");
+    check(incarnation_, "incarnation");
+  }
+  /// As above, with a numeric incarnation (a restart counter).
+  kv_namespace(std::string run_id, std::uint64_t incarnation)
+      : kv_namespace(std::move(run_id), std::to_string(incarnation)) {}
+
+  /// The run id.
+  const std::string& run_id() const noexcept { return run_; }
+  /// The incarnation.
+  const std::string& incarnation() const noexcept { return incarnation_; }
+  /// "run/incarnation": the path every key of this namespace lives under.
+  std::string path() const { return run_ + "/" + incarnation_; }
+
+  friend bool operator==(const kv_namespace& a, const kv_namespace& b) {
+    return a.run_ == b.run_ && a.incarnation_ == b.incarnation_;
+  }
+  friend bool operator!=(const kv_namespace& a, const kv_namespace& b) { return !(a == b); }
+
+ private:
+  static void check(const std::string& part, const char* what) {
+    std::string why = detail::key_problem(part);
+    if (why.empty() && part.find('/') != std::string::npos) why = "contains '/'";
+    if (!why.empty())
+      throw error(EINVAL, "kv namespace", detail::printable_key(part),
+                  std::string("invalid ") + what + ": " + why);
+  }
+
+  std::string run_;
+  std::string incarnation_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The contract, checked at compile time.
+
+namespace detail {
+template <class T>
+using kv_insert = decltype(bool(std::declval<T&>().insert(std::declval<const std::string&>(),
+                                                          std::declval<const std::string&>())));
+template <class T>
+using kv_put = decltype(std::declval<T&>().put(std::declval<const std::string&>(),
+                                               std::declval<const std::string&>()));
+template <class T>
+using kv_try_get = std::enable_if_t<
+    std::is_convertible_v<decltype(std::declval<T&>().try_get(std::declval<const std::string&>())),
+                          std::optional<std::string>>>;
+template <class T>
+using kv_get = std::enable_if_t<
+    std::is_convertible_v<decltype(std::declval<T&>().get(std::declval<const std::string&>(),
+                                                          std::chrono::milliseconds{})),
+                          std::optional<std::string>>>;
+template <class T>
+using kv_list = std::enable_if_t<std::is_convertible_v<
+    decltype(std::declval<T&>().list(std::declval<const std::string&>())), kv_pairs>>;
+template <class T>
+using kv_erase = decltype(std::declval<T&>().erase(std::declval<const std::string&>()));
+template <class T>
+using kv_erase_prefix =
+    decltype(std::declval<T&>().erase_prefix(std::declval<const std::string&>()));
+}  // namespace detail
+
+/// True when T has every kv_store operation with the expected signature.
+template <class T>
+inline constexpr bool is_kv_store_v =
+    detail::detect<detail::kv_insert, T>::value&& detail::detect<detail::kv_put, T>::value&&
+        detail::detect<detail::kv_try_get, T>::value&& detail::detect<detail::kv_get, T>::value&&
+            detail::detect<detail::kv_list, T>::value&& detail::detect<detail::kv_erase, T>::value&&
+                detail::detect<detail::kv_erase_prefix, T>::value;
+
+/// Checks a key-value backend at compile time; each static_assert names the missing member.
+template <class Kv>
+constexpr bool check_kv_store() {
+  using namespace detail;
+  static_assert(detect<kv_insert, Kv>::value,
+                "holdfast: a kv_store needs bool insert(const std::string& key, value) "
+                "(false when the key exists)");
+  static_assert(detect<kv_put, Kv>::value,
+                "holdfast: a kv_store needs void put(const std::string& key, value)");
+  static_assert(detect<kv_try_get, Kv>::value,
+                "holdfast: a kv_store needs std::optional<std::string> try_get(const "
+                "std::string& key)");
+  static_assert(detect<kv_get, Kv>::value,
+                "holdfast: a kv_store needs std::optional<std::string> get(const std::string& "
+                "key, std::chrono::milliseconds timeout)");
+  static_assert(detect<kv_list, Kv>::value,
+                "holdfast: a kv_store needs kv_pairs list(const std::string& prefix)");
+  static_assert(detect<kv_erase, Kv>::value,
+                "holdfast: a kv_store needs erase(const std::string& key)");
+  static_assert(detect<kv_erase_prefix, Kv>::value,
+                "holdfast: a kv_store needs erase_prefix(const std::string& prefix)");
+  return true;
+}
+
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+/// C++20 spelling of is_kv_store_v.
+template <class T>
+concept kv_store = is_kv_store_v<T>;
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// counting_kv
+
+/// The kinds of operation counting_kv counts.
+enum class kv_op : unsigned { insert, put, try_get, get, list, erase, erase_prefix };
+
+/// The name of a kv_op ("insert", "try_get", ...).
+constexpr const char* kv_op_name(kv_op op) noexcept {
+  constexpr const char* names[] = {"insert", "put",   "try_get",     "get",
+                                   "list",   "erase", "erase_prefix"};
+  return names[static_cast<unsigned>(op)];
+}
+
+/// A snapshot of counting_kv's counters, one field per kind of operation.
+struct kv_counts {
+  std::uint64_t insert = 0;        ///< insert calls (successful or not)
+  std::uint64_t put = 0;           ///< put calls
+  std::uint64_t try_get = 0;       ///< try_get calls
+  std::uint64_t get = 0;           ///< blocking get calls
+  std::uint64_t list = 0;          ///< list calls
+  std::uint64_t erase = 0;         ///< erase calls
+  std::uint64_t erase_prefix = 0;  ///< erase_prefix calls
+  std::uint64_t failed = 0;        ///< calls of any kind that threw
+
+  /// The counter of one kind.
+  std::uint64_t operator[](kv_op op) const noexcept {
+    switch (op) {
+      case kv_op::insert:
+        return insert;
+      case kv_op::put:
+        return put;
+      case kv_op::try_get:
+        return try_get;
+      case kv_op::get:
+        return get;
+      case kv_op::list:
+        return list;
+      case kv_op::erase:
+        return erase;
+      case kv_op::erase_prefix:
+        return erase_prefix;
+    }
+    return 0;
+  }
+  /// Every call, of every kind (`failed` is already included in the kinds).
+  std::uint64_t total() const noexcept {
+    return insert + put + try_get + get + list + erase + erase_prefix;
+  }
+  /// Reads: try_get + get + list.
+  std::uint64_t reads() const noexcept { return try_get + get + list; }
+  /// Writes: insert + put + erase + erase_prefix.
+  std::uint64_t writes() const noexcept { return insert + put + erase + erase_prefix; }
+  /// "insert=2 put=0 try_get=1 get=3 list=0 erase=0 erase_prefix=0 failed=0 total=6".
+  std::string to_string() const {
+    std::string s;
+    for (unsigned i = 0; i <= static_cast<unsigned>(kv_op::erase_prefix); ++i) {
+      auto op = static_cast<kv_op>(i);
+      s += std::string(kv_op_name(op)) + "=" + std::to_string((*this)[op]) + " ";
+    }
+    return s + "failed=" + std::to_string(failed) + " total=" + std::to_string(total());
+  }
+  friend bool operator==(const kv_counts& a, const kv_counts& b) {
+    return a.insert == b.insert && a.put == b.put && a.try_get == b.try_get && a.get == b.get &&
+           a.list == b.list && a.erase == b.erase && a.erase_prefix == b.erase_prefix &&
+           a.failed == b.failed;
+  }
+  friend bool operator!=(const kv_counts& a, const kv_counts& b) { return !(a == b); }
+};
+
+/// A kv_store that forwards to `Kv` and counts each call by kind. Copies share the counters
+/// (and copy the inner handle), so one counter set can be handed to several threads.
+template <class Kv>
+class counting_kv {
+  static_assert(check_kv_store<Kv>());
+
+ public:
+  /// Wraps `inner` (moved in).
+  explicit counting_kv(Kv inner) : inner_(std::move(inner)), counters_(new counters) {}
+  /// Constructs the inner store in place from `args`.
+  template <class... Args, class = std::enable_if_t<std::is_constructible_v<Kv, Args&&...>>>
+  explicit counting_kv(std::in_place_t, Args&&... args)
+      : inner_(std::forward<Args>(args)...), counters_(new counters) {}
+
+  /// Counts then forwards.
+  bool insert(const std::string& key, std::string_view value) {
+    return call(kv_op::insert, [&] { return inner_.insert(key, value); });
+  }
+  /// Counts then forwards.
+  void put(const std::string& key, std::string_view value) {
+    call(kv_op::put, [&] { inner_.put(key, value); });
+  }
+  /// Counts then forwards.
+  std::optional<std::string> try_get(const std::string& key) {
+    return call(kv_op::try_get, [&] { return inner_.try_get(key); });
+  }
+  /// Counts then forwards.
+  std::optional<std::string> get(const std::string& key, std::chrono::milliseconds timeout) {
+    return call(kv_op::get, [&] { return inner_.get(key, timeout); });
+  }
+  /// Counts then forwards.
+  kv_pairs list(const std::string& prefix) {
+    return call(kv_op::list, [&] { return inner_.list(prefix); });
+  }
+  /// Counts then forwards.
+  auto erase(const std::string& key) {
+    return call(kv_op::erase, [&] { return inner_.erase(key); });
+  }
+  /// Counts then forwards.
+  auto erase_prefix(const std::string& prefix) {
+    return call(kv_op::erase_prefix, [&] { return inner_.erase_prefix(prefix); });
+  }
+
+  /// A snapshot of the counters.
+  kv_counts counts() const noexcept {
+    kv_counts c;
+    c.insert = load(kv_op::insert);
+    c.put = load(kv_op::put);
+    c.try_get = load(kv_op::try_get);
+    c.get = load(kv_op::get);
+    c.list = load(kv_op::list);
+    c.erase = load(kv_op::erase);
+    c.erase_prefix = load(kv_op::erase_prefix);
+    c.failed = counters_->failed.load(std::memory_order_relaxed);
+    return c;
+  }
+  /// The counter of one kind.
+  std::uint64_t count(kv_op op) const noexcept { return load(op); }
+  /// Sets every counter to zero.
+  void reset_counts() noexcept {
+    for (auto& c : counters_->by_kind) c.store(0, std::memory_order_relaxed);
+    counters_->failed.store(0, std::memory_order_relaxed);
+  }
+  /// The wrapped store.
+  Kv& inner() noexcept { return inner_; }
+  /// The wrapped store.
+  const Kv& inner() const noexcept { return inner_; }
+
+ private:
+  struct counters {
+    std::atomic<std::uint64_t> by_kind[7] = {};
+    std::atomic<std::uint64_t> failed{0};
+  };
+
+  std::uint64_t load(kv_op op) const noexcept {
+    return counters_->by_kind[static_cast<unsigned>(op)].load(std::memory_order_relaxed);
+  }
+  template <class F>
+  decltype(auto) call(kv_op op, F&& f) {
+    counters_->by_kind[static_cast<unsigned>(op)].fetch_add(1, std::memory_order_relaxed);
+    try {
+      return f();
+    } catch (...) {
+      counters_->failed.fetch_add(1, std::memory_order_relaxed);
+      throw;
+    }
+  }
+
+  Kv inner_;
+  std::shared_ptr<counters> counters_;
+};
+
+HOLDFAST_NAMESPACE_END

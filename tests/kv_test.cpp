@@ -1,0 +1,364 @@
+// The kv_store contract: one suite, instantiated for every backend (in-process, filesystem,
+// etcd against a real server), plus the cross-process half for the backends that have one.
+// Also: key validation, namespaces, the compile-time checks and counting_kv.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <holdfast/kv.hpp>
+#include <holdfast/kv/in_process.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/child.hpp"
+
+using namespace std::chrono_literals;
+using holdfast::kv_namespace;
+using holdfast::kv_pairs;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+// ---- one fixture per backend: make(ns) returns a store over the same backing ----------------
+
+struct in_process_backend {
+  static constexpr bool cross_process = false;
+  holdfast::in_process_kv base{kv_namespace("unused", 0)};
+  holdfast::in_process_kv make(const kv_namespace& ns) { return base.with_namespace(ns); }
+};
+
+const kv_namespace ns0("run", 0);
+
+long long ms_since(clk::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - t0).count();
+}
+
+// Runs `op`; returns the holdfast::error it threw, or fails the test.
+template <class Op>
+holdfast::error error_from(Op op) {
+  try {
+    op();
+  } catch (const holdfast::error& e) {
+    return e;
+  }
+  FAIL("no holdfast::error was thrown");
+  return holdfast::error(0, "", "");
+}
+
+}  // namespace
+
+// ---- the contract suite --------------------------------------------------------------------
+
+TEST_CASE_TEMPLATE_DEFINE("kv contract: insert once, put overwrites, try_get", B, kv_insert) {
+  B backend;
+  auto kv = backend.make(ns0);
+  CHECK_FALSE(kv.try_get("a/b").has_value());
+  CHECK(kv.insert("a/b", "one"));
+  CHECK_FALSE(kv.insert("a/b", "two"));  // duplicate insert: false, value unchanged
+  CHECK(kv.try_get("a/b") == std::optional<std::string>("one"));
+  kv.put("a/b", "three");
+  CHECK(kv.try_get("a/b") == std::optional<std::string>("three"));
+  kv.put("fresh", "");  // put creates; empty values are values
+  CHECK(kv.try_get("fresh") == std::optional<std::string>(""));
+  const std::string binary("\0\x01\xff\n\"\\{}", 9);
+  CHECK(kv.insert("bin", binary));
+  CHECK(kv.try_get("bin") == std::optional<std::string>(binary));
+  const std::string odd_key = "sp ace/%25/ünï/-_.x";  // bytes a filesystem or URL must escape
+  CHECK(kv.insert(odd_key, "v"));
+  CHECK(kv.try_get(odd_key) == std::optional<std::string>("v"));
+  CHECK(kv.get("a/b", 0ms) == std::optional<std::string>("three"));  // existing: no wait
+}
+
+TEST_CASE_TEMPLATE_DEFINE("kv contract: a blocked get wakes when another thread inserts", B,
+                          kv_get_wakes) {
+  B backend;
+  auto waiter = backend.make(ns0);
+  auto writer = backend.make(ns0);
+  std::atomic<bool> started{false};
+  std::optional<std::string> got;
+  long long waited_ms = -1;
+  std::thread t([&] {
+    auto t0 = clk::now();
+    started = true;
+    got = waiter.get("barrier/ready", 10s);
+    waited_ms = ms_since(t0);
+  });
+  while (!started) std::this_thread::yield();
+  std::this_thread::sleep_for(150ms);  // let the get block (the thing under test is the wake-up)
+  CHECK(writer.insert("barrier/ready", "go"));
+  t.join();
+  CHECK(got == std::optional<std::string>("go"));
+  CHECK(waited_ms >= 100);  // it really blocked
+  CHECK(waited_ms < 5000);  // and woke on the insert, long before its 10 s timeout
+}
+
+TEST_CASE_TEMPLATE_DEFINE("kv contract: get times out within the deadline + 10%", B,
+                          kv_get_timeout) {
+  B backend;
+  auto kv = backend.make(ns0);
+  for (auto timeout : {500ms, 300ms}) {
+    auto t0 = clk::now();
+    auto got = kv.get("never/inserted", timeout);
+    auto elapsed = ms_since(t0);
+    CHECK_FALSE(got.has_value());
+    CHECK(elapsed >= timeout.count() - 5);  // clocks may round a few ms early, never much
+    CHECK(elapsed <= timeout.count() * 11 / 10);
+  }
+  auto t0 = clk::now();
+  CHECK_FALSE(kv.get("never/inserted", 0ms).has_value());  // zero timeout = try_get
+  CHECK(ms_since(t0) < 200);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("kv contract: erase, then insert again", B, kv_erase) {
+  B backend;
+  auto kv = backend.make(ns0);
+  CHECK(kv.insert("claim", "worker-1"));
+  CHECK(kv.erase("claim"));
+  CHECK_FALSE(kv.try_get("claim").has_value());
+  CHECK_FALSE(kv.erase("claim"));  // already gone
+  CHECK(kv.insert("claim", "worker-2"));
+  CHECK(kv.try_get("claim") == std::optional<std::string>("worker-2"));
+  CHECK_FALSE(kv.insert("claim", "worker-3"));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("kv contract: list by nested, empty and non-matching prefixes", B,
+                          kv_list) {
+  B backend;
+  auto kv = backend.make(ns0);
+  for (auto k : {"a/b/d", "a/b/c", "a/e", "a", "ab/x", "a/b/c/deep", "z"}) kv.put(k, k + 1);
+  const kv_pairs ab = {{"a/b/c", "/b/c"}, {"a/b/c/deep", "/b/c/deep"}, {"a/b/d", "/b/d"}};
+  CHECK(kv.list("a/b") == ab);
+  CHECK(kv.list("a/b/") == ab);  // a trailing slash means the same directory
+  CHECK(kv.list("a/b/c") == kv_pairs{{"a/b/c/deep", "/b/c/deep"}});
+  kv_pairs a = ab;
+  a.emplace_back("a/e", "/e");
+  CHECK(kv.list("a") == a);  // not "a" itself, not "ab/x"
+  auto all = kv.list("");
+  REQUIRE(all.size() == 7);
+  CHECK(std::is_sorted(all.begin(), all.end()));
+  CHECK(all.front().first == "a");
+  CHECK(all.back() == std::make_pair(std::string("z"), std::string("")));
+  CHECK(kv.list("nothing/here").empty());
+  CHECK(kv.list("a/b/c/deep").empty());
+  CHECK(kv.list("a/bb").empty());
+}
+
+TEST_CASE_TEMPLATE_DEFINE("kv contract: erase_prefix removes a directory and nothing else", B,
+                          kv_erase_prefix) {
+  B backend;
+  auto kv = backend.make(ns0);
+  for (auto k : {"acks/0", "acks/1", "acks/2/x", "acks", "acks2/0", "other"}) kv.put(k, "v");
+  CHECK(kv.erase_prefix("acks") == 3);
+  CHECK(kv.list("acks").empty());
+  CHECK(kv.try_get("acks").has_value());
+  CHECK(kv.try_get("acks2/0").has_value());
+  CHECK(kv.erase_prefix("acks") == 0);
+  CHECK(kv.insert("acks/0", "again"));  // re-insert after a recursive delete
+  CHECK(kv.erase_prefix("") == 4);      // the whole namespace
+  CHECK(kv.list("").empty());
+}
+
+TEST_CASE_TEMPLATE_DEFINE("kv contract: invalid keys are rejected with the key named", B,
+                          kv_invalid_keys) {
+  B backend;
+  auto kv = backend.make(ns0);
+  const std::string bad[] = {
+      "", "/a", "a/", "a//b", "..", "a/../b", "a/./b", ".", std::string("a\0b", 3)};
+  for (const auto& key : bad) {
+    CAPTURE(key);
+    auto e = error_from([&] { kv.insert(key, "v"); });
+    CHECK(e.errnum() == EINVAL);
+    CHECK(std::string(e.what()).find("invalid key") != std::string::npos);
+    if (!key.empty() && key.find('\0') == std::string::npos)
+      CHECK(std::string(e.what()).find("'" + key + "'") != std::string::npos);
+    CHECK(error_from([&] { kv.put(key, "v"); }).errnum() == EINVAL);
+    CHECK(error_from([&] { kv.try_get(key); }).errnum() == EINVAL);
+    CHECK(error_from([&] { kv.get(key, 10ms); }).errnum() == EINVAL);
+    CHECK(error_from([&] { kv.erase(key); }).errnum() == EINVAL);
+  }
+  CHECK(std::string(error_from([&] { kv.insert(std::string("a\0b", 3), "v"); }).what())
+            .find("a\\0b") != std::string::npos);
+  const std::string bad_prefixes[] = {"/", "//", "a//", "../x", std::string("\0", 1)};
+  for (const auto& prefix : bad_prefixes) {
+    CAPTURE(prefix);
+    CHECK(error_from([&] { kv.list(prefix); }).errnum() == EINVAL);
+    CHECK(error_from([&] { kv.erase_prefix(prefix); }).errnum() == EINVAL);
+  }
+  CHECK(kv.list("").empty());  // nothing was written by the rejected calls
+}
+
+TEST_CASE_TEMPLATE_DEFINE("kv contract: namespaces are isolated", B, kv_namespaces) {
+  B backend;
+  auto first = backend.make(kv_namespace("job", 0));
+  auto restarted = backend.make(kv_namespace("job", 1));
+  auto other_job = backend.make(kv_namespace("job2", 0));
+  CHECK(first.insert("claim", "incarnation 0"));
+  CHECK_FALSE(restarted.try_get("claim").has_value());  // a restart never sees the old keys
+  CHECK(restarted.insert("claim", "incarnation 1"));
+  CHECK(other_job.insert("claim", "job2"));
+  CHECK(first.try_get("claim") == std::optional<std::string>("incarnation 0"));
+  CHECK(restarted.get("claim", 100ms) == std::optional<std::string>("incarnation 1"));
+  CHECK(first.list("") == kv_pairs{{"claim", "incarnation 0"}});
+  CHECK(restarted.erase_prefix("") == 1);
+  CHECK(first.try_get("claim").has_value());
+  CHECK(other_job.try_get("claim") == std::optional<std::string>("job2"));
+  auto same = backend.make(kv_namespace("job", 0));  // a second handle on one namespace shares it
+  CHECK(same.try_get("claim") == std::optional<std::string>("incarnation 0"));
+}
+
+TEST_CASE_TEMPLATE_DEFINE("kv contract: concurrent inserts of one key, exactly one wins", B,
+                          kv_insert_race) {
+  B backend;
+  constexpr int kThreads = 4;
+  std::atomic<int> wins{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i)
+    threads.emplace_back([&, i] {
+      auto kv = backend.make(ns0);
+      while (!go) std::this_thread::yield();
+      for (int round = 0; round < 10; ++round)
+        if (kv.insert("race/" + std::to_string(round), std::to_string(i))) ++wins;
+    });
+  go = true;
+  for (auto& t : threads) t.join();
+  CHECK(wins == 10);
+  auto kv = backend.make(ns0);
+  CHECK(kv.list("race").size() == 10);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("kv contract: counting_kv counts every call by kind", B, kv_counting) {
+  B backend;
+  holdfast::counting_kv<decltype(backend.make(ns0))> kv(backend.make(ns0));
+  CHECK(kv.insert("k", "v"));
+  CHECK_FALSE(kv.insert("k", "v"));
+  kv.put("k", "w");
+  kv.try_get("k");
+  kv.get("k", 10ms);
+  kv.list("");
+  kv.erase("k");
+  kv.erase_prefix("");
+  CHECK_THROWS_AS(kv.try_get("bad//key"), holdfast::error);
+  auto c = kv.counts();
+  CHECK(c.insert == 2);
+  CHECK(c.put == 1);
+  CHECK(c.try_get == 2);
+  CHECK(c.get == 1);
+  CHECK(c.list == 1);
+  CHECK(c.erase == 1);
+  CHECK(c.erase_prefix == 1);
+  CHECK(c.failed == 1);
+  CHECK(c.total() == 9);
+  CHECK(c[holdfast::kv_op::insert] == 2);
+  CHECK(kv.count(holdfast::kv_op::try_get) == 2);
+  CHECK(c.to_string() ==
+        "insert=2 put=1 try_get=2 get=1 list=1 erase=1 erase_prefix=1 failed=1 total=9");
+  auto copy = kv;  // copies share the counters
+  copy.put("k2", "v");
+  CHECK(kv.counts().put == 2);
+  kv.reset_counts();
+  CHECK(kv.counts() == holdfast::kv_counts{});
+}
+
+TEST_CASE_TEMPLATE_INVOKE(kv_insert, in_process_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_get_wakes, in_process_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_get_timeout, in_process_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_erase, in_process_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_list, in_process_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_erase_prefix, in_process_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_invalid_keys, in_process_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_namespaces, in_process_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_insert_race, in_process_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_counting, in_process_backend);
+
+// ---- backend-independent parts ---------------------------------------------------------------
+
+namespace {
+struct missing_erase {
+  bool insert(const std::string&, const std::string&) { return true; }
+  void put(const std::string&, const std::string&) {}
+  std::optional<std::string> try_get(const std::string&) { return {}; }
+  std::optional<std::string> get(const std::string&, std::chrono::milliseconds) { return {}; }
+  kv_pairs list(const std::string&) { return {}; }
+  std::size_t erase_prefix(const std::string&) { return 0; }
+};
+struct wrong_get {  // get without a timeout
+  bool insert(const std::string&, const std::string&) { return true; }
+  void put(const std::string&, const std::string&) {}
+  std::optional<std::string> try_get(const std::string&) { return {}; }
+  std::optional<std::string> get(const std::string&) { return {}; }
+  kv_pairs list(const std::string&) { return {}; }
+  bool erase(const std::string&) { return true; }
+  std::size_t erase_prefix(const std::string&) { return 0; }
+};
+}  // namespace
+
+TEST_CASE("kv_store trait and concept accept the backends and reject incomplete types") {
+  static_assert(holdfast::is_kv_store_v<holdfast::in_process_kv>);
+  static_assert(holdfast::check_kv_store<holdfast::in_process_kv>());
+  static_assert(holdfast::is_kv_store_v<holdfast::counting_kv<holdfast::in_process_kv>>);
+  static_assert(!holdfast::is_kv_store_v<missing_erase>);
+  static_assert(!holdfast::is_kv_store_v<wrong_get>);
+  static_assert(!holdfast::is_kv_store_v<int>);
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+  static_assert(holdfast::kv_store<holdfast::in_process_kv>);
+  static_assert(!holdfast::kv_store<missing_erase>);
+#endif
+  CHECK(holdfast::is_kv_store_v<holdfast::in_process_kv>);
+  CHECK_FALSE(holdfast::is_kv_store_v<missing_erase>);
+}
+
+TEST_CASE("key validation: what is accepted and what each rejection says") {
+  for (auto k : {"a", "a/b", "a/b/c", "...", "a/.b", ".hidden", "a..b", "x y", "\xff"})
+    CHECK_MESSAGE(holdfast::is_valid_key(k), k);
+  auto why = [](const std::string& key) {
+    try {
+      holdfast::validate_key(key, "kv insert");
+    } catch (const holdfast::error& e) {
+      CHECK(e.errnum() == EINVAL);
+      CHECK(e.operation() == "kv insert");
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(why("").find("empty key") != std::string::npos);
+  CHECK(why("a//b").find("empty path segment") != std::string::npos);
+  CHECK(why("a//b").find("'a//b'") != std::string::npos);
+  CHECK(why("/a").find("empty path segment") != std::string::npos);
+  CHECK(why("a/").find("empty path segment") != std::string::npos);
+  CHECK(why("a/../b").find("'..' segment") != std::string::npos);
+  CHECK(why("./b").find("'.' segment") != std::string::npos);
+  CHECK(why(std::string("k\0", 2)).find("NUL") != std::string::npos);
+  CHECK(holdfast::normalize_prefix("") == "");
+  CHECK(holdfast::normalize_prefix("a/b/") == "a/b");
+  CHECK_THROWS_AS(holdfast::normalize_prefix("a//"), holdfast::error);
+}
+
+TEST_CASE("kv_namespace: one segment per part, path() joins them") {
+  kv_namespace ns("run-7", 3);
+  CHECK(ns.run_id() == "run-7");
+  CHECK(ns.incarnation() == "3");
+  CHECK(ns.path() == "run-7/3");
+  CHECK(ns == kv_namespace("run-7", "3"));
+  CHECK(ns != kv_namespace("run-7", 4));
+  for (auto bad : {"", "a/b", "..", "."}) {
+    CAPTURE(bad);
+    CHECK(error_from([&] { kv_namespace(bad, 0); }).errnum() == EINVAL);
+    CHECK(error_from([&] { kv_namespace("run", bad); }).errnum() == EINVAL);
+  }
+  CHECK(std::string(error_from([] { kv_namespace("a/b", 0); }).what()).find("run id") !=
+        std::string::npos);
+}
+
+TEST_CASE("kv_counts names every kind") {
+  CHECK(std::string(holdfast::kv_op_name(holdfast::kv_op::erase_prefix)) == "erase_prefix");
+  holdfast::kv_counts c;
+  c.get = 3;
+  c.list = 1;
+  c.put = 2;
+  CHECK(c.reads() == 4);
+  CHECK(c.writes() == 2);
+  CHECK(c.total() == 6);
+}
