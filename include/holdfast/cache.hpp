@@ -1,0 +1,914 @@
+// holdfast/cache.hpp — an index-addressed cache file shared by processes, file-compatible with
+// pfio's MultiprocessFileCache / FileCache / ReadOnlyFileCache.
+//
+// A cache has `length` slots. Slot i is written at most once (`put`) and read any number of times
+// (`get`) by any process that has the cache: the one that created it, its forked children (e.g.
+// data-loader workers) and unrelated processes that `attach` by path. The file holds an index of
+// fixed-size entries (offset, length) followed by the items, appended back to back.
+//
+//   holdfast::multiprocess_file_cache cache(holdfast::create_cache, 50000);
+//   if (!cache.get(i)) cache.put(i, decode(sample(i)));   // any process, any order
+//   auto bytes = cache.get(i);                            // std::optional<std::string_view>
+//
+// Guarantees:
+//   - Crash consistency: a put writes the item's bytes first, then the entry's offset, then its
+//     length with a release store into the shared mapping of the index; readers acquire-load the
+//     length. A reader (in any process) sees an empty slot or the complete item, never a torn one,
+//     and a writer killed at any instruction leaves no entry pointing at unwritten bytes.
+//   - Gets take no lock and make no system call with mmap_read (a view into a mapping reserved
+//     once at open, never remapped), and exactly one pread with pread_read (which maps only the
+//     index). Puts are serialized by flock on a descriptor each process opens itself: a forked
+//     child notices the pid change and reopens, so it never shares the parent's lock.
+//   - `put` stores once: false when the slot is filled, the cache is frozen, or the size limit
+//     (index + data) would be exceeded. ENOSPC freezes the cache and returns false, with no
+//     exception and the lock released, so other processes go on.
+//   - pfio_format files are byte-for-byte pfio's (little-endian `Qq` entries, (0, -1) = empty);
+//     checked_format adds a header and a CRC32C per item, verified on every get and on preload.
+//   - Opening a file (preload, attach) validates it and throws corrupt_cache naming the file and
+//     the slot; no get ever reads outside the file or the mapping.
+//   - The temp file is removed by the destructor of the object that created it, in the creating
+//     process only (never by a forked child's copy).
+// Caveats:
+//   - pfio_format stores no length: the reader must be told it (as with pfio).
+//   - freeze() and the size limit act on one object. preserve() on a checked_format cache also
+//     seals the file for every process; on a pfio_format cache other processes that keep putting
+//     grow the preserved file (as in pfio).
+//   - Do not fork while another thread of the process is inside `put` (as with any mutex).
+//   - With mmap_read the file can grow to the reserved address range (cache_options::reserve,
+//     default: the size limit, else 64 GiB); a put past it returns false like the size limit.
+//   - sync_never (the default) survives a killed process, not a power cut; preserve() fsyncs.
+#pragma once
+
+#include <fcntl.h>     // O_RDWR, O_CREAT, O_EXCL
+#include <sys/file.h>  // LOCK_EX, LOCK_UN
+#include <sys/mman.h>  // PROT_*, MAP_SHARED
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>  // getenv: $TMPDIR for the default directory
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "detail/crc32c.hpp"
+#include "error.hpp"
+#include "io.hpp"
+
+HOLDFAST_NAMESPACE_BEGIN
+
+// ---------------------------------------------------------------------------------------------
+// Tags: how a cache object gets its file.
+
+/// Tag: create a new temp cache file in a directory (removed when the creating object dies).
+struct create_cache_t {
+  explicit create_cache_t() = default;
+};
+/// Tag: open a live cache file created by another process, to put and get (exec'ed workers).
+struct attach_cache_t {
+  explicit attach_cache_t() = default;
+};
+/// Tag: open a preserved cache file read-only and frozen (read-only files and dirs work).
+struct preload_cache_t {
+  explicit preload_cache_t() = default;
+};
+/// Tag value for create_cache_t.
+inline constexpr create_cache_t create_cache{};
+/// Tag value for attach_cache_t.
+inline constexpr attach_cache_t attach_cache{};
+/// Tag value for preload_cache_t.
+inline constexpr preload_cache_t preload_cache{};
+
+// ---------------------------------------------------------------------------------------------
+// Read policies.
+
+/// Read policy: map the whole file once; get returns a zero-copy std::string_view.
+struct mmap_read {
+  static constexpr bool maps_data = true;
+};
+/// Read policy: map only the index; get does one pread into an owned std::string.
+struct pread_read {
+  static constexpr bool maps_data = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Lock policies: how puts are serialized.
+
+/// Lock policy for several processes: a process-local mutex plus flock(LOCK_EX) on a descriptor
+/// the process opened itself (flock belongs to the open file description, which a forked child
+/// shares with its parent: on a pid change the descriptor is reopened first).
+struct flock_lock {
+  static constexpr bool interprocess = true;
+  /// Takes the lock, reopening `fd` when `opened_by` is not this process; throws
+  /// holdfast::error("flock" or "open", path).
+  template <class Io>
+  void lock(basic_fd<Io>& fd, pid_t& opened_by) {
+    mutex_.lock();
+    try {
+      pid_t self = Io::getpid();
+      if (self != opened_by) {
+        fd = open_file<Io>(fd.path(), O_RDWR);  // our copy of the parent's description closes
+        opened_by = self;
+      }
+      while (Io::flock(fd.get(), LOCK_EX) != 0)
+        if (errno != EINTR) throw error(errno, "flock", fd.path());
+    } catch (...) {
+      mutex_.unlock();
+      throw;
+    }
+  }
+  /// Releases the lock (never fails: closing or dying releases a flock too).
+  template <class Io>
+  void unlock(const basic_fd<Io>& fd) noexcept {
+    Io::flock(fd.get(), LOCK_UN);
+    mutex_.unlock();
+  }
+
+ private:
+  std::mutex mutex_;
+};
+
+/// Lock policy for one process with several threads: a mutex only.
+struct mutex_lock {
+  static constexpr bool interprocess = false;
+  /// Takes the mutex.
+  template <class Io>
+  void lock(basic_fd<Io>&, pid_t&) {
+    mutex_.lock();
+  }
+  /// Releases the mutex.
+  template <class Io>
+  void unlock(const basic_fd<Io>&) noexcept {
+    mutex_.unlock();
+  }
+
+ private:
+  std::mutex mutex_;
+};
+
+/// Lock policy that costs nothing (as spdlog's null_mutex): one thread puts, or nobody
+/// (preloaded files).
+struct no_lock {
+  static constexpr bool interprocess = false;
+  /// Does nothing.
+  template <class Io>
+  void lock(basic_fd<Io>&, pid_t&) noexcept {}
+  /// Does nothing.
+  template <class Io>
+  void unlock(const basic_fd<Io>&) noexcept {}
+};
+
+// ---------------------------------------------------------------------------------------------
+// Sync policies: what a put makes durable.
+
+/// Sync policy: no fsync; a put survives the death of any process, not a power cut.
+struct sync_never {
+  /// Called after the item's bytes are written, before its entry is published.
+  template <class Io>
+  static void after_data(const basic_fd<Io>&) noexcept {}
+  /// Called after the entry is published.
+  template <class Io>
+  static void after_entry(const basic_fd<Io>&) noexcept {}
+};
+
+/// Sync policy: fdatasync the bytes before publishing the entry and again after it, so even a
+/// power cut never leaves an entry pointing at unwritten bytes.
+struct sync_each_put {
+  /// fdatasync before the entry is published.
+  template <class Io>
+  static void after_data(const basic_fd<Io>& fd) {
+    datasync_file(fd);
+  }
+  /// fdatasync after the entry is published.
+  template <class Io>
+  static void after_entry(const basic_fd<Io>& fd) {
+    datasync_file(fd);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Formats.
+
+namespace detail {
+
+inline constexpr bool host_is_little_endian() noexcept {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return false;
+#else
+  return true;
+#endif
+}
+
+/// Converts between host order and little-endian (the same function both ways).
+inline std::uint64_t le64(std::uint64_t v) noexcept {
+  return host_is_little_endian() ? v : __builtin_bswap64(v);
+}
+inline std::uint32_t le32(std::uint32_t v) noexcept {
+  return host_is_little_endian() ? v : __builtin_bswap32(v);
+}
+
+/// Stores / loads a little-endian integer at an unaligned byte address.
+inline void put_le64(char* p, std::uint64_t v) noexcept {
+  v = le64(v);
+  std::memcpy(p, &v, 8);
+}
+inline void put_le32(char* p, std::uint32_t v) noexcept {
+  v = le32(v);
+  std::memcpy(p, &v, 4);
+}
+inline std::uint64_t get_le64(const char* p) noexcept {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  return le64(v);
+}
+inline std::uint32_t get_le32(const char* p) noexcept {
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return le32(v);
+}
+
+}  // namespace detail
+
+/// pfio's file, byte for byte: no header; entry i at 16 * i is (uint64 offset, int64 length),
+/// little-endian; (0, -1) is an empty slot; data from 16 * length on.
+struct pfio_format {
+  static constexpr const char* name = "pfio";
+  static constexpr std::size_t header_size = 0;
+  static constexpr std::size_t entry_size = 16;
+  static constexpr bool stores_length = false;
+  static constexpr bool checksummed = false;
+  /// The header bytes for a new file (none).
+  static std::string encode_header(std::uint64_t) { return {}; }
+  /// The length a header declares (pfio stores none: 0).
+  static std::uint64_t decode_header(const char*, const std::string&) { return 0; }
+  /// The checksum of an item (pfio has none: 0).
+  static std::uint32_t item_crc(std::uint64_t, const void*, std::size_t) noexcept { return 0; }
+};
+
+/// holdfast's checked file: a 32-byte header, 24-byte entries (offset, length, CRC32C, 0), data.
+///   header: "HFCACHE\n", u32 version (1), u32 flags (0), u64 length, u32 CRC32C of bytes 0-23,
+///           u32 state (bit 0: sealed by preserve; not covered by the CRC, changed under lock).
+///   entry:  u64 offset, i64 length (-1 = empty), u32 CRC32C(le64(slot) + data), u32 zero.
+struct checked_format {
+  static constexpr const char* name = "checked";
+  static constexpr std::size_t header_size = 32;
+  static constexpr std::size_t entry_size = 24;
+  static constexpr bool stores_length = true;
+  static constexpr bool checksummed = true;
+  static constexpr char magic[8] = {'H', 'F', 'C', 'A', 'C', 'H', 'E', '\n'};
+  static constexpr std::uint32_t version = 1;
+  /// Offset of the state word (bit 0: sealed) inside the header.
+  static constexpr std::size_t state_offset = 28;
+  static constexpr std::uint32_t sealed = 1;
+
+  /// The 32 header bytes for a new file of `length` slots.
+  static std::string encode_header(std::uint64_t length) {
+    std::string h(header_size, '\0');
+    std::memcpy(&h[0], magic, 8);
+    detail::put_le32(&h[8], version);
+    detail::put_le32(&h[12], 0);
+    detail::put_le64(&h[16], length);
+    detail::put_le32(&h[24], detail::crc32c(h.data(), 24));
+    return h;
+  }
+  /// Checks the header at `p` (header_size bytes) and returns its length; throws corrupt_cache.
+  static std::uint64_t decode_header(const char* p, const std::string& path) {
+    if (std::memcmp(p, magic, 8) != 0) throw corrupt_cache(path, 0, "bad magic: not a cache file");
+    if (detail::get_le32(p + 24) != detail::crc32c(p, 24))
+      throw corrupt_cache(path, 0, "header checksum mismatch");
+    auto v = detail::get_le32(p + 8);
+    if (v != version) throw corrupt_cache(path, 0, "unsupported version " + std::to_string(v));
+    if (detail::get_le32(p + 12) != 0) throw corrupt_cache(path, 0, "unknown header flags");
+    return detail::get_le64(p + 16);
+  }
+  /// CRC32C of the slot number (8 bytes, little-endian) followed by the item's bytes, so an
+  /// entry pointing at another slot's item is caught too.
+  static std::uint32_t item_crc(std::uint64_t slot, const void* data, std::size_t n) noexcept {
+    char s[8];
+    detail::put_le64(s, slot);
+    return detail::crc32c_extend(detail::crc32c(s, 8), data, n);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Policy checks.
+
+namespace detail {
+template <class T>
+using cache_read_maps_data = decltype(bool{T::maps_data});
+template <class T>
+using cache_lock_interprocess = decltype(bool{T::interprocess});
+template <class T>
+using cache_lock_lock = decltype(std::declval<T&>().template lock<posix_io>(
+    std::declval<basic_fd<posix_io>&>(), std::declval<pid_t&>()));
+template <class T>
+using cache_lock_unlock = decltype(std::declval<T&>().template unlock<posix_io>(
+    std::declval<const basic_fd<posix_io>&>()));
+template <class T>
+using cache_sync_data =
+    decltype(T::template after_data<posix_io>(std::declval<const basic_fd<posix_io>&>()));
+template <class T>
+using cache_sync_entry =
+    decltype(T::template after_entry<posix_io>(std::declval<const basic_fd<posix_io>&>()));
+template <class T>
+using cache_format_sizes = decltype(std::size_t{T::header_size} + std::size_t{T::entry_size});
+template <class T>
+using cache_format_flags = decltype(bool{T::stores_length} && bool{T::checksummed});
+template <class T>
+using cache_format_encode = decltype(std::string{T::encode_header(std::uint64_t{})});
+template <class T>
+using cache_format_decode = decltype(std::uint64_t{
+    T::decode_header(nullptr, std::declval<const std::string&>())});
+template <class T>
+using cache_format_crc = decltype(std::uint32_t{T::item_crc(std::uint64_t{}, nullptr, 0)});
+}  // namespace detail
+
+/// True when T is a cache Read policy (has `static constexpr bool maps_data`).
+template <class T>
+inline constexpr bool is_cache_read_policy_v =
+    detail::detect<detail::cache_read_maps_data, T>::value;
+/// True when T is a cache Lock policy (`interprocess`, `lock<Io>(fd, pid)`, `unlock<Io>(fd)`).
+template <class T>
+inline constexpr bool is_cache_lock_policy_v =
+    detail::detect<detail::cache_lock_interprocess, T>::value&& detail::detect<
+        detail::cache_lock_lock, T>::value&& detail::detect<detail::cache_lock_unlock, T>::value;
+/// True when T is a cache Sync policy (`after_data<Io>(fd)`, `after_entry<Io>(fd)`).
+template <class T>
+inline constexpr bool is_cache_sync_policy_v = detail::detect<detail::cache_sync_data, T>::value&&
+    detail::detect<detail::cache_sync_entry, T>::value;
+/// True when T is a cache Format policy (sizes, flags, header codec, item checksum).
+template <class T>
+inline constexpr bool is_cache_format_policy_v =
+    detail::detect<detail::cache_format_sizes, T>::value&&
+        detail::detect<detail::cache_format_flags, T>::value&&
+            detail::detect<detail::cache_format_encode, T>::value&&
+                detail::detect<detail::cache_format_decode, T>::value&&
+                    detail::detect<detail::cache_format_crc, T>::value;
+
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+/// C++20 spelling of is_cache_read_policy_v.
+template <class T>
+concept cache_read_policy = is_cache_read_policy_v<T>;
+/// C++20 spelling of is_cache_lock_policy_v.
+template <class T>
+concept cache_lock_policy = is_cache_lock_policy_v<T>;
+/// C++20 spelling of is_cache_sync_policy_v.
+template <class T>
+concept cache_sync_policy = is_cache_sync_policy_v<T>;
+/// C++20 spelling of is_cache_format_policy_v.
+template <class T>
+concept cache_format_policy = is_cache_format_policy_v<T>;
+#endif
+
+/// Checks the cache policies at compile time, naming the first missing member.
+template <class Read, class Lock, class Sync, class Format>
+constexpr bool check_cache_policies() {
+  using namespace detail;
+  static_assert(detect<cache_read_maps_data, Read>::value,
+                "holdfast: the cache Read policy needs static constexpr bool maps_data "
+                "(use mmap_read or pread_read)");
+  static_assert(detect<cache_lock_interprocess, Lock>::value,
+                "holdfast: the cache Lock policy needs static constexpr bool interprocess");
+  static_assert(
+      detect<cache_lock_lock, Lock>::value,
+      "holdfast: the cache Lock policy needs template <class Io> void lock(basic_fd<Io>&, "
+      "pid_t& opened_by)");
+  static_assert(detect<cache_lock_unlock, Lock>::value,
+                "holdfast: the cache Lock policy needs template <class Io> void unlock(const "
+                "basic_fd<Io>&) noexcept");
+  static_assert(detect<cache_sync_data, Sync>::value,
+                "holdfast: the cache Sync policy needs template <class Io> static void "
+                "after_data(const basic_fd<Io>&)");
+  static_assert(detect<cache_sync_entry, Sync>::value,
+                "holdfast: the cache Sync policy needs template <class Io> static void "
+                "after_entry(const basic_fd<Io>&)");
+  static_assert(detect<cache_format_sizes, Format>::value,
+                "holdfast: the cache Format policy needs static constexpr std::size_t "
+                "header_size and entry_size");
+  static_assert(detect<cache_format_flags, Format>::value,
+                "holdfast: the cache Format policy needs static constexpr bool stores_length and "
+                "checksummed");
+  static_assert(detect<cache_format_encode, Format>::value,
+                "holdfast: the cache Format policy needs static std::string "
+                "encode_header(uint64_t length)");
+  static_assert(detect<cache_format_decode, Format>::value,
+                "holdfast: the cache Format policy needs static uint64_t decode_header(const "
+                "char*, const std::string& path)");
+  static_assert(detect<cache_format_crc, Format>::value,
+                "holdfast: the cache Format policy needs static uint32_t item_crc(uint64_t slot, "
+                "const void*, size_t)");
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cache.
+
+/// Options for creating or attaching to a cache.
+struct cache_options {
+  /// Directory for the temp file (create only); empty: $TMPDIR, else /tmp.
+  std::string dir;
+  /// Most bytes the file may hold, index included (0: no limit). A put past it freezes.
+  std::uint64_t size_limit = 0;
+  /// mmap_read: bytes of address space reserved for the file (0: size_limit, else 64 GiB).
+  std::uint64_t reserve = 0;
+};
+
+/// Where a filled slot's item lies in the file.
+struct cache_entry {
+  std::uint64_t offset;  ///< absolute file offset of the first byte
+  std::uint64_t size;    ///< bytes
+};
+
+/// An index-addressed cache file; see the top of this header. Move-only.
+template <class Read = mmap_read, class Lock = flock_lock, class Sync = sync_never,
+          class Format = pfio_format, class Io = posix_io>
+class basic_file_cache {
+  static_assert(check_cache_policies<Read, Lock, Sync, Format>());
+  static_assert(check_io_policy<Io>());
+  static_assert(Format::header_size % 8 == 0 && Format::entry_size % 8 == 0 &&
+                    Format::entry_size >= 16,
+                "holdfast: entries must be 8-byte aligned and start with offset and length");
+
+ public:
+  using read_policy = Read;
+  using lock_policy = Lock;
+  using sync_policy = Sync;
+  using format = Format;
+  using io = Io;
+  /// What get returns: a view into the mapping (mmap_read) or an owned buffer (pread_read).
+  using value_type = std::conditional_t<Read::maps_data, std::string_view, std::string>;
+
+  /// Creates a temp cache file of `length` empty slots in `options.dir`.
+  basic_file_cache(create_cache_t, std::uint64_t length, const cache_options& options = {})
+      : s_(std::make_unique<state>()) {
+    s_->length = length;
+    s_->limit = options.size_limit;
+    s_->writable = true;
+    create_file(options.dir.empty() ? default_dir() : options.dir);
+    map_file(options.reserve, options.size_limit);
+  }
+
+  /// Opens the live cache at `path` to put and get. `length` may be 0 for checked_format (it is
+  /// read from the header) and must be given for pfio_format.
+  basic_file_cache(attach_cache_t, const std::string& path, std::uint64_t length = 0,
+                   const cache_options& options = {})
+      : s_(std::make_unique<state>()) {
+    s_->limit = options.size_limit;
+    s_->writable = true;
+    s_->fd = open_file<Io>(path, O_RDWR);
+    s_->path = path;
+    s_->fd_pid = Io::getpid();
+    read_layout(length);
+    map_file(options.reserve, options.size_limit);
+  }
+
+  /// Opens the preserved cache at `path` read-only and frozen, validating every entry (and, with
+  /// checked_format, every checksum); throws corrupt_cache naming the file and the slot.
+  basic_file_cache(preload_cache_t, const std::string& path, std::uint64_t length = 0)
+      : s_(std::make_unique<state>()) {
+    s_->frozen = true;
+    s_->fd = open_file<Io>(path, O_RDONLY);
+    s_->path = path;
+    s_->fd_pid = Io::getpid();
+    read_layout(length);
+    map_file(s_->file_size, 0);
+    validate_all();
+  }
+
+  /// Same as the attach_cache constructor (for workers started by exec).
+  static basic_file_cache attach(const std::string& path, std::uint64_t length = 0,
+                                 const cache_options& options = {}) {
+    return basic_file_cache(attach_cache, path, length, options);
+  }
+  /// Same as the preload_cache constructor.
+  static basic_file_cache preload(const std::string& path, std::uint64_t length = 0) {
+    return basic_file_cache(preload_cache, path, length);
+  }
+
+  basic_file_cache(basic_file_cache&&) noexcept = default;
+  basic_file_cache& operator=(basic_file_cache&&) noexcept = default;
+  basic_file_cache(const basic_file_cache&) = delete;
+  basic_file_cache& operator=(const basic_file_cache&) = delete;
+  /// Unmaps and closes; the creating object, in the creating process, also removes the file.
+  ~basic_file_cache() = default;
+
+  /// The number of slots.
+  std::uint64_t length() const noexcept { return s_->length; }
+  /// The cache file's path.
+  const std::string& path() const noexcept { return s_->path; }
+  /// True when put always returns false (preloaded, preserved, size limit or ENOSPC reached).
+  bool frozen() const noexcept { return s_->frozen.load(std::memory_order_relaxed); }
+  /// Makes every later put of this object return false.
+  void freeze() noexcept { s_->frozen.store(true, std::memory_order_relaxed); }
+  /// True for the object that created the file (and will remove it), in the creating process.
+  bool owns_file() const noexcept { return s_->owner && Io::getpid() == s_->creator_pid; }
+  /// The descriptor this process uses for puts (for tests and diagnostics).
+  int native_handle() const noexcept { return s_->fd.get(); }
+
+  /// Stores `bytes` in slot `i` once. False when the slot is filled, the cache is frozen, the
+  /// size limit would be exceeded or the disk is full (which freezes). Throws holdfast::error on
+  /// other I/O failures (nothing is published then) and for `i` out of range.
+  bool put(std::uint64_t i, std::string_view bytes) {
+    check_slot(i, "put");
+    state& s = *s_;
+    if (frozen() || load_length(i) != -1) return false;
+    lock_guard guard(s);
+    if (sealed() || load_length(i) != -1) {
+      if (sealed()) s.frozen = true;
+      return false;
+    }
+    auto end = static_cast<std::uint64_t>(stat_fd(s.fd).st_size);
+    if (end < s.index_end) throw corrupt_cache(s.path, i, "file shorter than its index");
+    auto need = end + bytes.size();
+    if ((s.limit && need > s.limit) || (Read::maps_data && need > s.map_size)) {
+      s.frozen = true;
+      return false;
+    }
+    try {
+      if (!bytes.empty()) pwrite_all(s.fd, bytes.data(), bytes.size(), to_off(end));
+      Sync::after_data(s.fd);
+    } catch (const error& e) {
+      if (!is_disk_full(e.errnum())) throw;
+      s.frozen = true;
+      return false;
+    }
+    publish(i, end, bytes);
+    try {
+      Sync::after_entry(s.fd);
+    } catch (const error& e) {
+      if (!is_disk_full(e.errnum())) throw;
+      s.frozen = true;  // the item is stored and visible; only its durability is in doubt
+    }
+    return true;
+  }
+  /// put for a raw buffer.
+  bool put(std::uint64_t i, const void* data, std::size_t n) {
+    return put(i, std::string_view(static_cast<const char*>(data), n));
+  }
+
+  /// The item in slot `i`, or nothing when the slot is empty. With mmap_read a view valid while
+  /// this object lives; with pread_read an owned copy. Throws holdfast::error (ERANGE) for `i`
+  /// out of range and corrupt_cache for a bad entry or checksum.
+  std::optional<value_type> get(std::uint64_t i) const {
+    check_slot(i, "get");
+    auto e = load_entry(i);
+    if (!e) return std::nullopt;
+    if constexpr (Read::maps_data) {
+      std::string_view v(e->size ? s_->map + e->offset : s_->map, to_size(e->size));
+      verify(i, *e, v.data());
+      return v;
+    } else {
+      std::string out;
+      read_into(i, *e, out);
+      return out;
+    }
+  }
+
+  /// Copies slot `i` into `out` (resized; std::string, std::vector<char> or another contiguous
+  /// byte container with resize and data). False, `out` untouched, when the slot is empty.
+  template <class Buffer>
+  bool get_into(std::uint64_t i, Buffer& out) const {
+    static_assert(sizeof(*std::declval<Buffer&>().data()) == 1,
+                  "holdfast: get_into needs a container of bytes (char, unsigned char, std::byte)");
+    check_slot(i, "get");
+    auto e = load_entry(i);
+    if (!e) return false;
+    if constexpr (Read::maps_data) {
+      const char* p = s_->map + e->offset;
+      verify(i, *e, p);
+      out.resize(to_size(e->size));
+      if (e->size) std::memcpy(out.data(), p, to_size(e->size));
+    } else {
+      read_into(i, *e, out);
+    }
+    return true;
+  }
+
+  /// Whether slot `i` is filled.
+  bool contains(std::uint64_t i) const {
+    check_slot(i, "contains");
+    return load_length(i) != -1;
+  }
+  /// Where slot `i`'s item lies, or nothing when empty (validated as get does, no checksum).
+  std::optional<cache_entry> entry(std::uint64_t i) const {
+    check_slot(i, "entry");
+    return load_entry(i);
+  }
+  /// The number of filled slots (scans the index).
+  std::uint64_t filled() const {
+    std::uint64_t n = 0;
+    for (std::uint64_t i = 0; i < s_->length; ++i) n += load_length(i) != -1;
+    return n;
+  }
+  /// The file's current size in bytes (index + data), as the size limit counts it.
+  std::uint64_t size_bytes() const { return static_cast<std::uint64_t>(stat_fd(s_->fd).st_size); }
+  /// Where item data starts: the header plus the index.
+  std::uint64_t data_offset() const noexcept { return s_->index_end; }
+
+  /// Hard-links the cache file to `name` (in the cache's directory unless it contains a '/'),
+  /// fsyncs file and directory, and freezes this object (with checked_format, every process).
+  /// False when `name` already exists; throws holdfast::error on other failures.
+  bool preserve(const std::string& name) {
+    state& s = *s_;
+    std::string target = name.find('/') == std::string::npos ? dir_of(s.path) + "/" + name : name;
+    if (s.writable) {
+      lock_guard guard(s);
+      if (!link_to(target)) return false;
+      seal();
+    } else if (!link_to(target)) {
+      return false;
+    }
+    s.frozen = true;
+    sync_file(s.fd);
+    sync_directory<Io>(dir_of(target));
+    return true;
+  }
+
+ private:
+  struct state {
+    basic_fd<Io> fd;
+    std::string path;
+    pid_t fd_pid = 0;       // the process that opened fd (flock is per open file description)
+    pid_t creator_pid = 0;  // the process whose object removes the file
+    bool owner = false;
+    bool writable = false;
+    std::atomic<bool> frozen{false};  // read outside the lock by other threads
+    std::uint64_t length = 0;
+    std::uint64_t index_end = 0;  // header + index = where data starts
+    std::uint64_t file_size = 0;  // at open (preload: the bound every entry is checked against)
+    std::uint64_t limit = 0;
+    char* map = nullptr;
+    std::size_t map_size = 0;
+    std::uint64_t bound = 0;  // no entry may end past this (file or mapping end)
+    Lock lock;
+
+    state() = default;
+    state(const state&) = delete;
+    state& operator=(const state&) = delete;
+    ~state() {
+      if (map) Io::munmap(map, map_size);
+      fd.reset();
+      if (owner && Io::getpid() == creator_pid) Io::unlink(path.c_str());
+    }
+  };
+
+  struct lock_guard {
+    explicit lock_guard(state& st) : s(st) { s.lock.template lock<Io>(s.fd, s.fd_pid); }
+    ~lock_guard() { s.lock.template unlock<Io>(s.fd); }
+    lock_guard(const lock_guard&) = delete;
+    lock_guard& operator=(const lock_guard&) = delete;
+    state& s;
+  };
+
+  static constexpr std::uint64_t default_reserve = std::uint64_t{64} << 30;
+
+  static std::string default_dir() {
+    const char* t = std::getenv("TMPDIR");
+    return t && *t ? std::string(t) : std::string("/tmp");
+  }
+  static std::string dir_of(const std::string& path) {
+    auto slash = path.rfind('/');
+    if (slash == std::string::npos) return ".";
+    return slash == 0 ? std::string("/") : path.substr(0, slash);
+  }
+  static bool is_disk_full(int e) noexcept { return e == ENOSPC || e == EDQUOT; }
+  static off_t to_off(std::uint64_t v) noexcept { return static_cast<off_t>(v); }
+  static std::size_t to_size(std::uint64_t v) noexcept { return static_cast<std::size_t>(v); }
+
+  char* entry_ptr(std::uint64_t i) const noexcept {
+    return s_->map + Format::header_size + to_size(i) * Format::entry_size;
+  }
+  std::int64_t load_length(std::uint64_t i) const noexcept {
+    auto p = reinterpret_cast<std::uint64_t*>(entry_ptr(i) + 8);
+    return static_cast<std::int64_t>(detail::le64(__atomic_load_n(p, __ATOMIC_ACQUIRE)));
+  }
+  std::uint64_t load_offset(std::uint64_t i) const noexcept {
+    auto p = reinterpret_cast<std::uint64_t*>(entry_ptr(i));
+    return detail::le64(__atomic_load_n(p, __ATOMIC_RELAXED));
+  }
+  std::uint32_t load_crc(std::uint64_t i) const noexcept {
+    auto p = reinterpret_cast<std::uint32_t*>(entry_ptr(i) + 16);
+    return detail::le32(__atomic_load_n(p, __ATOMIC_RELAXED));
+  }
+  bool sealed() const noexcept {
+    if constexpr (std::is_same_v<Format, checked_format>) {
+      auto p = reinterpret_cast<std::uint32_t*>(s_->map + checked_format::state_offset);
+      return (detail::le32(__atomic_load_n(p, __ATOMIC_ACQUIRE)) & checked_format::sealed) != 0;
+    }
+    return false;
+  }
+  void seal() noexcept {
+    if constexpr (std::is_same_v<Format, checked_format>) {
+      auto p = reinterpret_cast<std::uint32_t*>(s_->map + checked_format::state_offset);
+      __atomic_fetch_or(p, detail::le32(checked_format::sealed), __ATOMIC_RELEASE);
+    }
+  }
+
+  // Data first (done by the caller), then the offset and checksum, then the length (release).
+  void publish(std::uint64_t i, std::uint64_t offset, std::string_view bytes) noexcept {
+    char* e = entry_ptr(i);
+    __atomic_store_n(reinterpret_cast<std::uint64_t*>(e), detail::le64(offset), __ATOMIC_RELAXED);
+    if constexpr (Format::checksummed) {
+      auto crc = Format::item_crc(i, bytes.data(), bytes.size());
+      __atomic_store_n(reinterpret_cast<std::uint32_t*>(e + 16), detail::le32(crc),
+                       __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(reinterpret_cast<std::uint64_t*>(e + 8),
+                     detail::le64(static_cast<std::uint64_t>(bytes.size())), __ATOMIC_RELEASE);
+  }
+
+  void check_slot(std::uint64_t i, const char* op) const {
+    if (i >= s_->length)
+      throw error(ERANGE, std::string("cache ") + op, s_->path,
+                  "slot " + std::to_string(i) + " out of range (length " +
+                      std::to_string(s_->length) + ")");
+  }
+
+  // The entry of slot i, checked against the file/mapping bounds; nothing when empty.
+  std::optional<cache_entry> load_entry(std::uint64_t i) const {
+    std::int64_t len = load_length(i);
+    if (len == -1) return std::nullopt;
+    std::uint64_t off = load_offset(i);
+    check_entry(i, off, len, s_->bound);
+    return cache_entry{off, static_cast<std::uint64_t>(len)};
+  }
+  void check_entry(std::uint64_t i, std::uint64_t off, std::int64_t len,
+                   std::uint64_t bound) const {
+    if (len < -1) throw corrupt_cache(s_->path, i, "negative length " + std::to_string(len));
+    if (len <= 0) return;  // empty, or zero bytes: nothing is read
+    auto n = static_cast<std::uint64_t>(len);
+    if (off < s_->index_end)
+      throw corrupt_cache(s_->path, i, "entry offset " + std::to_string(off) + " inside the index");
+    if (off > bound || n > bound - off)
+      throw corrupt_cache(s_->path, i,
+                          "entry [" + std::to_string(off) + ", +" + std::to_string(n) +
+                              ") points past the end of the file (" + std::to_string(bound) +
+                              " bytes)");
+  }
+
+  void verify(std::uint64_t i, const cache_entry& e, const char* data) const {
+    if constexpr (Format::checksummed) {
+      if (Format::item_crc(i, data, to_size(e.size)) != load_crc(i))
+        throw corrupt_cache(s_->path, i, "checksum mismatch");
+    } else {
+      (void)i, (void)e, (void)data;
+    }
+  }
+
+  // pread_read: exactly one pread of the item (more only if the kernel returns a short read).
+  template <class Buffer>
+  void read_into(std::uint64_t i, const cache_entry& e, Buffer& out) const {
+    out.resize(to_size(e.size));
+    if (e.size) {
+      auto got = pread_full(s_->fd, out.data(), to_size(e.size), to_off(e.offset));
+      if (got != e.size) throw corrupt_cache(s_->path, i, "entry points past the end of the file");
+    }
+    verify(i, e, reinterpret_cast<const char*>(out.data()));
+  }
+
+  bool link_to(const std::string& target) {
+    if (Io::link(s_->path.c_str(), target.c_str()) == 0) return true;
+    if (errno == EEXIST) return false;
+    throw error(errno, "link", target, "preserve " + s_->path);
+  }
+
+  void create_file(const std::string& dir) {
+    state& s = *s_;
+    s.index_end = Format::header_size + s.length * Format::entry_size;
+    auto base = dir + "/holdfast-cache-" + std::to_string(Io::getpid()) + "-";
+    auto seed =
+        static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+        static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(this));
+    for (int attempt = 0;; ++attempt) {
+      seed = seed * 6364136223846793005u + 1442695040888963407u;
+      auto name = base + std::to_string(seed >> 24);
+      int fd = Io::open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        s.fd = basic_fd<Io>(fd, name);
+        break;
+      }
+      if ((errno != EEXIST && errno != EINTR) || attempt > 100)
+        throw error(errno, "open", name, "create cache file");
+    }
+    s.path = s.fd.path();
+    s.owner = true;
+    s.creator_pid = s.fd_pid = Io::getpid();
+    write_empty_index();
+    s.file_size = s.index_end;
+  }
+
+  // The header, then every entry written explicitly as empty: (0, -1) (an all-zero entry would
+  // mean "present, zero bytes").
+  void write_empty_index() {
+    state& s = *s_;
+    std::string head = Format::encode_header(s.length);
+    if (!head.empty()) pwrite_all(s.fd, head.data(), head.size(), 0);
+    std::string chunk(4096 * Format::entry_size, '\0');
+    for (std::size_t k = 0; k < 4096; ++k)
+      detail::put_le64(&chunk[k * Format::entry_size + 8], ~std::uint64_t{0});
+    std::uint64_t done = 0;
+    while (done < s.length) {
+      std::uint64_t n = std::min<std::uint64_t>(4096, s.length - done);
+      pwrite_all(s.fd, chunk.data(), to_size(n) * Format::entry_size,
+                 to_off(Format::header_size + done * Format::entry_size));
+      done += n;
+    }
+  }
+
+  // Reads the header (checked_format) and checks the file is at least as long as its index.
+  void read_layout(std::uint64_t length) {
+    state& s = *s_;
+    s.file_size = static_cast<std::uint64_t>(stat_fd(s.fd).st_size);
+    if constexpr (Format::stores_length) {
+      if (s.file_size < Format::header_size)
+        throw corrupt_cache(
+            s.path, 0,
+            "file is " + std::to_string(s.file_size) + " bytes, shorter than its header");
+      char head[Format::header_size];
+      if (pread_full(s.fd, head, sizeof head, 0) != sizeof head)
+        throw corrupt_cache(s.path, 0, "header cut short");
+      std::uint64_t stored = Format::decode_header(head, s.path);
+      if (length != 0 && stored != length)
+        throw corrupt_cache(
+            s.path, 0,
+            "header says " + std::to_string(stored) + " slots, expected " + std::to_string(length));
+      length = stored;
+    } else if (length == 0) {
+      throw error(EINVAL, "cache open", s.path, "pfio_format stores no length: pass it");
+    }
+    if (length >
+        (std::numeric_limits<std::uint64_t>::max() - Format::header_size) / Format::entry_size / 2)
+      throw corrupt_cache(s.path, 0, "length " + std::to_string(length) + " is impossible");
+    s.length = length;
+    s.index_end = Format::header_size + length * Format::entry_size;
+    if (s.file_size < s.index_end) {
+      auto slot = s.file_size < Format::header_size
+                      ? 0
+                      : (s.file_size - Format::header_size) / Format::entry_size;
+      throw corrupt_cache(s.path, slot,
+                          "file is " + std::to_string(s.file_size) +
+                              " bytes, shorter than its index of " + std::to_string(s.index_end));
+    }
+  }
+
+  // mmap_read: the whole file, up to the reservation (halved while the kernel refuses it);
+  // pread_read: the index only. Writers map read-write (entries are stored through the map).
+  void map_file(std::uint64_t reserve, std::uint64_t limit) {
+    state& s = *s_;
+    std::uint64_t want = s.index_end;
+    if constexpr (Read::maps_data) {
+      want = !s.writable ? s.file_size : reserve ? reserve : limit ? limit : default_reserve;
+      want = std::max(want, s.file_size);
+    }
+    if (want > 0) {
+      int prot = s.writable ? PROT_READ | PROT_WRITE : PROT_READ;
+      for (;;) {
+        void* p = Io::mmap(nullptr, to_size(want), prot, MAP_SHARED, s.fd.get(), 0);
+        if (p != MAP_FAILED) {
+          s.map = static_cast<char*>(p);
+          s.map_size = to_size(want);
+          break;
+        }
+        if (errno != ENOMEM || !Read::maps_data || want / 2 < s.file_size || want / 2 == 0)
+          throw error(errno, "mmap", s.path);
+        want /= 2;
+      }
+    }
+    // No entry may end past: the file (preloaded), the mapping (mmap_read), else anywhere (a
+    // pread past the end of a live file comes back short and is reported).
+    s.bound = !s.writable       ? s.file_size
+              : Read::maps_data ? s.map_size
+                                : std::numeric_limits<std::uint64_t>::max();
+  }
+
+  // Preload: every entry inside the file, and with checked_format every checksum right.
+  void validate_all() const {
+    for (std::uint64_t i = 0; i < s_->length; ++i) {
+      auto e = load_entry(i);
+      if (!e || !Format::checksummed) continue;
+      if constexpr (Read::maps_data) {
+        verify(i, *e, s_->map + e->offset);
+      } else {
+        std::string tmp;
+        read_into(i, *e, tmp);
+      }
+    }
+  }
+
+  std::unique_ptr<state> s_;
+};
+
+/// Several processes (fork or attach): lock-free zero-copy gets, flock-serialized puts.
+using multiprocess_file_cache = basic_file_cache<mmap_read, flock_lock>;
+/// One process, any number of threads: zero-copy gets, mutex-serialized puts.
+using file_cache = basic_file_cache<mmap_read, mutex_lock>;
+/// Preloaded (preserved) files: read-only, no lock at all.
+using readonly_file_cache = basic_file_cache<mmap_read, no_lock>;
+
+HOLDFAST_NAMESPACE_END
