@@ -1,0 +1,669 @@
+// holdfast/agreement.hpp — step agreement: a pure state machine that decides, before each training
+// step, whether to go on, checkpoint, or checkpoint and exit, so that every worker of a job
+// checkpoints at one agreed step after any of them is told its machine is going away.
+//
+// The machine does no I/O, starts no thread and reads no clock. Its driver (preemption_handler in
+// handler.hpp, or a test) feeds it events — this worker's notice, what a background watcher saw
+// in the coordination store — and asks `next(run_counter, now, mean_step)` what to do. The answer
+// is either a verdict for this step (proceed, save, save then exit, save then continue through
+// the grace period, fail) or one key-value operation the driver must perform and report back
+// (insert, put, try_get, wait, list). All protocol logic lives here; the driver only maps key
+// ids to strings and calls the store.
+//
+// Protocol of one round (keys relative to the run scope, see agreement_key_name):
+//   r<N>/claim          insert-once by the first noticed worker (value: its task id)
+//   r<N>/ack/<task>     every worker, once it knows of the claim, puts its run counter
+//   r<N>/step           the worker whose list of ack/ shows every task inserts max(counters) + 1
+//                       (XLA's rule: any skew is tolerated, because every worker stops at the
+//                       ack until the step is known, so nobody has passed it)
+//   r<N>/final, r<N>/final_ack/<task>, r<N>/final_step
+//                       the same three keys for the second save of the grace path
+//   error               insert-once by a worker whose step threw ("task\ntype\nmessage");
+//                       it also inserts "abort" into the step keys so blocked peers wake up
+//
+// Transition table (phase "first" unless noted; "final" states mirror them for the second save):
+//
+//   state            | event / next() answer                       | next state
+//   -----------------+---------------------------------------------+--------------------------
+//   idle             | on_notice (new)                             | noticed
+//   idle             | on_claim_seen(round)                        | claimed (follower)
+//   idle             | next → proceed                              | idle
+//   noticed          | next → insert claim=<task>                  | noticed (awaiting result)
+//   noticed          | on_insert(true)                             | claimed (claimant)
+//   noticed          | on_insert(false) / on_claim_seen            | claimed (follower)
+//   claimed          | next → put ack/<task>=<counter>             | claimed (awaiting)
+//   claimed          | on_put                                      | acked (deadline = now+timeout)
+//   acked            | next → list ack/                            | acked (awaiting)
+//   acked            | on_list: every task present                 | acked: next → insert step
+//   acked            | on_insert(step) true                        | step_published
+//   acked            | on_insert(step) false / list incomplete     | acked: next → wait step
+//   acked            | on_value(step = S)                          | step_published (S)
+//   acked            | on_value("abort")                           | acked: next → try_get error
+//   acked            | on_value(error payload)                     | failed (peer error)
+//   acked            | on_value(nullopt) (deadline passed)         | acked: next → list ack/
+//   acked            | on_list after deadline: tasks missing       | failed (timeout, missing ids)
+//   step_published   | next(counter < S) → proceed                 | step_published
+//   step_published   | next(counter ≥ S), grace > 0 → save_then_continue | grace
+//   step_published   | next(counter ≥ S), no grace, exits → save_then_exit | exiting
+//   step_published   | next(counter ≥ S), no grace, no exit → save | idle, round + 1 (re-armed)
+//   grace            | next, noticed here, now > end − 6 × mean    | final_noticed (→ insert final)
+//   grace            | next otherwise → proceed                    | grace
+//   grace            | on_final_seen(round)                        | final_claimed
+//   final_*          | as noticed / claimed / acked above          | final_published (S2)
+//   final_published  | next(counter ≥ S2) → save_then_exit         | exiting
+//   final_published  | next(counter ≥ S2), no exit → save          | idle, round + 1 (re-armed)
+//   exiting          | next → proceed (driver exits or calls rearm)| exiting
+//   any but stopped  | on_error_seen(payload of another task)      | failed (peer error)
+//   any but stopped  | on_local_error → insert error, aborts       | failed (local)
+//   failed           | next → fail (sticky)                        | failed
+//   any              | on_stop                                     | stopped (inert)
+//
+// "end" is the notice's announced deadline when it has one, else notice time + grace period;
+// 6 × mean step time is TF's 3 × 2 × step-time buffer. Only a worker that was noticed itself
+// computes it (clocks of different machines are never compared).
+//
+// Guarantees:
+//   - Exactly one claim per round (insert-once), one agreed step per phase: every worker that
+//     lists a complete ack set computes the same max + 1, and insert-once keeps the first.
+//   - Constant store traffic per worker per agreement, independent of the number of workers:
+//     claim insert (noticed workers), one put, one list, at most one insert and one wait.
+//   - No unbounded wait: the only blocking instruction (wait) carries the deadline
+//     `acked time + ack_timeout`; past it the machine lists the acks and fails with the missing
+//     task ids (holdfast::agreement_timeout in the handler).
+//   - Re-armable: after a save without exit (or rearm()), the next round uses fresh keys.
+// Caveats:
+//   - The ack timeout must exceed the longest step plus the watcher's latency: a worker only
+//     acks at its next step boundary.
+//   - If every noticed worker dies during the grace countdown, nobody publishes the final step
+//     and the survivors train on until the scheduler kills them.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "version.hpp"
+
+HOLDFAST_NAMESPACE_BEGIN
+
+/// The states of step_agreement (see the transition table at the top of agreement.hpp).
+enum class agreement_state : unsigned char {
+  idle,             ///< no notice, no claim seen: steady state
+  noticed,          ///< this worker was noticed and is claiming
+  claimed,          ///< a claim exists; this worker publishes its counter (its ack)
+  acked,            ///< counter published; waiting until every task has acked and a step exists
+  step_published,   ///< the agreed step is known; save when the run counter reaches it
+  grace,            ///< saved once; training through the grace period
+  final_noticed,    ///< this worker decided the grace period is over and claims the final save
+  final_claimed,    ///< the final claim exists; publishing this worker's counter
+  final_acked,      ///< waiting for every final ack and the final step
+  final_published,  ///< the final step is known; save and exit when the counter reaches it
+  exiting,          ///< the last save was answered; the driver exits or re-arms
+  failed,           ///< a peer's error, a local error, or an agreement timeout (sticky)
+  stopped,          ///< shut down; inert
+};
+
+/// A verdict for one step.
+enum class agreement_action : unsigned char {
+  proceed,             ///< run the step
+  save,                ///< checkpoint at this step, then return to the caller (no exit; re-armed)
+  save_then_exit,      ///< checkpoint at this step, then exit through the Exit policy
+  save_then_continue,  ///< first save of the grace path: checkpoint, then keep training
+  fail,                ///< raise the failure described by step_agreement::failure()
+};
+
+/// The keys of the protocol (names: agreement_key_name).
+enum class agreement_key : unsigned char {
+  claim,        ///< r<N>/claim
+  ack,          ///< r<N>/ack/<task> (a list instruction names the prefix r<N>/ack/)
+  step,         ///< r<N>/step
+  final_claim,  ///< r<N>/final
+  final_ack,    ///< r<N>/final_ack/<task>
+  final_step,   ///< r<N>/final_step
+  error,        ///< error (one per run)
+};
+
+/// The full key for `k` in round `round` under `scope` (which ends with '/'); task -1 names the
+/// ack prefix (ending with '/').
+inline std::string agreement_key_name(std::string_view scope, agreement_key k, std::uint64_t round,
+                                      int task = -1) {
+  std::string s(scope);
+  if (k == agreement_key::error) return s + "error";
+  s += "r" + std::to_string(round) + "/";
+  switch (k) {
+    case agreement_key::claim:
+      return s + "claim";
+    case agreement_key::step:
+      return s + "step";
+    case agreement_key::final_claim:
+      return s + "final";
+    case agreement_key::final_step:
+      return s + "final_step";
+    case agreement_key::ack:
+    case agreement_key::final_ack:
+      s += k == agreement_key::ack ? "ack/" : "final_ack/";
+      return task < 0 ? s : s + std::to_string(task);
+    case agreement_key::error:
+      break;
+  }
+  return s;
+}
+
+/// Why the machine failed.
+enum class agreement_failure : unsigned char {
+  none,     ///< not failed
+  peer,     ///< another task's step threw (peer_task, type_name, message)
+  local,    ///< this task's step threw; the driver re-throws its own exception
+  timeout,  ///< not every task acked before the deadline (missing_tasks)
+};
+
+/// What failed, for the driver to raise.
+struct agreement_failure_info {
+  agreement_failure kind = agreement_failure::none;
+  int task = -1;                           ///< peer or local: the task whose step threw
+  std::string type_name;                   ///< peer or local: the exception's type name
+  std::string message;                     ///< peer or local: its what()
+  std::vector<int> missing_tasks;          ///< timeout: tasks with no ack
+  agreement_key key = agreement_key::ack;  ///< timeout: the ack prefix that was waited on
+  std::uint64_t round = 0;                 ///< timeout: its round
+};
+
+/// Static parameters of a step_agreement.
+template <class Duration>
+struct basic_agreement_config {
+  int task = 0;                   ///< this worker's task id, 0 <= task < num_tasks
+  int num_tasks = 1;              ///< workers in the job
+  Duration grace{};               ///< grace period; zero = save then exit
+  Duration ack_timeout{};         ///< how long a worker waits for every ack
+  bool exit_after_save = true;    ///< false: no_exit (save, then re-arm and return)
+  std::uint64_t first_round = 0;  ///< round number to start from
+};
+
+/// The pure step-agreement state machine; Clock only names the time_point and duration types.
+template <class Clock = std::chrono::steady_clock>
+class basic_step_agreement {
+ public:
+  using clock = Clock;
+  using time_point = typename Clock::time_point;
+  using duration = typename Clock::duration;
+  using config = basic_agreement_config<duration>;
+
+  /// One thing for the driver to do: a verdict (kind == decide) or a store operation.
+  struct instruction {
+    enum class op : unsigned char { decide, insert, put, try_get, wait, list };
+    op kind = op::decide;
+    agreement_action action = agreement_action::proceed;  ///< decide: the verdict
+    std::int64_t step = -1;                               ///< decide with a save: the step saved
+    agreement_key key = agreement_key::claim;             ///< store ops: which key
+    std::uint64_t round = 0;                              ///< store ops: its round
+    int task = -1;          ///< ack keys: the task (-1 for a list of the prefix)
+    std::string value;      ///< insert, put: the value
+    time_point deadline{};  ///< wait: block until the key exists or this time
+  };
+
+  explicit basic_step_agreement(config cfg) : cfg_(cfg), round_(cfg.first_round) {
+    if (cfg_.num_tasks < 1 || cfg_.task < 0 || cfg_.task >= cfg_.num_tasks)
+      throw std::invalid_argument("step_agreement: task " + std::to_string(cfg_.task) +
+                                  " outside [0, " + std::to_string(cfg_.num_tasks) + ")");
+  }
+
+  // ---- events -------------------------------------------------------------------------------
+
+  /// This worker got a termination notice at `when`, with an optional announced deadline.
+  /// A notice at or before one already served by a save is ignored.
+  void on_notice(time_point when, std::optional<time_point> deadline = std::nullopt) {
+    if (state_ == agreement_state::stopped || state_ == agreement_state::failed) return;
+    if (consumed_notice_ && when <= *consumed_notice_) return;
+    if (notice_ && *notice_ <= when) return;  // keep the earliest notice of this round
+    notice_ = when;
+    deadline_ = deadline;
+    if (state_ == agreement_state::idle) state_ = agreement_state::noticed;
+  }
+
+  /// The watcher saw the claim key of `round`.
+  void on_claim_seen(std::uint64_t round) {
+    if (round != round_) return;
+    if (state_ == agreement_state::idle ||
+        (state_ == agreement_state::noticed && awaiting_ == await::none))
+      state_ = agreement_state::claimed;
+  }
+
+  /// The watcher saw the final-claim key of `round`.
+  void on_final_seen(std::uint64_t round) {
+    if (round != round_) return;
+    if (state_ == agreement_state::grace ||
+        (state_ == agreement_state::final_noticed && awaiting_ == await::none))
+      state_ = agreement_state::final_claimed;
+  }
+
+  /// The watcher (or a wait) saw the error key with `payload` ("task\ntype\nmessage").
+  void on_error_seen(const std::string& payload) {
+    if (state_ == agreement_state::stopped || state_ == agreement_state::failed) return;
+    fail_with_payload(payload);
+  }
+
+  /// This worker's step threw: the following next() calls emit the inserts that publish the
+  /// error and abort any wait on this round's steps, then answer fail (kind local).
+  void on_local_error(const std::string& type_name, const std::string& message) {
+    if (state_ == agreement_state::stopped) return;
+    if (state_ == agreement_state::failed) return;
+    failure_ = agreement_failure_info{};
+    failure_.kind = agreement_failure::local;
+    failure_.task = cfg_.task;
+    failure_.type_name = type_name;
+    failure_.message = message;
+    state_ = agreement_state::failed;
+    awaiting_ = await::none;
+    outbox_.clear();
+    std::string payload = encode_error(cfg_.task, type_name, message);
+    outbox_.push_back(make(instruction::op::insert, agreement_key::error, -1, payload));
+    for (std::uint64_t r : {round_, round_ + 1})
+      for (agreement_key k : {agreement_key::step, agreement_key::final_step}) {
+        instruction in = make(instruction::op::insert, k, -1, std::string(abort_value));
+        in.round = r;
+        outbox_.push_back(std::move(in));
+      }
+  }
+
+  /// Shut down: the machine answers proceed and asks for nothing from now on.
+  void on_stop() {
+    state_ = agreement_state::stopped;
+    awaiting_ = await::none;
+    outbox_.clear();
+  }
+
+  /// Start a new round (after a save the driver did not exit on, or an in-process restart).
+  void rearm() {
+    if (state_ == agreement_state::stopped || state_ == agreement_state::failed) return;
+    ++round_;
+    // Every notice up to now was served by this round's save.
+    time_point served = notice_ ? std::max(*notice_, now_) : now_;
+    consumed_notice_ = std::max(consumed_notice_.value_or(served), served);
+    notice_.reset();
+    deadline_.reset();
+    state_ = agreement_state::idle;
+    awaiting_ = await::none;
+    claimant_ = false;
+    step_[0] = step_[1] = -1;
+  }
+
+  // ---- results of store instructions --------------------------------------------------------
+
+  /// Result of an insert instruction: true when this worker created the key.
+  void on_insert(bool created) {
+    if (inert()) return;
+    if (awaiting_ == await::claim) {
+      awaiting_ = await::none;
+      claimant_ = created || claimant_;
+      state_ = phase_state(phase(), agreement_state::claimed);
+    } else if (awaiting_ == await::insert_step) {
+      awaiting_ = await::none;
+      if (created)
+        publish_step(computed_step_);
+      else
+        awaiting_ = await::wait_step_pending;
+    } else {
+      expect(false, "insert result");
+    }
+  }
+
+  /// Result of a put instruction.
+  void on_put() {
+    if (inert()) return;
+    expect(awaiting_ == await::ack, "put");
+    awaiting_ = await::list_pending;
+    ack_deadline_ = now_ + cfg_.ack_timeout;
+    state_ = phase_state(phase(), agreement_state::acked);
+  }
+
+  /// Result of a try_get or wait instruction: the value, or nullopt (absent / deadline passed).
+  void on_value(const std::optional<std::string>& value) {
+    if (inert()) return;
+    if (awaiting_ == await::wait_step) {
+      awaiting_ = await::none;
+      if (!value) {
+        awaiting_ = await::timeout_list_pending;
+      } else if (*value == abort_value) {
+        awaiting_ = await::error_pending;
+      } else if (auto s = parse_int(*value)) {
+        publish_step(*s);
+      } else {
+        fail_with_payload(*value);  // a malformed step value is treated as a peer's error
+      }
+    } else if (awaiting_ == await::read_error) {
+      awaiting_ = await::none;
+      fail_with_payload(value.value_or(std::string()));
+    } else {
+      expect(false, "value result");
+    }
+  }
+
+  /// Result of a list instruction: the (key, value) pairs under the ack prefix.
+  void on_list(const std::vector<std::pair<std::string, std::string>>& entries) {
+    if (inert()) return;
+    expect(awaiting_ == await::list || awaiting_ == await::timeout_list, "list");
+    bool after_deadline = awaiting_ == await::timeout_list;
+    awaiting_ = await::none;
+    std::vector<bool> seen(static_cast<std::size_t>(cfg_.num_tasks), false);
+    std::int64_t max_counter = -1;
+    for (const auto& kv : entries) {
+      auto slash = kv.first.rfind('/');
+      auto t = parse_int(slash == std::string::npos ? kv.first : kv.first.substr(slash + 1));
+      auto c = parse_int(kv.second);
+      if (!t || !c || *t < 0 || *t >= cfg_.num_tasks) continue;
+      seen[static_cast<std::size_t>(*t)] = true;
+      max_counter = std::max(max_counter, *c);
+    }
+    std::vector<int> missing;
+    for (int t = 0; t < cfg_.num_tasks; ++t)
+      if (!seen[static_cast<std::size_t>(t)]) missing.push_back(t);
+    if (missing.empty()) {
+      computed_step_ = max_counter + 1;
+      awaiting_ = await::insert_step_pending;
+    } else if (after_deadline) {
+      failure_ = agreement_failure_info{};
+      failure_.kind = agreement_failure::timeout;
+      failure_.missing_tasks = std::move(missing);
+      failure_.key = phase() == 0 ? agreement_key::ack : agreement_key::final_ack;
+      failure_.round = round_;
+      state_ = agreement_state::failed;
+    } else {
+      awaiting_ = await::wait_step_pending;
+    }
+  }
+
+  // ---- the question asked before each step ---------------------------------------------------
+
+  /// What to do before the step with run counter `counter` at time `now`, given the running mean
+  /// step time. Store instructions must be performed and reported (on_insert, on_put, on_value,
+  /// on_list) before calling next() again; a decide instruction ends the exchange for this step.
+  instruction next(std::int64_t counter, time_point now, duration mean_step = duration::zero()) {
+    now_ = now;
+    if (!outbox_.empty()) {
+      instruction in = std::move(outbox_.front());
+      outbox_.erase(outbox_.begin());
+      return in;
+    }
+    expect(!is_waiting_for_result(), "next() before the previous instruction's result");
+    switch (state_) {
+      case agreement_state::idle:
+      case agreement_state::exiting:
+      case agreement_state::stopped:
+        return decide(agreement_action::proceed);
+      case agreement_state::failed:
+        return decide(agreement_action::fail);
+      case agreement_state::noticed:
+      case agreement_state::final_noticed:
+        awaiting_ = await::claim;
+        return make(instruction::op::insert, claim_key(), -1, std::to_string(cfg_.task));
+      case agreement_state::claimed:
+      case agreement_state::final_claimed:
+        awaiting_ = await::ack;
+        my_counter_ = counter;
+        return make(instruction::op::put, ack_key(), cfg_.task, std::to_string(counter));
+      case agreement_state::acked:
+      case agreement_state::final_acked:
+        return next_in_acked(now);
+      case agreement_state::step_published:
+      case agreement_state::final_published:
+        return next_in_published(counter);
+      case agreement_state::grace: {
+        if (notice_) {
+          time_point end = deadline_ ? *deadline_ : *notice_ + cfg_.grace;
+          if (now > end - 6 * mean_step) {
+            state_ = agreement_state::final_noticed;
+            awaiting_ = await::claim;
+            return make(instruction::op::insert, agreement_key::final_claim, -1,
+                        std::to_string(cfg_.task));
+          }
+        }
+        return decide(agreement_action::proceed);
+      }
+    }
+    return decide(agreement_action::proceed);
+  }
+
+  // ---- queries -------------------------------------------------------------------------------
+
+  /// The current state.
+  agreement_state state() const noexcept { return state_; }
+  /// The current round (keys r<round>/...).
+  std::uint64_t round() const noexcept { return round_; }
+  /// True when this worker won the claim of the current round.
+  bool claimant() const noexcept { return claimant_; }
+  /// The agreed step of the first (0) or final (1) save of this round, or -1.
+  std::int64_t agreed_step(int which = 0) const noexcept { return step_[which ? 1 : 0]; }
+  /// The counter this worker published in its last ack.
+  std::int64_t published_counter() const noexcept { return my_counter_; }
+  /// What failed (kind none unless state() == failed).
+  const agreement_failure_info& failure() const noexcept { return failure_; }
+  /// The configuration.
+  const config& settings() const noexcept { return cfg_; }
+  /// Whether next() must be asked before every step (false only in steady state: idle with no
+  /// notice, exiting or stopped).
+  bool needs_attention() const noexcept {
+    return !(state_ == agreement_state::idle || state_ == agreement_state::exiting ||
+             state_ == agreement_state::stopped) ||
+           !outbox_.empty();
+  }
+  /// The trigger key the watcher should block on now: claim in idle/noticed, final_claim in grace;
+  /// nullopt when no trigger can arrive (the error key is watched in every state).
+  std::optional<agreement_key> watch_key() const noexcept {
+    switch (state_) {
+      case agreement_state::idle:
+      case agreement_state::noticed:
+        return agreement_key::claim;
+      case agreement_state::grace:
+      case agreement_state::final_noticed:
+        return agreement_key::final_claim;
+      default:
+        return std::nullopt;
+    }
+  }
+
+  /// The error payload written to the error key: "task\ntype\nmessage".
+  static std::string encode_error(int task, const std::string& type_name,
+                                  const std::string& message) {
+    return std::to_string(task) + "\n" + type_name + "\n" + message;
+  }
+
+  /// The value inserted into step keys to abort waits after an error.
+  static constexpr std::string_view abort_value = "abort";
+
+ private:
+  enum class await : unsigned char {
+    none,
+    claim,                // insert claim issued
+    ack,                  // put ack issued
+    list_pending,         // next() issues list
+    list,                 // list issued
+    insert_step_pending,  // next() issues insert step
+    insert_step,          // insert step issued
+    wait_step_pending,    // next() issues wait step
+    wait_step,            // wait issued
+    error_pending,        // next() issues try_get error
+    read_error,           // try_get error issued
+    timeout_list_pending,
+    timeout_list,
+  };
+
+  bool inert() const noexcept {
+    return state_ == agreement_state::failed || state_ == agreement_state::stopped;
+  }
+
+  bool is_waiting_for_result() const noexcept {
+    switch (awaiting_) {
+      case await::claim:
+      case await::ack:
+      case await::list:
+      case await::insert_step:
+      case await::wait_step:
+      case await::read_error:
+      case await::timeout_list:
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  static void expect(bool ok, const char* what) {
+    if (!ok) throw std::logic_error(std::string("step_agreement: unexpected ") + what);
+  }
+
+  int phase() const noexcept {
+    switch (state_) {
+      case agreement_state::grace:
+      case agreement_state::final_noticed:
+      case agreement_state::final_claimed:
+      case agreement_state::final_acked:
+      case agreement_state::final_published:
+        return 1;
+      default:
+        return 0;
+    }
+  }
+  static agreement_state phase_state(int phase, agreement_state first) {
+    if (phase == 0) return first;
+    switch (first) {
+      case agreement_state::claimed:
+        return agreement_state::final_claimed;
+      case agreement_state::acked:
+        return agreement_state::final_acked;
+      case agreement_state::step_published:
+        return agreement_state::final_published;
+      default:
+        return first;
+    }
+  }
+  agreement_key claim_key() const {
+    return phase() ? agreement_key::final_claim : agreement_key::claim;
+  }
+  agreement_key ack_key() const { return phase() ? agreement_key::final_ack : agreement_key::ack; }
+  agreement_key step_key() const {
+    return phase() ? agreement_key::final_step : agreement_key::step;
+  }
+
+  instruction make(typename instruction::op kind, agreement_key key, int task, std::string value) {
+    instruction in;
+    in.kind = kind;
+    in.key = key;
+    in.round = round_;
+    in.task = task;
+    in.value = std::move(value);
+    return in;
+  }
+  static instruction decide(agreement_action a, std::int64_t step = -1) {
+    instruction in;
+    in.action = a;
+    in.step = step;
+    return in;
+  }
+
+  instruction next_in_acked(time_point now) {
+    switch (awaiting_) {
+      case await::list_pending:
+        awaiting_ = await::list;
+        return make(instruction::op::list, ack_key(), -1, {});
+      case await::insert_step_pending:
+        awaiting_ = await::insert_step;
+        return make(instruction::op::insert, step_key(), -1, std::to_string(computed_step_));
+      case await::wait_step_pending: {
+        awaiting_ = await::wait_step;
+        instruction in = make(instruction::op::wait, step_key(), -1, {});
+        in.deadline = std::max(now, ack_deadline_);
+        return in;
+      }
+      case await::error_pending:
+        awaiting_ = await::read_error;
+        return make(instruction::op::try_get, agreement_key::error, -1, {});
+      case await::timeout_list_pending:
+        awaiting_ = await::timeout_list;
+        return make(instruction::op::list, ack_key(), -1, {});
+      default:
+        break;
+    }
+    expect(false, "state in acked");
+    return decide(agreement_action::proceed);
+  }
+
+  instruction next_in_published(std::int64_t counter) {
+    int p = phase();
+    std::int64_t s = step_[p];
+    if (counter < s) return decide(agreement_action::proceed);
+    if (p == 0 && cfg_.grace > duration::zero()) {
+      state_ = agreement_state::grace;
+      return decide(agreement_action::save_then_continue, counter);
+    }
+    if (cfg_.exit_after_save) {
+      state_ = agreement_state::exiting;
+      return decide(agreement_action::save_then_exit, counter);
+    }
+    rearm();
+    return decide(agreement_action::save, counter);
+  }
+
+  void publish_step(std::int64_t s) {
+    int p = phase();
+    step_[p] = s;
+    state_ = phase_state(p, agreement_state::step_published);
+  }
+
+  void fail_with_payload(const std::string& payload) {
+    failure_ = agreement_failure_info{};
+    failure_.kind = agreement_failure::peer;
+    auto a = payload.find('\n');
+    auto b = a == std::string::npos ? a : payload.find('\n', a + 1);
+    if (a != std::string::npos && b != std::string::npos) {
+      failure_.task = static_cast<int>(parse_int(payload.substr(0, a)).value_or(-1));
+      failure_.type_name = payload.substr(a + 1, b - a - 1);
+      failure_.message = payload.substr(b + 1);
+    } else {
+      failure_.type_name = "unknown";
+      failure_.message = payload.empty() ? "agreement aborted" : payload;
+    }
+    if (failure_.task == cfg_.task) failure_.kind = agreement_failure::local;
+    state_ = agreement_state::failed;
+    awaiting_ = await::none;
+  }
+
+  static std::optional<std::int64_t> parse_int(const std::string& s) {
+    if (s.empty() || s.size() > 19) return std::nullopt;
+    std::size_t i = s[0] == '-' ? 1 : 0;
+    if (i == s.size()) return std::nullopt;
+    std::int64_t v = 0;
+    for (; i < s.size(); ++i) {
+      if (s[i] < '0' || s[i] > '9') return std::nullopt;
+      v = v * 10 + (s[i] - '0');
+    }
+    return s[0] == '-' ? -v : v;
+  }
+
+  config cfg_;
+  agreement_state state_ = agreement_state::idle;
+  await awaiting_ = await::none;
+  std::uint64_t round_ = 0;
+  bool claimant_ = false;
+  std::optional<time_point> notice_;
+  std::optional<time_point> deadline_;
+  std::optional<time_point> consumed_notice_;
+  time_point now_{};
+  time_point ack_deadline_{};
+  std::int64_t my_counter_ = -1;
+  std::int64_t computed_step_ = -1;
+  std::int64_t step_[2] = {-1, -1};
+  agreement_failure_info failure_;
+  std::vector<instruction> outbox_;
+};
+
+/// The step agreement on the steady clock.
+using step_agreement = basic_step_agreement<>;
+/// Its configuration.
+using agreement_config = step_agreement::config;
+
+HOLDFAST_NAMESPACE_END

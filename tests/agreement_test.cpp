@@ -1,0 +1,600 @@
+// step_agreement, the pure state machine: every row of the transition table in agreement.hpp,
+// then many machines driven together over a tiny in-test key-value map (a discrete-event
+// simulation with random notices, skews and interleavings), which must always agree on one step.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <holdfast/agreement.hpp>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+using holdfast::agreement_action;
+using holdfast::agreement_failure;
+using holdfast::agreement_key;
+using holdfast::agreement_state;
+using holdfast::step_agreement;
+using op = step_agreement::instruction::op;
+using clk = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+const std::string scope = "run/";
+const clk::time_point t0 = clk::time_point(std::chrono::hours(1));
+
+step_agreement::config cfg(int task, int n, milliseconds grace = milliseconds(0),
+                           bool exits = true) {
+  step_agreement::config c;
+  c.task = task;
+  c.num_tasks = n;
+  c.grace = grace;
+  c.ack_timeout = milliseconds(1000);
+  c.exit_after_save = exits;
+  return c;
+}
+
+std::string key_of(const step_agreement::instruction& in) {
+  return holdfast::agreement_key_name(scope, in.key, in.round, in.task);
+}
+
+// The test-local fake store: a sorted map (agreement tests only; handler tests use real stores).
+struct fake_kv {
+  std::map<std::string, std::string> m;
+  int ops = 0;
+  bool insert(const std::string& k, const std::string& v) {
+    ++ops;
+    return m.emplace(k, v).second;
+  }
+  std::optional<std::string> try_get(const std::string& k) const {
+    auto it = m.find(k);
+    if (it == m.end()) return std::nullopt;
+    return it->second;
+  }
+  std::vector<std::pair<std::string, std::string>> list(const std::string& prefix) {
+    ++ops;
+    std::vector<std::pair<std::string, std::string>> out;
+    for (auto it = m.lower_bound(prefix);
+         it != m.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+      out.push_back(*it);
+    return out;
+  }
+};
+
+// Performs one store instruction on `kv`; a wait whose key is absent is answered now as the
+// deadline (for single-machine tests). Returns false for a decide.
+bool perform(step_agreement& a, const step_agreement::instruction& in, fake_kv& kv) {
+  switch (in.kind) {
+    case op::decide:
+      return false;
+    case op::insert:
+      a.on_insert(kv.insert(key_of(in), in.value));
+      return true;
+    case op::put:
+      ++kv.ops;
+      kv.m[key_of(in)] = in.value;
+      a.on_put();
+      return true;
+    case op::try_get:
+    case op::wait:
+      ++kv.ops;
+      a.on_value(kv.try_get(key_of(in)));
+      return true;
+    case op::list:
+      a.on_list(kv.list(key_of(in)));
+      return true;
+  }
+  return false;
+}
+
+// Runs the exchange for one step and returns the verdict.
+step_agreement::instruction decide(step_agreement& a, fake_kv& kv, std::int64_t counter,
+                                   clk::time_point now,
+                                   clk::duration mean = clk::duration::zero()) {
+  for (int i = 0; i < 100; ++i) {
+    auto in = a.next(counter, now, mean);
+    if (!perform(a, in, kv)) return in;
+  }
+  FAIL("exchange did not end");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("idle: proceeds with no store traffic and needs no attention") {
+  step_agreement a(cfg(0, 2));
+  CHECK(a.state() == agreement_state::idle);
+  CHECK_FALSE(a.needs_attention());
+  CHECK(a.watch_key() == agreement_key::claim);
+  for (int c = 0; c < 5; ++c) {
+    auto in = a.next(c, t0);
+    CHECK(in.kind == op::decide);
+    CHECK(in.action == agreement_action::proceed);
+  }
+}
+
+TEST_CASE("rejects a task id outside the job") {
+  CHECK_THROWS_AS(step_agreement(cfg(2, 2)), std::invalid_argument);
+  CHECK_THROWS_AS(step_agreement(cfg(-1, 2)), std::invalid_argument);
+}
+
+TEST_CASE("key names are scoped by run and round") {
+  CHECK(holdfast::agreement_key_name("j/", agreement_key::claim, 3) == "j/r3/claim");
+  CHECK(holdfast::agreement_key_name("j/", agreement_key::ack, 0, 7) == "j/r0/ack/7");
+  CHECK(holdfast::agreement_key_name("j/", agreement_key::ack, 0) == "j/r0/ack/");
+  CHECK(holdfast::agreement_key_name("j/", agreement_key::final_ack, 1, 2) == "j/r1/final_ack/2");
+  CHECK(holdfast::agreement_key_name("j/", agreement_key::step, 1) == "j/r1/step");
+  CHECK(holdfast::agreement_key_name("j/", agreement_key::final_claim, 1) == "j/r1/final");
+  CHECK(holdfast::agreement_key_name("j/", agreement_key::final_step, 1) == "j/r1/final_step");
+  CHECK(holdfast::agreement_key_name("j/", agreement_key::error, 9) == "j/error");
+}
+
+TEST_CASE("one worker: notice → claim → ack → list → step published → save then exit") {
+  step_agreement a(cfg(0, 1));
+  a.on_notice(t0);
+  CHECK(a.state() == agreement_state::noticed);
+  CHECK(a.needs_attention());
+
+  auto in = a.next(5, t0);
+  CHECK(in.kind == op::insert);
+  CHECK(key_of(in) == "run/r0/claim");
+  CHECK(in.value == "0");
+  a.on_insert(true);
+  CHECK(a.state() == agreement_state::claimed);
+  CHECK(a.claimant());
+
+  in = a.next(5, t0);
+  CHECK(in.kind == op::put);
+  CHECK(key_of(in) == "run/r0/ack/0");
+  CHECK(in.value == "5");
+  a.on_put();
+  CHECK(a.state() == agreement_state::acked);
+
+  in = a.next(5, t0);
+  CHECK(in.kind == op::list);
+  CHECK(key_of(in) == "run/r0/ack/");
+  a.on_list({{"run/r0/ack/0", "5"}});
+  in = a.next(5, t0);
+  CHECK(in.kind == op::insert);
+  CHECK(key_of(in) == "run/r0/step");
+  CHECK(in.value == "6");  // max + 1
+  a.on_insert(true);
+  CHECK(a.state() == agreement_state::step_published);
+  CHECK(a.agreed_step() == 6);
+
+  in = a.next(5, t0);
+  CHECK(in.kind == op::decide);
+  CHECK(in.action == agreement_action::proceed);
+  in = a.next(6, t0);
+  CHECK(in.action == agreement_action::save_then_exit);
+  CHECK(in.step == 6);
+  CHECK(a.state() == agreement_state::exiting);
+  CHECK_FALSE(a.needs_attention());
+  CHECK(a.next(7, t0).action == agreement_action::proceed);
+}
+
+TEST_CASE("lost claim and a claim seen by the watcher both make a follower") {
+  step_agreement a(cfg(1, 2));
+  a.on_notice(t0);
+  auto in = a.next(3, t0);
+  CHECK(in.kind == op::insert);
+  a.on_insert(false);
+  CHECK(a.state() == agreement_state::claimed);
+  CHECK_FALSE(a.claimant());
+
+  step_agreement b(cfg(1, 2));
+  b.on_claim_seen(1);  // another round: ignored
+  CHECK(b.state() == agreement_state::idle);
+  b.on_claim_seen(0);
+  CHECK(b.state() == agreement_state::claimed);
+  CHECK(b.watch_key() == std::nullopt);
+
+  step_agreement c(cfg(1, 2));  // noticed, but the claim was seen before claiming: no insert
+  c.on_notice(t0);
+  c.on_claim_seen(0);
+  CHECK(c.state() == agreement_state::claimed);
+  CHECK(c.next(2, t0).kind == op::put);
+}
+
+TEST_CASE("incomplete acks: wait for the step until the deadline, then a step or a timeout") {
+  step_agreement a(cfg(0, 3));
+  a.on_claim_seen(0);
+  a.next(4, t0);
+  a.on_put();
+  CHECK(a.next(4, t0).kind == op::list);
+  a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/2", "9"}});
+  auto in = a.next(4, t0 + milliseconds(10));
+  CHECK(in.kind == op::wait);
+  CHECK(key_of(in) == "run/r0/step");
+  CHECK(in.deadline == t0 + milliseconds(1000));  // acked at t0 + ack_timeout
+
+  SUBCASE("the step arrives") {
+    a.on_value(std::string("10"));
+    CHECK(a.state() == agreement_state::step_published);
+    CHECK(a.agreed_step() == 10);
+    CHECK(a.next(9, t0).action == agreement_action::proceed);
+    CHECK(a.next(10, t0).action == agreement_action::save_then_exit);
+  }
+  SUBCASE("the deadline passes and task 1 never acked") {
+    a.on_value(std::nullopt);
+    in = a.next(4, t0 + milliseconds(1000));
+    CHECK(in.kind == op::list);
+    a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/2", "9"}});
+    CHECK(a.state() == agreement_state::failed);
+    CHECK(a.failure().kind == agreement_failure::timeout);
+    CHECK(a.failure().missing_tasks == std::vector<int>{1});
+    CHECK(a.next(4, t0).action == agreement_action::fail);  // sticky
+    CHECK(a.next(5, t0).action == agreement_action::fail);
+  }
+  SUBCASE("the deadline passes but the last ack landed meanwhile: the step is computed here") {
+    a.on_value(std::nullopt);
+    a.next(4, t0 + milliseconds(1000));
+    a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/1", "2"}, {"run/r0/ack/2", "9"}});
+    in = a.next(4, t0);
+    CHECK(in.kind == op::insert);
+    CHECK(in.value == "10");
+    a.on_insert(false);  // someone else inserted it first: read it
+    in = a.next(4, t0);
+    CHECK(in.kind == op::wait);
+    a.on_value(std::string("10"));
+    CHECK(a.agreed_step() == 10);
+  }
+  SUBCASE("an aborted step names the peer's error") {
+    a.on_value(std::string("abort"));
+    in = a.next(4, t0);
+    CHECK(in.kind == op::try_get);
+    CHECK(key_of(in) == "run/error");
+    a.on_value(step_agreement::encode_error(1, "std::runtime_error", "nan\nloss"));
+    CHECK(a.state() == agreement_state::failed);
+    CHECK(a.failure().kind == agreement_failure::peer);
+    CHECK(a.failure().task == 1);
+    CHECK(a.failure().type_name == "std::runtime_error");
+    CHECK(a.failure().message == "nan\nloss");
+  }
+}
+
+TEST_CASE("the agreed step is max of the counters + 1, whatever the skew") {
+  for (int me = 0; me < 3; ++me) {
+    step_agreement a(cfg(me, 3));
+    a.on_claim_seen(0);
+    a.next(1000, t0);
+    a.on_put();
+    a.next(1000, t0);
+    a.on_list({{"run/r0/ack/0", "3"}, {"run/r0/ack/1", "1000"}, {"run/r0/ack/2", "17"}});
+    auto in = a.next(1000, t0);
+    CHECK(in.value == "1001");
+  }
+}
+
+TEST_CASE("a malformed ack or a foreign task id counts as missing") {
+  step_agreement a(cfg(0, 2));
+  a.on_claim_seen(0);
+  a.next(1, t0);
+  a.on_put();
+  a.next(1, t0);
+  a.on_list({{"run/r0/ack/0", "1"}, {"run/r0/ack/1", "x"}, {"run/r0/ack/7", "3"}});
+  CHECK(a.next(1, t0).kind == op::wait);
+}
+
+TEST_CASE("grace path: save then continue, final claim at end − 6 × mean step, final save") {
+  const auto grace = milliseconds(1000);
+  step_agreement a(cfg(0, 1, grace));
+  fake_kv kv;
+  a.on_notice(t0);
+  auto in = decide(a, kv, 10, t0);
+  CHECK(in.action == agreement_action::proceed);  // agreed step is 11
+  CHECK(a.agreed_step() == 11);
+  in = decide(a, kv, 11, t0 + milliseconds(10));
+  CHECK(in.action == agreement_action::save_then_continue);
+  CHECK(in.step == 11);
+  CHECK(a.state() == agreement_state::grace);
+  CHECK(a.needs_attention());
+  CHECK(a.watch_key() == agreement_key::final_claim);
+
+  const auto mean = milliseconds(50);  // buffer 300 ms: final claim after t0 + 700 ms
+  CHECK(decide(a, kv, 12, t0 + milliseconds(600), mean).action == agreement_action::proceed);
+  CHECK(a.state() == agreement_state::grace);
+  in = a.next(13, t0 + milliseconds(701), mean);
+  CHECK(in.kind == op::insert);
+  CHECK(key_of(in) == "run/r0/final");
+  CHECK(a.state() == agreement_state::final_noticed);
+  a.on_insert(true);
+  CHECK(a.state() == agreement_state::final_claimed);
+  in = a.next(13, t0 + milliseconds(701), mean);
+  CHECK(key_of(in) == "run/r0/final_ack/0");
+  CHECK(perform(a, in, kv));
+  CHECK(a.state() == agreement_state::final_acked);
+  in = decide(a, kv, 13, t0 + milliseconds(701), mean);
+  CHECK(a.state() == agreement_state::final_published);
+  CHECK(a.agreed_step(1) == 14);
+  CHECK(in.action == agreement_action::proceed);
+  in = decide(a, kv, 14, t0 + milliseconds(760), mean);
+  CHECK(in.action == agreement_action::save_then_exit);
+  CHECK(in.step == 14);
+  CHECK(a.state() == agreement_state::exiting);
+}
+
+TEST_CASE("grace path uses the announced deadline and a zero mean gives no buffer") {
+  step_agreement a(cfg(0, 1, milliseconds(100000)));
+  fake_kv kv;
+  a.on_notice(t0, t0 + milliseconds(500));
+  decide(a, kv, 0, t0);
+  CHECK(decide(a, kv, 1, t0).action == agreement_action::save_then_continue);
+  CHECK(decide(a, kv, 2, t0 + milliseconds(500)).action == agreement_action::proceed);
+  CHECK(a.state() == agreement_state::grace);
+  CHECK(decide(a, kv, 3, t0 + milliseconds(501)).action == agreement_action::proceed);
+  CHECK(a.state() == agreement_state::final_published);
+  CHECK(decide(a, kv, 4, t0 + milliseconds(501)).action == agreement_action::save_then_exit);
+}
+
+TEST_CASE("grace: a worker that was never noticed waits for the final claim") {
+  step_agreement a(cfg(1, 2, milliseconds(10)));
+  fake_kv kv;
+  kv.m["run/r0/ack/0"] = "3";
+  a.on_claim_seen(0);
+  decide(a, kv, 3, t0);
+  CHECK(a.agreed_step() == 4);
+  CHECK(decide(a, kv, 4, t0).action == agreement_action::save_then_continue);
+  CHECK(decide(a, kv, 5, t0 + std::chrono::hours(1)).action == agreement_action::proceed);
+  CHECK(a.state() == agreement_state::grace);
+  CHECK(kv.try_get("run/r0/final") == std::nullopt);
+  a.on_final_seen(0);
+  CHECK(a.state() == agreement_state::final_claimed);
+  kv.m["run/r0/final_ack/0"] = "9";
+  decide(a, kv, 6, t0);
+  CHECK(a.agreed_step(1) == 10);
+}
+
+TEST_CASE("no_exit: save, re-arm into the next round, and agree again") {
+  step_agreement a(cfg(0, 1, milliseconds(0), false));
+  fake_kv kv;
+  a.on_notice(t0);
+  decide(a, kv, 0, t0 + milliseconds(1));
+  auto in = decide(a, kv, 1, t0 + milliseconds(2));
+  CHECK(in.action == agreement_action::save);
+  CHECK(a.state() == agreement_state::idle);
+  CHECK(a.round() == 1);
+  CHECK_FALSE(a.needs_attention());
+  a.on_notice(t0);  // the notice that was served: ignored
+  CHECK(a.state() == agreement_state::idle);
+  a.on_notice(t0 + milliseconds(2));  // up to the save: served too
+  CHECK(a.state() == agreement_state::idle);
+  a.on_notice(t0 + milliseconds(5));  // a new one
+  CHECK(a.state() == agreement_state::noticed);
+  in = a.next(7, t0 + milliseconds(5));
+  CHECK(key_of(in) == "run/r1/claim");
+  CHECK(perform(a, in, kv));
+  decide(a, kv, 7, t0 + milliseconds(5));
+  CHECK(a.agreed_step() == 8);
+  CHECK(decide(a, kv, 8, t0 + milliseconds(6)).action == agreement_action::save);
+  CHECK(a.round() == 2);
+}
+
+TEST_CASE("explicit rearm from exiting, and rearm does nothing once failed or stopped") {
+  step_agreement a(cfg(0, 1));
+  fake_kv kv;
+  a.on_notice(t0);
+  decide(a, kv, 0, t0);
+  CHECK(decide(a, kv, 1, t0).action == agreement_action::save_then_exit);
+  a.rearm();
+  CHECK(a.state() == agreement_state::idle);
+  CHECK(a.round() == 1);
+  a.on_stop();
+  a.rearm();
+  CHECK(a.state() == agreement_state::stopped);
+  CHECK(a.round() == 1);
+}
+
+TEST_CASE("a local error publishes the error and aborts both rounds' step keys, then fails") {
+  step_agreement a(cfg(2, 4));
+  fake_kv kv;
+  a.on_local_error("std::domain_error", "bad batch");
+  CHECK(a.state() == agreement_state::failed);
+  CHECK(a.needs_attention());
+  std::vector<std::string> inserted;
+  for (;;) {
+    auto in = a.next(3, t0);
+    if (in.kind == op::decide) {
+      CHECK(in.action == agreement_action::fail);
+      break;
+    }
+    CHECK(in.kind == op::insert);
+    inserted.push_back(key_of(in) + "=" + in.value);
+    perform(a, in, kv);
+  }
+  CHECK(inserted == std::vector<std::string>{"run/error=2\nstd::domain_error\nbad batch",
+                                             "run/r0/step=abort", "run/r0/final_step=abort",
+                                             "run/r1/step=abort", "run/r1/final_step=abort"});
+  CHECK(a.failure().kind == agreement_failure::local);
+  CHECK(a.failure().task == 2);
+  a.on_error_seen(step_agreement::encode_error(1, "x", "y"));  // first error wins locally
+  CHECK(a.failure().task == 2);
+}
+
+TEST_CASE("a peer's error seen by the watcher fails the machine in any state") {
+  for (int start = 0; start < 3; ++start) {
+    step_agreement a(cfg(0, 2));
+    if (start == 1) a.on_notice(t0);
+    if (start == 2) a.on_claim_seen(0);
+    a.on_error_seen(step_agreement::encode_error(1, "E", "m"));
+    CHECK(a.state() == agreement_state::failed);
+    auto in = a.next(0, t0);
+    CHECK(in.action == agreement_action::fail);
+    CHECK(a.failure().kind == agreement_failure::peer);
+    CHECK(a.failure().task == 1);
+    a.on_notice(t0);  // nothing revives it
+    a.on_claim_seen(0);
+    CHECK(a.state() == agreement_state::failed);
+  }
+}
+
+TEST_CASE("results arriving after a failure or stop are ignored") {
+  step_agreement a(cfg(0, 2));
+  a.on_notice(t0);
+  CHECK(a.next(0, t0).kind == op::insert);
+  a.on_error_seen(step_agreement::encode_error(1, "E", "m"));
+  a.on_insert(true);  // no throw
+  CHECK(a.state() == agreement_state::failed);
+
+  step_agreement b(cfg(0, 2));
+  b.on_claim_seen(0);
+  CHECK(b.next(0, t0).kind == op::put);
+  b.on_stop();
+  b.on_put();
+  CHECK(b.state() == agreement_state::stopped);
+  CHECK(b.next(0, t0).action == agreement_action::proceed);
+  CHECK_FALSE(b.needs_attention());
+}
+
+TEST_CASE("misuse is a logic_error, not a silent wrong answer") {
+  step_agreement a(cfg(0, 2));
+  CHECK_THROWS_AS(a.on_put(), std::logic_error);
+  a.on_notice(t0);
+  a.next(0, t0);                                     // insert claim issued
+  CHECK_THROWS_AS(a.next(0, t0), std::logic_error);  // its result was never reported
+}
+
+TEST_CASE("stop is safe in every state") {
+  for (int k = 0; k < 6; ++k) {
+    step_agreement a(cfg(0, 1, milliseconds(10)));
+    fake_kv kv;
+    if (k >= 1) a.on_notice(t0);
+    if (k >= 2) a.next(0, t0);  // claim in flight
+    if (k >= 3) a.on_insert(true);
+    if (k >= 4) decide(a, kv, 0, t0);
+    if (k >= 5) decide(a, kv, 1, t0);
+    a.on_stop();
+    CHECK(a.state() == agreement_state::stopped);
+    CHECK(a.next(0, t0).action == agreement_action::proceed);
+  }
+}
+
+// ---- many machines over one map: a discrete-event simulation --------------------------------
+
+namespace {
+
+struct sim_worker {
+  step_agreement sm;
+  std::int64_t counter = 0;
+  std::optional<step_agreement::instruction> parked;  // a wait whose key is absent
+  std::vector<std::int64_t> saves;
+  bool exited = false;
+  int skew = 1;  // this worker runs one step every `skew` ticks
+};
+
+struct sim_result {
+  std::set<std::int64_t> first_steps;
+  int claims = 0;
+  bool all_exited = true;
+  bool failed = false;
+};
+
+// n workers; `noticed` lists (worker, tick) notices; returns what happened.
+sim_result simulate(int n, const std::vector<std::pair<int, int>>& notices,
+                    const std::vector<int>& skews, std::mt19937& rng, int max_ticks = 4000) {
+  fake_kv kv;
+  std::vector<sim_worker> w;
+  for (int i = 0; i < n; ++i) {
+    auto c = cfg(i, n);
+    c.ack_timeout = milliseconds(100000);
+    w.push_back(sim_worker{
+        step_agreement(c), 0, std::nullopt, {}, false, skews[static_cast<std::size_t>(i)]});
+  }
+  sim_result r;
+  for (int tick = 0; tick < max_ticks; ++tick) {
+    if (std::all_of(w.begin(), w.end(), [](const sim_worker& x) { return x.exited; })) break;
+    auto now = t0 + milliseconds(tick);
+    for (auto& nt : notices)
+      if (nt.second == tick) w[static_cast<std::size_t>(nt.first)].sm.on_notice(now);
+    // the "watcher": deliver the claim to a random subset each tick
+    bool claimed = kv.try_get(scope + "r0/claim").has_value();
+    std::vector<std::size_t> order(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (std::size_t i : order) {
+      auto& x = w[i];
+      if (x.exited) continue;
+      if (claimed && rng() % 3 == 0) x.sm.on_claim_seen(0);
+      if (tick % x.skew) continue;
+      if (x.parked) {
+        auto v = kv.try_get(key_of(*x.parked));
+        if (!v && now < x.parked->deadline) continue;  // still blocked in its wait
+        x.parked.reset();
+        x.sm.on_value(v);
+      }
+      for (;;) {
+        auto in = x.sm.next(x.counter, now);
+        if (in.kind == op::wait && !kv.try_get(key_of(in))) {
+          x.parked = in;
+          break;
+        }
+        if (in.kind == op::insert && in.key == agreement_key::claim) {
+          bool ok = kv.insert(key_of(in), in.value);
+          r.claims += ok;
+          x.sm.on_insert(ok);
+          continue;
+        }
+        if (perform(x.sm, in, kv)) continue;
+        if (in.action == agreement_action::save_then_exit) {
+          x.saves.push_back(in.step);
+          x.exited = true;
+        } else if (in.action == agreement_action::fail) {
+          r.failed = true;
+          x.exited = true;
+        } else {
+          ++x.counter;
+        }
+        break;
+      }
+    }
+  }
+  for (auto& x : w) {
+    r.all_exited = r.all_exited && x.exited;
+    for (auto s : x.saves) r.first_steps.insert(s);
+    if (x.saves.size() > 1) r.failed = true;
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("simulation: no notice never saves") {
+  std::mt19937 rng(1);
+  auto r = simulate(4, {}, {1, 1, 2, 3}, rng, 300);
+  CHECK(r.first_steps.empty());
+  CHECK(r.claims == 0);
+}
+
+TEST_CASE("simulation: skewed workers, notice to the slowest or the fastest, agree on one step") {
+  std::mt19937 rng(2);
+  for (int target : {0, 3}) {
+    auto r = simulate(4, {{target, 50}}, {1, 2, 5, 11}, rng);
+    CHECK(r.claims == 1);
+    CHECK(r.first_steps.size() == 1);
+    CHECK(r.all_exited);
+    CHECK_FALSE(r.failed);
+  }
+}
+
+TEST_CASE("simulation: 1000 random trials — random notices, subsets, skews — one step each") {
+  std::mt19937 rng(12345);
+  for (int trial = 0; trial < 1000; ++trial) {
+    int n = 1 + static_cast<int>(rng() % 8);
+    std::vector<int> skews;
+    for (int i = 0; i < n; ++i) skews.push_back(1 + static_cast<int>(rng() % 7));
+    std::vector<std::pair<int, int>> notices;
+    int base = static_cast<int>(rng() % 200);
+    for (int i = 0; i < n; ++i)
+      if (i == 0 || rng() % 2) notices.emplace_back(i, base + static_cast<int>(rng() % 3));
+    auto r = simulate(n, notices, skews, rng);
+    INFO("trial " << trial << " n " << n);
+    REQUIRE(r.claims == 1);
+    REQUIRE(r.first_steps.size() == 1);
+    REQUIRE(r.all_exited);
+    REQUIRE_FALSE(r.failed);
+  }
+}
