@@ -7,12 +7,14 @@
 #include <atomic>
 #include <chrono>
 #include <holdfast/kv.hpp>
+#include <holdfast/kv/etcd.hpp>
 #include <holdfast/kv/in_process.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/etcd_server.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::kv_namespace;
@@ -27,6 +29,16 @@ struct in_process_backend {
   static constexpr bool cross_process = false;
   holdfast::in_process_kv base{kv_namespace("unused", 0)};
   holdfast::in_process_kv make(const kv_namespace& ns) { return base.with_namespace(ns); }
+};
+
+struct etcd_backend {
+  static constexpr bool cross_process = true;
+  holdfast_test::etcd_server server;
+  holdfast::etcd_kv make(const kv_namespace& ns) {
+    holdfast::etcd_options o;
+    o.endpoints = {server.url()};
+    return holdfast::etcd_kv(o, ns);
+  }
 };
 
 const kv_namespace ns0("run", 0);
@@ -262,16 +274,16 @@ TEST_CASE_TEMPLATE_DEFINE("kv contract: counting_kv counts every call by kind", 
   CHECK(kv.counts() == holdfast::kv_counts{});
 }
 
-TEST_CASE_TEMPLATE_INVOKE(kv_insert, in_process_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_get_wakes, in_process_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_get_timeout, in_process_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_erase, in_process_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_list, in_process_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_erase_prefix, in_process_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_invalid_keys, in_process_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_namespaces, in_process_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_insert_race, in_process_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_counting, in_process_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_insert, in_process_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_get_wakes, in_process_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_get_timeout, in_process_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_erase, in_process_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_list, in_process_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_erase_prefix, in_process_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_invalid_keys, in_process_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_namespaces, in_process_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_insert_race, in_process_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_counting, in_process_backend, etcd_backend);
 
 // ---- backend-independent parts ---------------------------------------------------------------
 
@@ -298,6 +310,7 @@ struct wrong_get {  // get without a timeout
 TEST_CASE("kv_store trait and concept accept the backends and reject incomplete types") {
   static_assert(holdfast::is_kv_store_v<holdfast::in_process_kv>);
   static_assert(holdfast::check_kv_store<holdfast::in_process_kv>());
+  static_assert(holdfast::check_kv_store<holdfast::etcd_kv>());
   static_assert(holdfast::is_kv_store_v<holdfast::counting_kv<holdfast::in_process_kv>>);
   static_assert(!holdfast::is_kv_store_v<missing_erase>);
   static_assert(!holdfast::is_kv_store_v<wrong_get>);
