@@ -4,10 +4,12 @@
 // the streaming form used by etcd's watch.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <holdfast/detail/http.hpp>
 #include <holdfast/testing/fault_io.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/http_server.hpp"
@@ -362,4 +364,23 @@ TEST_CASE("http_stream: a body that ends returns; errors and non-2xx throw") {
   auto t0 = steady::now();
   http_stream(ep, get("/slow-head"), {1000ms, 2000ms}, t0 + 300ms, collect);
   CHECK(ms_since(t0) < 300 * 1.1 + 150);
+}
+
+TEST_CASE("a cancel flag ends a call to a slow server within a few tens of milliseconds") {
+  http_server srv(
+      [](const seen_request&) { return reply::delayed(5s, reply::response(200, "x")); });
+  holdfast_test::blackhole hole;
+  for (const std::string& url : {srv.url(), hole.url()}) {  // waiting for the reply, and connecting
+    CAPTURE(url);
+    std::atomic<bool> cancel{false};
+    auto t0 = steady::now();
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(100ms);  // the call must be waiting by then
+      cancel.store(true);
+    });
+    auto e = error_of([&] { http_call(parse_http_url(url), get("/"), {3000ms, 3000ms}, &cancel); });
+    canceller.join();
+    CHECK(e.errnum() == ECANCELED);
+    CHECK(ms_since(t0) < 100 + 150);
+  }
 }

@@ -16,6 +16,8 @@
 //   - Failures throw holdfast::error naming the operation ("resolve", "connect", "send", "recv",
 //     "http") and the URL: ECONNREFUSED, ETIMEDOUT, EHOSTUNREACH, EPROTO, or the errno of the call.
 //   - No SIGPIPE: requests are sent with MSG_NOSIGNAL.
+//   - An optional cancel flag (std::atomic<bool>) ends any wait within ~20 ms (ECANCELED), so a
+//     polling thread never holds up shutdown.
 //   - Any status is a value for http_call (a 404 is a response, not an error).
 // Caveats:
 //   - Name lookup (getaddrinfo) cannot be timed out; use numeric addresses where a lookup may
@@ -31,6 +33,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -153,6 +156,8 @@ using http_clock = std::chrono::steady_clock;
 /// The largest response http_call accepts, and the longest head (status line + headers).
 inline constexpr std::size_t http_max_body = std::size_t{64} << 20;
 inline constexpr std::size_t http_max_head = std::size_t{64} << 10;
+/// With a cancel flag, waits are cut into slices this long so cancelling takes effect promptly.
+inline constexpr int http_cancel_slice_ms = 20;
 
 /// Milliseconds left until `deadline`, rounded up, clamped to [0, INT_MAX] for poll.
 inline int http_poll_ms(http_clock::time_point deadline) noexcept {
@@ -348,7 +353,8 @@ inline http_body_decoder http_body_for(const http_response& head, const std::str
 template <class Io>
 class http_socket {
  public:
-  explicit http_socket(std::string where) : where_(std::move(where)) {}
+  http_socket(std::string where, const std::atomic<bool>* cancel)
+      : where_(std::move(where)), cancel_(cancel) {}
   http_socket(const http_socket&) = delete;
   http_socket& operator=(const http_socket&) = delete;
   ~http_socket() { close(); }
@@ -424,8 +430,12 @@ class http_socket {
   // so the next send/recv reports them.
   bool wait(short events, http_clock::time_point deadline) {
     for (;;) {
+      if (cancel_ && cancel_->load(std::memory_order_relaxed))
+        throw error(ECANCELED, "http", where_, "cancelled");
       pollfd p{fd_, events, 0};
-      int n = Io::poll(&p, 1, http_poll_ms(deadline));
+      int ms = http_poll_ms(deadline);
+      if (cancel_ && ms > http_cancel_slice_ms) ms = http_cancel_slice_ms;
+      int n = Io::poll(&p, 1, ms);
       if (n > 0) return true;
       if (n < 0 && errno != EINTR) throw error(errno, "poll", where_);
       if (n == 0 && http_clock::now() >= deadline) return false;
@@ -452,6 +462,7 @@ class http_socket {
   }
 
   std::string where_;
+  const std::atomic<bool>* cancel_;
   int fd_ = -1;
 };
 
@@ -491,9 +502,10 @@ inline std::string http_serialize(const http_endpoint& ep, const http_request& r
 /// false); a non-2xx streamed response is read within `t.read` like a call.
 template <class Io, class Sink>
 bool http_exchange(const http_endpoint& ep, const http_request& req, http_timeouts t,
-                   const http_clock::time_point* stream_deadline, http_response& head, Sink& sink) {
+                   const http_clock::time_point* stream_deadline, http_response& head, Sink& sink,
+                   const std::atomic<bool>* cancel) {
   const std::string where = ep.url() + (req.target.empty() ? std::string("/") : req.target);
-  http_socket<Io> sock(where);
+  http_socket<Io> sock(where, cancel);
   sock.connect(ep, t.connect);
   const auto read_deadline = http_clock::now() + t.read;
   const bool stream_ends_first = stream_deadline && *stream_deadline < read_deadline;
@@ -563,9 +575,11 @@ bool http_exchange(const http_endpoint& ep, const http_request& req, http_timeou
 
 /// Sends `req` to `ep` and returns the whole response (any status). Throws holdfast::error:
 /// ECONNREFUSED/EHOSTUNREACH/... from connect, ETIMEDOUT past a timeout, EPROTO for a malformed
-/// or truncated response, the errno of a failed call otherwise.
+/// or truncated response, the errno of a failed call otherwise. When `cancel` is given and
+/// becomes true, the call gives up within ~20 ms with ECANCELED (for prompt shutdown).
 template <class Io = posix_io>
-http_response http_call(const http_endpoint& ep, const http_request& req, http_timeouts t = {}) {
+http_response http_call(const http_endpoint& ep, const http_request& req, http_timeouts t = {},
+                        const std::atomic<bool>* cancel = nullptr) {
   http_response resp;
   auto sink = [&resp, &ep, &req](std::string_view bytes) {
     if (resp.body.size() + bytes.size() > http_max_body)
@@ -573,7 +587,7 @@ http_response http_call(const http_endpoint& ep, const http_request& req, http_t
     resp.body.append(bytes.data(), bytes.size());
     return true;
   };
-  http_exchange<Io>(ep, req, t, nullptr, resp, sink);
+  http_exchange<Io>(ep, req, t, nullptr, resp, sink, cancel);
   return resp;
 }
 
@@ -581,10 +595,12 @@ http_response http_call(const http_endpoint& ep, const http_request& req, http_t
 /// arrives. Returns when on_data returns false, the body ends, or `deadline` passes (no throw
 /// on the deadline). The head must arrive within `t.read`. A non-2xx status throws
 /// holdfast::error(EPROTO, "http", url, "status N: <start of body>") without calling on_data.
-/// Other failures throw as http_call does (a truncated body is EPROTO).
+/// Other failures throw as http_call does (a truncated body is EPROTO); `cancel` as for
+/// http_call.
 template <class Io = posix_io, class OnData>
 void http_stream(const http_endpoint& ep, const http_request& req, http_timeouts t,
-                 http_clock::time_point deadline, OnData on_data) {
+                 http_clock::time_point deadline, OnData on_data,
+                 const std::atomic<bool>* cancel = nullptr) {
   http_response head;
   std::string error_body;
   auto sink = [&](std::string_view bytes) -> bool {
@@ -593,7 +609,7 @@ void http_stream(const http_endpoint& ep, const http_request& req, http_timeouts
       error_body.append(bytes.data(), std::min<std::size_t>(bytes.size(), 512));
     return true;
   };
-  http_exchange<Io>(ep, req, t, &deadline, head, sink);
+  http_exchange<Io>(ep, req, t, &deadline, head, sink, cancel);
   if (head.status != 0 && head.status / 100 != 2)
     throw error(EPROTO, "http", ep.url() + req.target,
                 "status " + std::to_string(head.status) + ": " + error_body.substr(0, 200));
