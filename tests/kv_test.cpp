@@ -8,6 +8,7 @@
 #include <chrono>
 #include <holdfast/kv.hpp>
 #include <holdfast/kv/etcd.hpp>
+#include <holdfast/kv/filesystem.hpp>
 #include <holdfast/kv/in_process.hpp>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 
 #include "support/child.hpp"
 #include "support/etcd_server.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::kv_namespace;
@@ -30,6 +32,15 @@ struct in_process_backend {
   holdfast::in_process_kv base{kv_namespace("unused", 0)};
   holdfast::in_process_kv make(const kv_namespace& ns) { return base.with_namespace(ns); }
 };
+
+template <class Kv>
+struct filesystem_backend_t {
+  static constexpr bool cross_process = true;
+  holdfast_test::temp_dir dir{"kv"};
+  Kv make(const kv_namespace& ns) { return Kv(dir.path() + "/store", ns); }
+};
+using filesystem_backend = filesystem_backend_t<holdfast::filesystem_kv>;
+using network_filesystem_backend = filesystem_backend_t<holdfast::network_filesystem_kv>;
 
 struct etcd_backend {
   static constexpr bool cross_process = true;
@@ -274,16 +285,26 @@ TEST_CASE_TEMPLATE_DEFINE("kv contract: counting_kv counts every call by kind", 
   CHECK(kv.counts() == holdfast::kv_counts{});
 }
 
-TEST_CASE_TEMPLATE_INVOKE(kv_insert, in_process_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_get_wakes, in_process_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_get_timeout, in_process_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_erase, in_process_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_list, in_process_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_erase_prefix, in_process_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_invalid_keys, in_process_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_namespaces, in_process_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_insert_race, in_process_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_counting, in_process_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_insert, in_process_backend, filesystem_backend,
+                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_get_wakes, in_process_backend, filesystem_backend,
+                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_get_timeout, in_process_backend, filesystem_backend,
+                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_erase, in_process_backend, filesystem_backend,
+                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_list, in_process_backend, filesystem_backend,
+                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_erase_prefix, in_process_backend, filesystem_backend,
+                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_invalid_keys, in_process_backend, filesystem_backend,
+                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_namespaces, in_process_backend, filesystem_backend,
+                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_insert_race, in_process_backend, filesystem_backend,
+                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_counting, in_process_backend, filesystem_backend,
+                          network_filesystem_backend, etcd_backend);
 
 // ---- backend-independent parts ---------------------------------------------------------------
 
@@ -311,6 +332,8 @@ TEST_CASE("kv_store trait and concept accept the backends and reject incomplete 
   static_assert(holdfast::is_kv_store_v<holdfast::in_process_kv>);
   static_assert(holdfast::check_kv_store<holdfast::in_process_kv>());
   static_assert(holdfast::check_kv_store<holdfast::etcd_kv>());
+  static_assert(holdfast::check_kv_store<holdfast::filesystem_kv>());
+  static_assert(holdfast::check_kv_store<holdfast::network_filesystem_kv>());
   static_assert(holdfast::is_kv_store_v<holdfast::counting_kv<holdfast::in_process_kv>>);
   static_assert(!holdfast::is_kv_store_v<missing_erase>);
   static_assert(!holdfast::is_kv_store_v<wrong_get>);
