@@ -2,6 +2,9 @@
 // etcd against a real server), plus the cross-process half for the backends that have one.
 // Also: key validation, namespaces, the compile-time checks and counting_kv.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -285,6 +288,111 @@ TEST_CASE_TEMPLATE_DEFINE("kv contract: counting_kv counts every call by kind", 
   CHECK(kv.counts() == holdfast::kv_counts{});
 }
 
+// ---- across processes (filesystem and etcd) ----------------------------------------------
+
+namespace {
+// A pipe the parent uses as a start line: children block reading it until it is closed.
+struct start_line {
+  int fds[2] = {-1, -1};
+  start_line() { REQUIRE(::pipe2(fds, O_CLOEXEC) == 0); }
+  ~start_line() {
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
+  }
+  void wait_in_child() {
+    ::close(fds[1]);
+    char c;
+    while (::read(fds[0], &c, 1) < 0 && errno == EINTR) {
+    }
+  }
+  void release() {
+    ::close(fds[1]);
+    fds[1] = -1;
+  }
+  // The child says "about to block"; the parent waits for that with a deadline.
+  void signal_from_child() { (void)!::write(fds[1], "r", 1); }
+  bool wait_signal(std::chrono::milliseconds timeout) {
+    pollfd p{fds[0], POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1) return false;
+    char c;
+    return ::read(fds[0], &c, 1) == 1;
+  }
+};
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE(
+    "kv across processes: a get blocked in a child wakes on the parent's insert", B,
+    kv_fork_get_wakes) {
+  B backend;
+  auto kv = backend.make(ns0);
+  start_line ready;
+  holdfast_test::child c([&] {
+    auto mine = backend.make(ns0);
+    auto t0 = clk::now();
+    ready.signal_from_child();
+    auto got = mine.get("handoff/cmd", 10s);
+    CHILD_REQUIRE(got == std::optional<std::string>("from parent"));
+    CHILD_REQUIRE(ms_since(t0) < 5000);
+  });
+  REQUIRE(ready.wait_signal(5s));
+  std::this_thread::sleep_for(150ms);  // let the child block (the wake-up is under test)
+  CHECK(kv.insert("handoff/cmd", "from parent"));
+  auto r = c.wait(15s);
+  CHECK_MESSAGE(r.ok(), r.failures);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("kv across processes: the parent's get wakes on a child's insert", B,
+                          kv_fork_parent_wakes) {
+  B backend;
+  auto kv = backend.make(ns0);
+  holdfast_test::child c([&] {
+    std::this_thread::sleep_for(200ms);  // the parent is blocked by now (the wake-up is under test)
+    CHILD_REQUIRE(backend.make(ns0).insert("ready/1", "child"));
+  });
+  auto t0 = clk::now();
+  auto got = kv.get("ready/1", 10s);
+  CHECK(got == std::optional<std::string>("child"));
+  CHECK(ms_since(t0) < 5000);
+  auto r = c.wait(10s);
+  CHECK_MESSAGE(r.ok(), r.failures);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("kv across processes: racing inserts of one key, exactly one wins", B,
+                          kv_fork_insert_race) {
+  B backend;
+  constexpr int kChildren = 4, kRounds = 10;
+  start_line go;
+  std::vector<holdfast_test::child> children;
+  for (int i = 0; i < kChildren; ++i)
+    children.emplace_back([&, i] {
+      go.wait_in_child();
+      auto kv = backend.make(ns0);
+      int wins = 0;
+      for (int round = 0; round < kRounds; ++round)
+        if (kv.insert("race/" + std::to_string(round), std::to_string(i))) ++wins;
+      ::_exit(wins);  // the parent adds the exit codes
+    });
+  go.release();
+  int total = 0;
+  for (auto& c : children) {
+    auto r = c.wait(20s);
+    CHECK(r.failures.empty());
+    CHECK(r.term_signal == 0);
+    total += r.exit_code;
+  }
+  CHECK(total == kRounds);
+  auto all = backend.make(ns0).list("race");
+  CHECK(all.size() == static_cast<std::size_t>(kRounds));
+  for (auto& kv : all) CHECK((kv.second >= "0" && kv.second <= "3"));
+}
+
+TEST_CASE_TEMPLATE_INVOKE(kv_fork_get_wakes, filesystem_backend, network_filesystem_backend,
+                          etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_fork_parent_wakes, filesystem_backend, network_filesystem_backend,
+                          etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_fork_insert_race, filesystem_backend, network_filesystem_backend,
+                          etcd_backend);
+
 TEST_CASE_TEMPLATE_INVOKE(kv_insert, in_process_backend, filesystem_backend,
                           network_filesystem_backend, etcd_backend);
 TEST_CASE_TEMPLATE_INVOKE(kv_get_wakes, in_process_backend, filesystem_backend,
@@ -397,4 +505,37 @@ TEST_CASE("kv_counts names every kind") {
   CHECK(c.reads() == 4);
   CHECK(c.writes() == 2);
   CHECK(c.total() == 6);
+}
+
+TEST_CASE("filesystem_kv names: one escaped file per key, round-trips, foreign files ignored") {
+  using holdfast::detail::fs_escape;
+  using holdfast::detail::fs_unescape;
+  CHECK(fs_escape("acks/3") == "acks%2F3");
+  CHECK(fs_escape(".hidden/x.y") == "%2Ehidden%2Fx.y");
+  CHECK(fs_escape("a b%") == "a%20b%25");
+  std::string all;
+  for (int c = 1; c < 256; ++c) all += static_cast<char>(c);
+  CHECK(fs_unescape(fs_escape(all)) == std::optional<std::string>(all));
+  CHECK(fs_escape(all).find('/') == std::string::npos);
+  CHECK_FALSE(fs_unescape("a%2").has_value());
+  CHECK_FALSE(fs_unescape("a%zz").has_value());
+  CHECK_FALSE(fs_unescape("a%2f").has_value());  // not canonical (lower-case hex)
+  CHECK_FALSE(fs_unescape("a%41").has_value());  // not canonical ('A' is kept plain)
+
+  holdfast_test::temp_dir dir("kvfs");
+  holdfast::filesystem_kv kv(dir.path(), kv_namespace("run", 0));
+  CHECK(kv.path_of("acks/3") == kv.directory() + "/acks%2F3");
+  kv.put("acks/3", "x");
+  CHECK(::access((kv.directory() + "/acks%2F3").c_str(), F_OK) == 0);
+  // a stray file, a temp left by a killed writer, and a non-canonical name are not keys
+  for (auto name : {"/README", "/.holdfast-tmp.123.abc.acks%2F4", "/acks%2f5"}) {
+    int fd = ::open((kv.directory() + name).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  }
+  CHECK(kv.list("acks") == kv_pairs{{"acks/3", "x"}});
+  CHECK(kv.list("").size() == 2);  // README decodes to the key "README"
+  CHECK(kv.erase_prefix("acks") == 1);
+  auto e = error_from([&] { kv.put(std::string(300, 'k'), "v"); });
+  CHECK(e.errnum() == ENAMETOOLONG);
 }

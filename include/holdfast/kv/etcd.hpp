@@ -18,7 +18,8 @@
 //   - With `lease_ttl` > 0, the store grants a lease, attaches it to every key it writes and
 //     keeps it alive from one background thread (a keep-alive every ttl/3). When the process
 //     dies the keep-alives stop and etcd deletes its keys after the TTL. The thread is stopped
-//     and joined when the last handle is destroyed.
+//     and joined when the last handle is destroyed, within ~20 ms even with a keep-alive in
+//     flight to a hung server (the request is cancelled).
 //   - Copies (and with_namespace views) are cheap handles sharing endpoints and lease; every
 //     operation is safe to call from several threads at once.
 // Caveats:
@@ -26,8 +27,6 @@
 //     proxy.
 //   - An insert that times out after etcd applied it is not retried; the key then exists and a
 //     retry returns false. Requests are not retried on other endpoints after they were sent.
-//   - Destruction waits for a keep-alive in flight, which is bounded by connect_timeout +
-//     request_timeout (milliseconds against a healthy server).
 //   - The lease is not revoked on destruction (other workers may still need the keys); call
 //     revoke_lease() to delete this client's keys at once.
 #pragma once
@@ -118,13 +117,14 @@ class etcd_client {
   /// POSTs `body` to `target` and returns the parsed JSON reply; `op` and `key` name the
   /// operation in errors.
   json_value call(const char* target, const std::string& body, const std::string& op,
-                  const std::string& key) const {
+                  const std::string& key, const std::atomic<bool>* cancel = nullptr) const {
     http_request req{"POST", target, {{"Content-Type", "application/json"}}, body};
     http_response resp;
     std::string url;
     with_endpoint(op, key, [&](const http_endpoint& ep) {
       url = ep.url() + target;
-      resp = http_call<Io>(ep, req, http_timeouts{opts_.connect_timeout, opts_.request_timeout});
+      resp = http_call<Io>(ep, req, http_timeouts{opts_.connect_timeout, opts_.request_timeout},
+                           cancel);
     });
     return reply(resp.status, resp.body, url, op, key);
   }
@@ -235,7 +235,7 @@ class etcd_client {
       if (stop_cv_.wait_for(lock, period, [this] { return stopping_; })) return;
       lock.unlock();
       try {
-        json_value r = call("/v3/lease/keepalive", body, "etcd lease keepalive", "");
+        json_value r = call("/v3/lease/keepalive", body, "etcd lease keepalive", "", &cancel_);
         const json_value* result = r.find("result");
         // TTL 0 (or absent) in the answer: etcd no longer knows the lease; it expired.
         if (result && etcd_int(result->find("TTL")) <= 0) lease_alive_ = false;
@@ -251,6 +251,7 @@ class etcd_client {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
     }
+    cancel_ = true;  // cuts a keep-alive in flight within ~20 ms
     stop_cv_.notify_all();
     if (keepalive_.joinable()) keepalive_.join();
   }
@@ -263,6 +264,7 @@ class etcd_client {
   std::mutex mutex_;
   std::condition_variable stop_cv_;
   bool stopping_ = false;
+  std::atomic<bool> cancel_{false};
   std::thread keepalive_;
 };
 
