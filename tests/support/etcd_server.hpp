@@ -32,20 +32,24 @@
 
 namespace holdfast_test {
 
-/// Where the etcd binary is expected.
-inline const char* etcd_binary() { return "/usr/bin/etcd"; }
+/// Where the etcd binary is expected: $HOLDFAST_TEST_ETCD when set (tests of the missing-etcd
+/// path use it), else /usr/bin/etcd.
+inline std::string etcd_binary() {
+  const char* env = std::getenv("HOLDFAST_TEST_ETCD");
+  return env && *env ? env : "/usr/bin/etcd";
+}
 
 /// Throws std::runtime_error with install advice when etcd is missing (a failure, not a skip).
 inline void require_etcd() {
-  if (::access(etcd_binary(), X_OK) == 0) return;
+  const std::string bin = etcd_binary();
+  if (::access(bin.c_str(), X_OK) == 0) return;
   const char* ci = std::getenv("CI");
   if (ci && std::string(ci) == "true")
-    throw std::runtime_error(
-        "etcd is required in CI but /usr/bin/etcd is missing: tests/run must install the Debian "
-        "package etcd-server");
-  throw std::runtime_error(
-      "etcd tests need /usr/bin/etcd: install the Debian package etcd-server "
-      "(sudo apt-get install etcd-server)");
+    throw std::runtime_error("etcd is required in CI but " + bin +
+                             " is missing: tests/run must install the Debian package etcd-server");
+  throw std::runtime_error("etcd tests need " + bin +
+                           ": install the Debian package etcd-server "
+                           "(sudo apt-get install etcd-server)");
 }
 
 /// A free TCP port on 127.0.0.1 (bound to port 0, then released).

@@ -1,0 +1,383 @@
+// etcd_kv beyond the shared contract: failures (server stopped, hung, garbage, unreachable
+// endpoints) each end in a clear holdfast::error within their timeout; failover; the watch is
+// one request (no polling); leases keep a live client's keys and drop a dead one's; the fixture
+// fails (never skips) without etcd.
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <holdfast/kv/etcd.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "support/child.hpp"
+#include "support/etcd_server.hpp"
+#include "support/http_server.hpp"
+
+using namespace std::chrono_literals;
+using holdfast::etcd_kv;
+using holdfast::etcd_options;
+using holdfast::kv_namespace;
+using holdfast_test::reply;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+const kv_namespace ns0("run", 0);
+
+long long ms_since(clk::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - t0).count();
+}
+
+etcd_options options_for(std::vector<std::string> endpoints,
+                         std::chrono::milliseconds connect = 500ms,
+                         std::chrono::milliseconds request = 1000ms) {
+  etcd_options o;
+  o.endpoints = std::move(endpoints);
+  o.connect_timeout = connect;
+  o.request_timeout = request;
+  return o;
+}
+
+// Runs `op`; returns the holdfast::error it threw (fails the test when none).
+template <class Op>
+holdfast::error error_from(Op op) {
+  try {
+    op();
+  } catch (const holdfast::error& e) {
+    return e;
+  }
+  FAIL("no holdfast::error was thrown");
+  return holdfast::error(0, "", "");
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// Waits (polling, bounded by `timeout`) until `key` is absent.
+bool wait_gone(etcd_kv& kv, const std::string& key, std::chrono::milliseconds timeout) {
+  auto deadline = clk::now() + timeout;
+  while (clk::now() < deadline) {
+    if (!kv.try_get(key)) return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return !kv.try_get(key);
+}
+
+}  // namespace
+
+TEST_CASE("etcd_kv: stopping the server fails a blocked get and later calls, quickly") {
+  holdfast_test::etcd_server server;
+  etcd_kv kv(options_for({server.url()}), ns0);
+  kv.put("before", "ok");
+  std::atomic<bool> started{false};
+  std::string what;
+  int errnum = 0;
+  long long elapsed = -1;
+  std::thread waiter([&] {
+    started = true;
+    auto t0 = clk::now();
+    try {
+      kv.get("never/inserted", 8s);
+    } catch (const holdfast::error& e) {
+      what = e.what();
+      errnum = e.errnum();
+    }
+    elapsed = ms_since(t0);
+  });
+  while (!started) std::this_thread::yield();
+  std::this_thread::sleep_for(300ms);  // the get is now blocked in its watch
+  server.stop();
+  waiter.join();
+  INFO(what);
+  CHECK(errnum != 0);     // an error, not a timeout value
+  CHECK(elapsed < 6000);  // long before the get's 8 s
+  CHECK(contains(what, "etcd get 'never/inserted'"));
+
+  auto t0 = clk::now();
+  auto e = error_from([&] { kv.put("after", "x"); });
+  CHECK(ms_since(t0) < 550);  // connect timeout 500 ms + 10%
+  CHECK(e.errnum() == ECONNREFUSED);
+  CHECK(contains(e.what(), "etcd put 'after'"));
+  CHECK(contains(e.what(), "no etcd endpoint reachable"));
+  CHECK(contains(e.what(), server.url()));
+}
+
+TEST_CASE("etcd_kv: a hung server (SIGSTOP) times out each call within its request timeout") {
+  holdfast_test::etcd_server server;
+  etcd_kv kv(options_for({server.url()}, 500ms, 600ms), ns0);
+  kv.put("k", "v");
+  REQUIRE(::kill(server.pid(), SIGSTOP) == 0);
+  struct resume {
+    pid_t pid;
+    ~resume() { ::kill(pid, SIGCONT); }
+  } resume_on_exit{server.pid()};
+  for (int i = 0; i < 2; ++i) {
+    auto t0 = clk::now();
+    auto e = i == 0 ? error_from([&] { kv.insert("k2", "v"); })
+                    : error_from([&] { kv.get("k3", 2000ms); });
+    auto ms = ms_since(t0);
+    INFO(e.what());
+    CHECK(e.errnum() == ETIMEDOUT);
+    CHECK(ms >= 550);
+    CHECK(ms <= 600 * 11 / 10);
+  }
+  ::kill(server.pid(), SIGCONT);
+  CHECK(kv.try_get("k") == std::optional<std::string>("v"));  // and it recovers
+}
+
+TEST_CASE("etcd_kv: garbage and error replies from a fake server are clear errors, never hangs") {
+  std::atomic<int> mode{0};
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request&) {
+    switch (mode.load()) {
+      case 0:
+        return reply::raw("garbage\r\n\r\n");
+      case 1:
+        return reply(200, "this is not json");
+      case 2:
+        return reply(200, R"({"error":"etcdserver: requested lease not found","code":5})");
+      case 3:
+        return reply(500, R"({"message":"boom"})");
+      case 4:
+        return reply::raw(reply::chunked_head() + "5\r\n{\"he");  // cut mid-body
+      default:
+        return reply::delayed(10s, "");  // never answers
+    }
+  });
+  etcd_kv kv(options_for({fake.url()}, 500ms, 500ms), ns0);
+  struct expectation {
+    int errnum;
+    const char* text;
+  };
+  const expectation expected[] = {
+      {EPROTO, "http"},    {EPROTO, "malformed reply"}, {EIO, "requested lease not found"},
+      {EIO, "status 500"}, {EPROTO, "truncated"},       {ETIMEDOUT, "no response"}};
+  for (int m = 0; m < 6; ++m) {
+    mode = m;
+    CAPTURE(m);
+    auto t0 = clk::now();
+    auto e = error_from([&] { kv.insert("some/key", "v"); });
+    INFO(e.what());
+    CHECK(e.errnum() == expected[m].errnum);
+    CHECK(contains(e.what(), "etcd insert 'some/key'"));
+    CHECK(contains(e.what(), expected[m].text));
+    CHECK(ms_since(t0) <= 550);  // request timeout 500 ms + 10%
+  }
+  mode = 1;
+  CHECK(error_from([&] { kv.list("some"); }).errnum() == EPROTO);
+  CHECK(error_from([&] { kv.get("some/key", 300ms); }).errnum() == EPROTO);
+}
+
+TEST_CASE("etcd_kv: get is one range and one watch from revision + 1 (no polling)") {
+  std::atomic<int> event_after_ms{-1};  // -1: the watch stays silent
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request& r) {
+    if (r.target == "/v3/kv/range") return reply(200, R"({"header":{"revision":"41"}})");
+    std::string created = R"({"result":{"header":{"revision":"41"},"created":true}})"
+                          "\n";
+    reply rep = reply::raw(reply::chunked_head() + reply::chunk(created));
+    if (event_after_ms >= 0)
+      rep.then(std::chrono::milliseconds(event_after_ms.load()),
+               reply::chunk(R"({"result":{"events":[{"kv":{"key":"eA==","value":)"
+                            R"("ZnJvbSB3YXRjaA==","mod_revision":"42"}}]}})"
+                            "\n"));
+    return rep.keep_open();
+  });
+  etcd_kv kv(options_for({fake.url()}), ns0);
+
+  auto t0 = clk::now();
+  CHECK_FALSE(kv.get("x", 500ms).has_value());
+  auto ms = ms_since(t0);
+  CHECK(ms >= 495);
+  CHECK(ms <= 550);
+  auto seen = fake.requests();
+  REQUIRE(seen.size() == 2);  // one range, one watch, nothing in between
+  CHECK(seen[0].target == "/v3/kv/range");
+  CHECK(seen[1].target == "/v3/watch");
+  CHECK(contains(seen[1].body, R"("start_revision":"42")"));
+
+  event_after_ms = 100;
+  t0 = clk::now();
+  CHECK(kv.get("x", 5s) == std::optional<std::string>("from watch"));
+  CHECK(ms_since(t0) < 2000);
+  CHECK(fake.request_count() == 4);
+}
+
+TEST_CASE("etcd_kv: failover past a refused and a silent endpoint, sticking to the good one") {
+  holdfast_test::etcd_server server;
+  holdfast_test::blackhole silent;
+  const std::string refused = holdfast_test::refused_url();
+
+  etcd_kv a(options_for({refused, server.url()}), ns0);
+  CHECK(a.insert("k", "v"));
+  CHECK(a.try_get("k") == std::optional<std::string>("v"));
+
+  etcd_kv b(options_for({silent.url(), server.url()}, 300ms), ns0);
+  auto t0 = clk::now();
+  CHECK(b.try_get("k") == std::optional<std::string>("v"));  // after a 300 ms connect timeout
+  auto first = ms_since(t0);
+  CHECK(first >= 290);
+  t0 = clk::now();
+  CHECK_FALSE(b.insert("k", "w"));  // the good endpoint is now tried first
+  CHECK(ms_since(t0) < 250);
+  CHECK(b.get("k", 1s) == std::optional<std::string>("v"));
+
+  etcd_kv none(options_for({refused, silent.url()}, 300ms), ns0);
+  t0 = clk::now();
+  auto e = error_from([&] { none.put("k", "v"); });
+  CHECK(ms_since(t0) <= 330);  // one refused connect + one 300 ms timeout, + 10%
+  CHECK(contains(e.what(), refused));
+  CHECK(contains(e.what(), silent.url()));
+  CHECK(contains(e.what(), "no etcd endpoint reachable"));
+}
+
+TEST_CASE("etcd_kv lease: a live client keeps its keys, a SIGKILLed one loses them") {
+  holdfast_test::etcd_server server;
+  etcd_kv observer(options_for({server.url()}), ns0);
+  int fds[2];
+  REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+  holdfast_test::child worker([&] {
+    auto o = options_for({server.url()});
+    o.lease_ttl = 1s;
+    etcd_kv kv(o, ns0);
+    CHILD_REQUIRE(kv.lease_id() != 0);
+    CHILD_REQUIRE(kv.insert("workers/1", "alive"));
+    kv.put("step/1", "10");
+    (void)!::write(fds[1], "r", 1);
+    for (;;) ::pause();  // killed by the parent
+  });
+  ::close(fds[1]);
+  pollfd p{fds[0], POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 10000) == 1);
+  ::close(fds[0]);
+  CHECK(observer.try_get("workers/1") == std::optional<std::string>("alive"));
+  std::this_thread::sleep_for(2500ms);  // 2.5 TTLs: only keep-alives can have kept the keys
+  CHECK(observer.try_get("workers/1") == std::optional<std::string>("alive"));
+  worker.kill(SIGKILL);
+  auto r = worker.wait(5s);
+  CHECK(r.term_signal == SIGKILL);
+  auto t0 = clk::now();
+  CHECK(wait_gone(observer, "workers/1", 5s));
+  CHECK(wait_gone(observer, "step/1", 1s));
+  CHECK(ms_since(t0) < 4000);
+  CHECK(observer.insert("workers/1", "replacement"));  // the slot is free again
+}
+
+TEST_CASE("etcd_kv lease: destruction stops the keep-alive promptly; revoke deletes at once") {
+  holdfast_test::etcd_server server;
+  etcd_kv observer(options_for({server.url()}), ns0);
+  auto o = options_for({server.url()});
+  o.lease_ttl = 2s;
+  {
+    std::optional<etcd_kv> kv(std::in_place, o, ns0);
+    kv->put("kept", "v");
+    CHECK(kv->lease_alive());
+    auto copy = kv->with_namespace(kv_namespace("run", 1));  // shares the lease
+    CHECK(copy.lease_id() == kv->lease_id());
+    copy.put("other-ns", "v");
+    kv.reset();
+    CHECK(copy.lease_alive());  // the last handle still keeps the lease
+    auto t0 = clk::now();
+    { auto gone = std::move(copy); }
+    CHECK(ms_since(t0) < 200);
+  }
+  CHECK(observer.try_get("kept").has_value());  // not revoked on destruction
+
+  {
+    etcd_kv kv(o, ns0);
+    kv.put("revoked", "v");
+    kv.revoke_lease();
+    CHECK_FALSE(kv.lease_alive());
+    CHECK_FALSE(observer.try_get("revoked").has_value());
+  }
+
+  {  // a keep-alive in flight to a hung server does not hold up destruction
+    o.lease_ttl = 1s;
+    o.request_timeout = 5000ms;
+    std::optional<etcd_kv> kv(std::in_place, o, ns0);
+    REQUIRE(::kill(server.pid(), SIGSTOP) == 0);
+    std::this_thread::sleep_for(500ms);  // past one keep-alive period (ttl / 3)
+    auto t0 = clk::now();
+    kv.reset();
+    auto ms = ms_since(t0);
+    ::kill(server.pid(), SIGCONT);
+    CHECK(ms < 300);
+  }
+}
+
+TEST_CASE("etcd_kv: keys live under <prefix>/<run>/<incarnation>/ in etcd") {
+  holdfast_test::etcd_server server;
+  auto o = options_for({server.url()});
+  o.prefix = "jobs/holdfast";
+  etcd_kv kv(o, kv_namespace("r1", 2));
+  CHECK(kv.etcd_key("a/b") == "jobs/holdfast/r1/2/a/b");
+  kv.put("a/b", std::string("v\0w", 3));
+  namespace hd = holdfast::detail;
+  auto resp = hd::http_call(
+      hd::parse_http_url(server.url()),
+      hd::http_request{"POST",
+                       "/v3/kv/range",
+                       {},
+                       "{\"key\":\"" + hd::base64_encode("jobs/holdfast/r1/2/a/b") + "\"}"});
+  REQUIRE(resp.status == 200);
+  CHECK(contains(resp.body, hd::base64_encode(std::string("v\0w", 3))));
+}
+
+TEST_CASE("etcd_kv: bad options are rejected up front") {
+  CHECK(error_from([] { etcd_kv(options_for({}), ns0); }).errnum() == EINVAL);
+  CHECK(error_from([] { etcd_kv(options_for({"https://127.0.0.1:2379"}), ns0); }).errnum() ==
+        EINVAL);
+  auto o = options_for({"http://127.0.0.1:1"});
+  o.prefix = "a//b";
+  CHECK(error_from([&] { etcd_kv(o, ns0); }).errnum() == EINVAL);
+  o.prefix = "ok";
+  o.lease_ttl = 5s;  // granting the lease needs the server: a clear error now, not later
+  auto e = error_from([&] { etcd_kv(o, ns0); });
+  CHECK(e.errnum() == ECONNREFUSED);
+  CHECK(contains(e.what(), "etcd lease grant"));
+}
+
+TEST_CASE("etcd range_end for prefixes") {
+  using holdfast::detail::etcd_prefix_end;
+  CHECK(etcd_prefix_end("a/") == "a0");
+  CHECK(etcd_prefix_end("a\xff") == "b");
+  CHECK(etcd_prefix_end("\xff\xff") == std::string(1, '\0'));
+}
+
+TEST_CASE("etcd fixture: a missing etcd fails the test (never skips), naming the package") {
+  struct env_guard {
+    std::string ci;
+    bool had_ci;
+    env_guard() : had_ci(std::getenv("CI") != nullptr) {
+      if (had_ci) ci = std::getenv("CI");
+    }
+    ~env_guard() {
+      ::unsetenv("HOLDFAST_TEST_ETCD");
+      if (had_ci)
+        ::setenv("CI", ci.c_str(), 1);
+      else
+        ::unsetenv("CI");
+    }
+  } guard;
+  ::setenv("HOLDFAST_TEST_ETCD", "/nonexistent/etcd", 1);
+  ::setenv("CI", "true", 1);
+  std::string msg;
+  try {
+    holdfast_test::etcd_server s;
+  } catch (const std::runtime_error& e) {
+    msg = e.what();
+  }
+  CHECK(contains(msg, "required in CI"));
+  CHECK(contains(msg, "etcd-server"));
+  ::unsetenv("CI");
+  msg.clear();
+  try {
+    holdfast_test::etcd_server s;
+  } catch (const std::runtime_error& e) {
+    msg = e.what();
+  }
+  CHECK(contains(msg, "apt-get install etcd-server"));
+}
