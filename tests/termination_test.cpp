@@ -1,0 +1,870 @@
+// Termination configs: real signals (raised here and sent from another process) with chaining
+// and restoring, polled and file notices, the cloud notices against a scripted metadata server
+// on loopback, prompt shutdown with no thread left, exit policies in forked children, the
+// preset table, any_of and detect_platform.
+#include <dirent.h>
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <holdfast/termination.hpp>
+#include <holdfast/testing/fault_io.hpp>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "support/child.hpp"
+#include "support/http_server.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace std::chrono_literals;
+using holdfast::cloud_notice_options;
+using holdfast::exit_context;
+using holdfast::signal_notice;
+using holdfast_test::http_server;
+using holdfast_test::reply;
+using holdfast_test::seen_request;
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+// doctest reports (and re-raises) SIGTERM from its own handler; a signal test wants a known
+// disposition underneath the notice, so it sets one for its duration and restores doctest's.
+class scoped_disposition {
+ public:
+  scoped_disposition(int sig, void (*handler)(int)) : sig_(sig) {
+    struct sigaction sa {};
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, &old_);
+  }
+  scoped_disposition(int sig, void (*action)(int, siginfo_t*, void*)) : sig_(sig) {
+    struct sigaction sa {};
+    sa.sa_sigaction = action;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, &old_);
+  }
+  ~scoped_disposition() { ::sigaction(sig_, &old_, nullptr); }
+  scoped_disposition(const scoped_disposition&) = delete;
+  scoped_disposition& operator=(const scoped_disposition&) = delete;
+
+ private:
+  int sig_;
+  struct sigaction old_ {};
+};
+
+struct sigaction current_disposition(int sig) {
+  struct sigaction sa {};
+  ::sigaction(sig, nullptr, &sa);
+  return sa;
+}
+
+volatile sig_atomic_t plain_hits = 0;
+void plain_handler(int) { plain_hits = plain_hits + 1; }
+volatile sig_atomic_t info_hits = 0;
+volatile sig_atomic_t info_signo = 0;
+void info_handler(int, siginfo_t* info, void*) {
+  info_hits = info_hits + 1;
+  info_signo = info ? info->si_signo : -1;
+}
+
+// Waits (with a deadline) for `pred`, checking every millisecond.
+template <class P>
+bool eventually(P pred, std::chrono::milliseconds timeout = 5000ms) {
+  auto deadline = steady::now() + timeout;
+  while (!pred()) {
+    if (steady::now() > deadline) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+// The log hook tests read: thread-safe lines.
+struct log_lines {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  holdfast::log_fn hook() {
+    return [this](std::string_view l) {
+      std::lock_guard<std::mutex> lock(mu);
+      lines.emplace_back(l);
+    };
+  }
+  std::size_t size() {
+    std::lock_guard<std::mutex> lock(mu);
+    return lines.size();
+  }
+  std::string at(std::size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    return i < lines.size() ? lines[i] : std::string();
+  }
+};
+
+std::size_t thread_count() {
+  std::size_t n = 0;
+  DIR* d = ::opendir("/proc/self/task");
+  REQUIRE(d != nullptr);
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+
+double ms_since(steady::time_point t0) {
+  return std::chrono::duration<double, std::milli>(steady::now() - t0).count();
+}
+
+cloud_notice_options fast(const std::string& url, log_lines& log) {
+  cloud_notice_options o;
+  o.url = url;
+  o.interval = 30ms;
+  o.connect_timeout = 300ms;
+  o.read_timeout = 300ms;
+  o.log = log.hook();
+  return o;
+}
+
+}  // namespace
+
+// ---- signals ---------------------------------------------------------------------------------
+
+TEST_CASE("raise(SIGTERM) is noticed with the catch time, and the process lives on") {
+  scoped_disposition dfl(SIGTERM, SIG_DFL);  // chaining to SIG_DFL must not kill us
+  signal_notice<> n;
+  CHECK_FALSE(n.noticed());
+  n.start();
+  CHECK(n.running());
+  CHECK_FALSE(n.noticed());
+  CHECK_FALSE(n.noticed_at());
+  auto before = steady::now();
+  ::raise(SIGTERM);
+  auto after = steady::now();
+  CHECK(n.noticed());
+  REQUIRE(n.noticed_at());
+  CHECK(*n.noticed_at() >= before);
+  CHECK(*n.noticed_at() <= after);
+  CHECK(n.signal() == SIGTERM);
+  CHECK(n.count() == 1);
+  CHECK_FALSE(n.deadline());
+  ::raise(SIGTERM);
+  CHECK(n.count() == 2);
+  CHECK(*n.noticed_at() <= after);  // the first delivery's time is kept
+  n.stop();
+  CHECK(n.noticed());  // the outcome survives stop
+  CHECK(n.signal() == SIGTERM);
+  CHECK((current_disposition(SIGTERM).sa_handler == SIG_DFL));
+}
+
+TEST_CASE("a handler installed earlier still runs, in both forms, and is restored") {
+  SUBCASE("sa_handler") {
+    scoped_disposition mine(SIGTERM, plain_handler);
+    plain_hits = 0;
+    {
+      signal_notice<> n;
+      n.start();
+      CHECK((current_disposition(SIGTERM).sa_handler != plain_handler));
+      ::raise(SIGTERM);
+      CHECK(n.noticed());
+      CHECK(plain_hits == 1);
+    }
+    CHECK((current_disposition(SIGTERM).sa_handler == plain_handler));
+    ::raise(SIGTERM);  // restored: ours is gone, the old one runs alone
+    CHECK(plain_hits == 2);
+  }
+  SUBCASE("SA_SIGINFO") {
+    scoped_disposition mine(SIGUSR1, info_handler);
+    info_hits = 0;
+    info_signo = 0;
+    {
+      signal_notice<SIGUSR1> n;
+      n.start();
+      ::raise(SIGUSR1);
+      CHECK(n.noticed());
+      CHECK(info_hits == 1);
+      CHECK(info_signo == SIGUSR1);  // siginfo passed through
+    }
+    auto sa = current_disposition(SIGUSR1);
+    CHECK((sa.sa_flags & SA_SIGINFO) != 0);
+    CHECK((sa.sa_sigaction == info_handler));
+  }
+  SUBCASE("SIG_IGN is kept ignored underneath and restored") {
+    scoped_disposition ign(SIGUSR2, SIG_IGN);
+    {
+      signal_notice<SIGUSR2> n;
+      n.start();
+      ::raise(SIGUSR2);
+      CHECK(n.noticed());
+    }
+    CHECK((current_disposition(SIGUSR2).sa_handler == SIG_IGN));
+  }
+}
+
+TEST_CASE("two configs watching one signal both see it; the last to stop restores") {
+  scoped_disposition mine(SIGTERM, plain_handler);
+  plain_hits = 0;
+  holdfast::termination_config<> a, b;
+  a.start();
+  b.start();
+  ::raise(SIGTERM);
+  CHECK(a.noticed());
+  CHECK(b.noticed());
+  CHECK(plain_hits == 1);  // chained once, not once per notice
+  a.stop();
+  CHECK((current_disposition(SIGTERM).sa_handler != plain_handler));  // b still listens
+  ::raise(SIGTERM);
+  CHECK(b.notice().count() == 2);
+  CHECK(a.notice().count() == 1);  // a stopped: it saw only the first
+  b.stop();
+  CHECK((current_disposition(SIGTERM).sa_handler == plain_handler));
+  // restarting clears the earlier notice
+  a.start();
+  CHECK_FALSE(a.noticed());
+  a.stop();
+}
+
+TEST_CASE("signal_notice<SIGUSR1, SIGTERM> reports which signal came first") {
+  scoped_disposition t(SIGTERM, SIG_DFL);
+  signal_notice<SIGUSR1, SIGTERM> n;
+  n.start();
+  ::raise(SIGUSR1);
+  ::raise(SIGTERM);
+  CHECK(n.noticed());
+  CHECK(n.signal() == SIGUSR1);
+  CHECK(n.count() == 2);
+  static_assert(signal_notice<SIGUSR1, SIGTERM>::signals.size() == 2);
+  static_assert(signal_notice<>::signals[0] == SIGTERM);
+}
+
+TEST_CASE("a signal sent by another process is noticed; SIG_DFL comes back after stop") {
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  holdfast_test::child c([&] {
+    ::close(ready[0]);
+    ::signal(SIGTERM, SIG_DFL);  // doctest's handler is not ours to chain to in the child
+    {
+      signal_notice<> n;
+      n.start();
+      CHILD_REQUIRE(::write(ready[1], "r", 1) == 1);
+      auto deadline = steady::now() + 10s;
+      while (!n.noticed() && steady::now() < deadline) ::usleep(1000);
+      CHILD_REQUIRE(n.noticed());
+      CHILD_REQUIRE(n.signal() == SIGTERM);
+    }
+    CHILD_REQUIRE((current_disposition(SIGTERM).sa_handler == SIG_DFL));
+    ::raise(SIGTERM);  // no notice now: the default action kills us
+    CHILD_REQUIRE(false);
+  });
+  ::close(ready[1]);
+  char b = 0;
+  REQUIRE(::read(ready[0], &b, 1) == 1);
+  ::close(ready[0]);
+  c.kill(SIGTERM);
+  auto r = c.wait(10s);
+  CHECK(r.failures == "");
+  CHECK(r.term_signal == SIGTERM);
+}
+
+TEST_CASE("at most 64 signal notices run at once; the 65th start throws EMFILE") {
+  scoped_disposition ign(SIGUSR2, SIG_IGN);
+  std::vector<signal_notice<SIGUSR2>> many(65);
+  std::size_t started = 0;
+  try {
+    for (auto& n : many) {
+      n.start();
+      ++started;
+    }
+    FAIL("no error after 65 starts");
+  } catch (const holdfast::error& e) {
+    CHECK(e.errnum() == EMFILE);
+  }
+  CHECK(started == 64);
+  ::raise(SIGUSR2);
+  for (std::size_t i = 0; i < started; ++i) CHECK(many[i].noticed());
+  many.clear();
+  CHECK((current_disposition(SIGUSR2).sa_handler == SIG_IGN));
+}
+
+// ---- polled and file notices -------------------------------------------------------------
+
+TEST_CASE("polled_notice polls until the callable says so, then stops polling") {
+  std::atomic<int> calls{0};
+  holdfast::polled_notice n([&] { return ++calls >= 3; }, 10ms);
+  CHECK_FALSE(n.running());
+  n.start();
+  CHECK(eventually([&] { return n.noticed(); }));
+  REQUIRE(n.noticed_at());
+  CHECK(calls.load() == 3);
+  CHECK(n.polls() == 3);
+  std::this_thread::sleep_for(50ms);  // no further polls after the notice
+  CHECK(calls.load() == 3);
+  n.stop();
+  CHECK(n.noticed());
+}
+
+TEST_CASE("polled_notice: a throwing poll is no notice and is logged once per run of failures") {
+  log_lines log;
+  std::atomic<int> calls{0};
+  auto poll = [&]() -> holdfast::poll_result {
+    int c = ++calls;
+    if (c <= 5) throw std::runtime_error("metadata exploded");
+    if (c == 6) return false;  // recovered
+    if (c <= 8) throw 42;      // not even a std::exception
+    return {true, std::chrono::system_clock::time_point(1000s)};
+  };
+  holdfast::polled_notice n(poll, 5ms, log.hook());
+  n.start();
+  CHECK(eventually([&] { return n.noticed(); }));
+  n.stop();
+  CHECK(n.failures() == 7);
+  REQUIRE(log.size() == 2);
+  CHECK(log.at(0).find("metadata exploded") != std::string::npos);
+  CHECK(log.at(1).find("unknown exception") != std::string::npos);
+  REQUIRE(n.deadline());
+  CHECK(*n.deadline() == std::chrono::system_clock::time_point(1000s));
+}
+
+TEST_CASE("stop is prompt: no sleeping through shutdown, and no thread is left") {
+  const std::size_t threads_before = thread_count();
+  std::atomic<int> calls{0};
+  holdfast::polled_notice n([&] { return ++calls < 0; }, 10s);
+  n.start();
+  CHECK(eventually([&] { return calls.load() == 1; }));
+  CHECK(thread_count() == threads_before + 1);
+  auto t0 = steady::now();
+  n.stop();
+  CHECK(ms_since(t0) < 100);
+  CHECK(thread_count() == threads_before);
+  n.start();  // restartable
+  CHECK(eventually([&] { return calls.load() == 2; }));
+}
+
+TEST_CASE("file_notice sees a file appear") {
+  holdfast_test::temp_dir dir("term");
+  holdfast::file_notice n(dir / "preempt", 10ms);
+  CHECK(n.path() == dir / "preempt");
+  n.start();
+  CHECK(eventually([&] { return n.polls() >= 3; }));
+  CHECK_FALSE(n.noticed());
+  auto created = steady::now();
+  ::close(::open((dir / "preempt").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+  CHECK(eventually([&] { return n.noticed(); }, 2000ms));
+  CHECK(*n.noticed_at() >= created);
+}
+
+TEST_CASE("file_notice: a failing stat is no notice, logged once, and polling goes on") {
+  using holdfast::testing::fault;
+  using holdfast::testing::fault_plan;
+  using holdfast::testing::io_op;
+  holdfast_test::temp_dir dir("term");
+  log_lines log;
+  fault_plan::arm(fault{io_op::stat, 1, EIO, 1, 5});
+  holdfast::basic_file_notice<holdfast::testing::fault_io> n(dir / "x", 5ms, log.hook());
+  ::close(::open((dir / "x").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+  n.start();
+  CHECK(eventually([&] { return n.noticed(); }));  // the 6th stat succeeds
+  fault_plan::disarm();
+  CHECK(n.failures() == 5);
+  REQUIRE(log.size() == 1);
+  CHECK(log.at(0).find("stat") != std::string::npos);
+  CHECK(log.at(0).find("Input/output error") != std::string::npos);
+}
+
+// ---- cloud notices against the fake metadata server ------------------------------------------
+
+TEST_CASE("gce_maintenance_notice: TERMINATE_ON_HOST_MAINTENANCE is a notice") {
+  std::atomic<int> polls{0};
+  http_server srv([&](const seen_request& r) {
+    if (r.target != "/computeMetadata/v1/instance/maintenance-event" ||
+        r.header("Metadata-Flavor") != "Google")
+      return reply(400, "bad request");
+    return reply(200, ++polls < 3 ? "NONE" : "TERMINATE_ON_HOST_MAINTENANCE");
+  });
+  log_lines log;
+  holdfast::gce_maintenance_notice n(fast(srv.url(), log));
+  n.start();
+  CHECK(eventually([&] { return n.noticed(); }));
+  CHECK(polls.load() == 3);
+  CHECK(n.polls() == 3);
+  CHECK(n.failures() == 0);
+  CHECK(log.size() == 0);
+  CHECK_FALSE(n.deadline());
+}
+
+TEST_CASE("gce_maintenance_notice: NONE and MIGRATE are no notice and log nothing") {
+  for (const char* value : {"NONE", "MIGRATE_ON_HOST_MAINTENANCE", "NONE\n"}) {
+    CAPTURE(value);
+    http_server srv([&](const seen_request&) { return reply(200, value); });
+    log_lines log;
+    holdfast::gce_maintenance_notice n(fast(srv.url(), log));
+    n.start();
+    CHECK(eventually([&] { return n.polls() >= 3; }));
+    CHECK_FALSE(n.noticed());
+    CHECK(n.failures() == 0);
+    CHECK(log.size() == 0);
+  }
+}
+
+TEST_CASE("gce notices: bad answers are no notice and one log line, never a crash or a hang") {
+  struct bad_case {
+    const char* name;
+    reply rep;
+    const char* logged;
+  };
+  std::vector<bad_case> cases = {
+      {"404", reply(404, "not here"), "status 404"},
+      {"garbage body", reply(200, "\x01garbage\xff"), "unexpected value"},
+      {"garbage response", reply::raw("SSH-2.0-OpenSSH\r\n\r\n"), "bad status line"},
+      {"truncated chunked body",
+       reply::raw(reply::chunked_head() + "1d\r\nTERMINATE_ON_HOST_MAINT"), "truncated body"},
+      {"slower than the timeout",
+       reply::delayed(3s, reply::response(200, "TERMINATE_ON_HOST_MAINTENANCE")), "timed out"},
+  };
+  for (auto& c : cases) {
+    CAPTURE(c.name);
+    http_server srv([&](const seen_request&) { return c.rep; });
+    log_lines log;
+    {
+      holdfast::gce_maintenance_notice n(fast(srv.url(), log));
+      n.start();
+      CHECK(eventually([&] { return n.failures() >= 2; }));
+      CHECK_FALSE(n.noticed());
+      auto t0 = steady::now();
+      n.stop();
+      CHECK(ms_since(t0) < 100);
+    }
+    REQUIRE(log.size() == 1);
+    CAPTURE(log.at(0));
+    CHECK(log.at(0).find(c.logged) != std::string::npos);
+    CHECK(log.at(0).find(srv.url()) != std::string::npos);
+  }
+}
+
+TEST_CASE("gce notices: an unreachable metadata server is no notice and one log line") {
+  log_lines log;
+  holdfast::gce_maintenance_notice n(fast(holdfast_test::refused_url(), log));
+  n.start();
+  CHECK(eventually([&] { return n.failures() >= 3; }));
+  CHECK_FALSE(n.noticed());
+  n.stop();
+  REQUIRE(log.size() == 1);
+  CHECK(log.at(0).find("Connection refused") != std::string::npos);
+}
+
+TEST_CASE("gce_preempted_notice: preempted TRUE is a notice, FALSE is not") {
+  std::atomic<bool> preempted{false};
+  http_server srv([&](const seen_request& r) {
+    if (r.target != "/computeMetadata/v1/instance/preempted") return reply(404, "");
+    return reply(200, preempted.load() ? "TRUE" : "FALSE");
+  });
+  log_lines log;
+  holdfast::gce_preempted_notice n(fast(srv.url(), log));
+  n.start();
+  CHECK(eventually([&] { return n.polls() >= 2; }));
+  CHECK_FALSE(n.noticed());
+  preempted = true;
+  CHECK(eventually([&] { return n.noticed(); }));
+  CHECK(log.size() == 0);
+}
+
+namespace {
+// An IMDSv2 metadata service: a token from PUT, then spot/instance-action with that token.
+struct fake_imds {
+  std::atomic<int> tokens{0};
+  std::atomic<int> action_gets{0};
+  std::atomic<bool> notice{false};
+  std::atomic<bool> expire_token{false};
+  std::string body = R"({"action":"terminate","time":"2017-09-18T08:22:00Z"})";
+  std::string token() const { return "tok-" + std::to_string(tokens.load()); }
+  reply operator()(const seen_request& r) {
+    if (r.method == "PUT" && r.target == "/latest/api/token") {
+      if (r.header("X-aws-ec2-metadata-token-ttl-seconds").empty()) return reply(400, "");
+      ++tokens;
+      return reply(200, token());
+    }
+    if (r.method == "GET" && r.target == "/latest/meta-data/spot/instance-action") {
+      if (expire_token.exchange(false) || r.header("X-aws-ec2-metadata-token") != token())
+        return reply(401, "");
+      ++action_gets;
+      return notice.load() ? reply(200, body) : reply(404, "<?xml version=\"1.0\"?>Not Found");
+    }
+    return reply(404, "");
+  }
+};
+}  // namespace
+
+TEST_CASE("aws_spot_notice: IMDSv2 token flow; 404 is no notice; the action time is the deadline") {
+  fake_imds imds;
+  http_server srv([&](const seen_request& r) { return imds(r); });
+  log_lines log;
+  holdfast::aws_spot_notice n(fast(srv.url(), log));
+  n.start();
+  CHECK(eventually([&] { return imds.action_gets.load() >= 3; }));
+  CHECK_FALSE(n.noticed());
+  CHECK(imds.tokens.load() == 1);  // the token is reused
+  imds.expire_token = true;        // a 401 fetches a new token and retries
+  CHECK(eventually([&] { return imds.tokens.load() == 2 && imds.action_gets.load() >= 5; }));
+  CHECK_FALSE(n.noticed());
+  imds.notice = true;
+  CHECK(eventually([&] { return n.noticed(); }));
+  REQUIRE(n.deadline());
+  CHECK(
+      std::chrono::duration_cast<std::chrono::seconds>(n.deadline()->time_since_epoch()).count() ==
+      1505722920);
+  CHECK(log.size() == 0);
+  auto seen = srv.requests();
+  REQUIRE(seen.size() >= 2);
+  CHECK(seen[0].method == "PUT");
+  CHECK(seen[0].header("X-aws-ec2-metadata-token-ttl-seconds") == "21600");
+  CHECK(seen[1].header("X-aws-ec2-metadata-token") == "tok-1");
+}
+
+TEST_CASE("aws_spot_notice: malformed documents and a refused token are no notice, logged once") {
+  for (const char* body : {"{not json", R"({"action":"terminate"})",
+                           R"({"action":"reboot","time":"2017-09-18T08:22:00Z"})",
+                           R"({"action":"terminate","time":"yesterday"})"}) {
+    CAPTURE(body);
+    fake_imds imds;
+    imds.notice = true;
+    imds.body = body;
+    http_server srv([&](const seen_request& r) { return imds(r); });
+    log_lines log;
+    holdfast::aws_spot_notice n(fast(srv.url(), log));
+    n.start();
+    CHECK(eventually([&] { return n.failures() >= 3; }));
+    CHECK_FALSE(n.noticed());
+    n.stop();
+    CHECK(log.size() == 1);
+  }
+  http_server forbidden([](const seen_request&) { return reply(403, "IMDS disabled"); });
+  log_lines log;
+  holdfast::aws_spot_notice n(fast(forbidden.url(), log));
+  n.start();
+  CHECK(eventually([&] { return n.failures() >= 2; }));
+  n.stop();
+  REQUIRE(log.size() == 1);
+  CHECK(log.at(0).find("token") != std::string::npos);
+}
+
+TEST_CASE("destroying notices stops every background thread within 100 ms; none is left") {
+  auto slow_reply = [](const seen_request&) {
+    return reply::delayed(10s, reply::response(200, "TERMINATE_ON_HOST_MAINTENANCE"));
+  };
+  http_server slow(slow_reply), slow2(slow_reply);  // each serves one connection at a time
+  holdfast_test::blackhole hole;
+  holdfast_test::temp_dir dir("term");
+  const std::size_t before = thread_count();
+  log_lines log;
+  {
+    auto slow_opts = fast(slow.url(), log);
+    slow_opts.read_timeout = 10s;  // a request stays in flight
+    auto hole_opts = fast(hole.url(), log);
+    hole_opts.connect_timeout = 10s;  // a connect stays in flight
+    holdfast::gce_maintenance_notice a(slow_opts);
+    holdfast::aws_spot_notice b(hole_opts);
+    holdfast::file_notice c(dir / "never", 10s);
+    holdfast::polled_notice d([] { return false; }, 10s);
+    auto slow2_opts = fast(slow2.url(), log);
+    slow2_opts.read_timeout = 10s;
+    holdfast::any_of<signal_notice<SIGUSR2>, holdfast::gce_preempted_notice> e{
+        signal_notice<SIGUSR2>{}, holdfast::gce_preempted_notice(slow2_opts)};
+    a.start();
+    b.start();
+    c.start();
+    d.start();
+    e.start();
+    // a and e wait for an answer, b for a connection
+    CHECK(eventually([&] { return slow.request_count() == 1 && slow2.request_count() == 1; }));
+    CHECK(thread_count() == before + 5);
+    auto t0 = steady::now();
+    e.stop();
+    d.stop();
+    c.stop();
+    b.stop();
+    a.stop();
+    CHECK(ms_since(t0) < 100);
+    a.start();
+    e.start();
+    CHECK(thread_count() == before + 2);
+    t0 = steady::now();
+  }  // destructors stop a and e
+  CHECK(thread_count() == before);
+  CHECK(log.size() == 0);  // a cancelled request is not a failure worth logging
+}
+
+// ---- any_of ----------------------------------------------------------------------------------
+
+TEST_CASE("any_of: noticed when one source is, earliest time and deadline") {
+  scoped_disposition ign(SIGUSR1, SIG_IGN);
+  std::atomic<bool> go{false};
+  auto far = std::chrono::system_clock::time_point(5000s);
+  auto poll = [&]() -> holdfast::poll_result {
+    if (!go.load()) return false;
+    return {true, far};
+  };
+  holdfast::any_of<signal_notice<SIGUSR1>, holdfast::polled_notice<decltype(poll)>> n(
+      signal_notice<SIGUSR1>(), holdfast::polled_notice<decltype(poll)>(poll, 5ms));
+  static_assert(holdfast::is_notice_policy_v<decltype(n)>);
+  n.start();
+  CHECK_FALSE(n.noticed());
+  ::raise(SIGUSR1);
+  CHECK(n.noticed());
+  auto first = n.noticed_at();
+  REQUIRE(first);
+  CHECK_FALSE(n.deadline());
+  go = true;
+  CHECK(eventually([&] { return n.get<1>().noticed(); }));
+  CHECK(n.noticed_at() == first);  // the signal came first
+  REQUIRE(n.deadline());
+  CHECK(*n.deadline() == far);
+  n.stop();
+  CHECK((current_disposition(SIGUSR1).sa_handler == SIG_IGN));
+}
+
+// ---- exit policies, in forked children ---------------------------------------------------------
+
+TEST_CASE("exit_with<code> exits with the code after flushing stdio") {
+  int out[2];
+  REQUIRE(::pipe(out) == 0);
+  holdfast_test::child c([&] {
+    ::dup2(out[1], STDOUT_FILENO);
+    std::printf("flushed before exit");  // buffered: a pipe is not a terminal
+    holdfast::exit_with<42>{}(exit_context{});
+  });
+  ::close(out[1]);
+  auto r = c.wait(10s);
+  CHECK(r.failures == "");
+  CHECK(r.exit_code == 42);
+  char buf[64] = {};
+  CHECK(::read(out[0], buf, sizeof buf - 1) > 0);
+  CHECK(std::string(buf) == "flushed before exit");
+  ::close(out[0]);
+  holdfast_test::child c143([] { holdfast::exit_with<143>{}(); });
+  CHECK(c143.wait(10s).exit_code == 143);
+}
+
+TEST_CASE("no_exit returns; a callable exit gets the context; config.exit() runs the policy") {
+  holdfast_test::child none([] {
+    holdfast::termination_config<signal_notice<>, holdfast::no_exit> cfg;
+    cfg.exit();
+    static_assert(decltype(cfg)::exit_code == -1);
+    static_assert(holdfast::exit_returns<holdfast::no_exit>::value);
+    ::_exit(7);  // reached: no_exit returned
+  });
+  CHECK(none.wait(10s).exit_code == 7);
+
+  holdfast_test::child callable([] {
+    auto exit_fn = [](const exit_context& ctx) {
+      ::_exit(ctx.checkpoint_duration == 3s && ctx.noticed_at ? 99 : 1);
+    };
+    holdfast::termination_config<signal_notice<>, decltype(exit_fn)> cfg(signal_notice<>(),
+                                                                         exit_fn);
+    static_assert(holdfast::exit_returns<decltype(exit_fn)>::value);
+    cfg.exit(exit_context{steady::now(), 3s});
+  });
+  CHECK(callable.wait(10s).exit_code == 99);
+
+  holdfast_test::child no_args([] {
+    auto exit_fn = [] { ::_exit(98); };
+    holdfast::termination_config<signal_notice<>, decltype(exit_fn)> cfg(signal_notice<>(),
+                                                                         exit_fn);
+    cfg.exit();
+  });
+  CHECK(no_args.wait(10s).exit_code == 98);
+}
+
+TEST_CASE("a preset end to end: SIGTERM from the parent, the child exits with the preset's code") {
+  for (int which = 0; which < 2; ++which) {
+    CAPTURE(which);
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    holdfast_test::child c([&] {
+      ::close(ready[0]);
+      ::signal(SIGTERM, SIG_DFL);
+      auto run = [&](auto cfg) {
+        cfg.start();
+        CHILD_REQUIRE(::write(ready[1], "r", 1) == 1);
+        auto deadline = steady::now() + 10s;
+        while (!cfg.noticed() && steady::now() < deadline) ::usleep(1000);
+        CHILD_REQUIRE(cfg.noticed());
+        cfg.exit();
+      };
+      if (which == 0) run(holdfast::presets::borg());
+      run(holdfast::presets::kubernetes());
+    });
+    ::close(ready[1]);
+    char b = 0;
+    REQUIRE(::read(ready[0], &b, 1) == 1);
+    ::close(ready[0]);
+    c.kill(SIGTERM);
+    auto r = c.wait(10s);
+    CHECK(r.failures == "");
+    CHECK(r.exit_code == (which == 0 ? 42 : 143));
+  }
+}
+
+TEST_CASE("wait_then_exit waits out the window less the checkpoint time, capped by the notice") {
+  using policy = holdfast::wait_then_exit<42, 600>;
+  static_assert(policy::window == 600ms);
+  SUBCASE("window less checkpoint time") {
+    auto t0 = steady::now();
+    holdfast_test::child c([] { policy{}(exit_context{steady::now(), 200ms}); });
+    auto r = c.wait(10s);
+    double took = ms_since(t0);
+    CHECK(r.exit_code == 42);
+    CHECK(took >= 390);
+    CHECK(took < 400 * 1.1 + 250);
+  }
+  SUBCASE("never past notice + window") {
+    auto t0 = steady::now();
+    holdfast_test::child c([] { policy{}(exit_context{steady::now() - 500ms, 0ms}); });
+    auto r = c.wait(10s);
+    CHECK(r.exit_code == 42);
+    CHECK(ms_since(t0) < 100 + 250);
+  }
+}
+
+// ---- termination_config and presets ------------------------------------------------------------
+
+TEST_CASE("termination_config: grace period, save override, grace deadline capped by notice") {
+  holdfast::termination_config<> cfg;
+  CHECK(cfg.grace_period() == 0ms);
+  CHECK_FALSE(cfg.has_save_override());
+  CHECK_FALSE(cfg.grace_deadline());
+  std::int64_t saved = -1;
+  cfg.set_grace_period(30s).set_save_override([&](std::int64_t step) { saved = step; });
+  CHECK(cfg.grace_period() == 30s);
+  REQUIRE(cfg.has_save_override());
+  cfg.save_override()(12);
+  CHECK(saved == 12);
+  static_assert(holdfast::termination_config<>::exit_code == 42);
+
+  // a polled source that announces a deadline 2 s away, with a 120 s grace: the deadline wins
+  auto announced = std::chrono::system_clock::now() + 2s;
+  auto poll = [announced] { return holdfast::poll_result(true, announced); };
+  holdfast::termination_config<holdfast::polled_notice<decltype(poll)>, holdfast::exit_with<143>>
+      aws(holdfast::polled_notice<decltype(poll)>(poll, 5ms), holdfast::exit_with<143>{}, 120s);
+  aws.start();
+  CHECK(eventually([&] { return aws.noticed(); }));
+  REQUIRE(aws.grace_deadline());
+  auto left = *aws.grace_deadline() - steady::now();
+  CHECK(left > 1500ms);
+  CHECK(left < 2100ms);
+  CHECK(aws.announced_deadline() == announced);
+}
+
+namespace {
+template <class Preset>
+void check_preset(const char* name, int code, std::chrono::seconds grace) {
+  CAPTURE(name);
+  Preset p;
+  CHECK(std::string(Preset::name) == name);
+  CHECK(Preset::exit_code == code);
+  CHECK(Preset::default_grace == grace);
+  CHECK(p.grace_period() == grace);
+  CHECK_FALSE(p.has_save_override());
+  CHECK_FALSE(p.noticed());
+}
+}  // namespace
+
+TEST_CASE("presets: the table of notice, exit code and grace") {
+  namespace p = holdfast::presets;
+  using holdfast::aws_spot_notice;
+  using holdfast::exit_with;
+  using holdfast::gce_maintenance_notice;
+  check_preset<p::generic>("generic", 42, 0s);
+  check_preset<p::borg>("borg", 42, 0s);
+  check_preset<p::borg_tpu>("borg_tpu", 42, 0s);
+  check_preset<p::gce_gpu>("gce_gpu", 143, 3600s);
+  check_preset<p::gce_cpu>("gce_cpu", 143, 0s);
+  check_preset<p::kubernetes>("kubernetes", 143, 30s);
+  check_preset<p::slurm>("slurm", 143, 120s);
+  check_preset<p::aws_spot>("aws_spot", 143, 120s);
+
+  static_assert(std::is_same_v<p::generic::notice_type, signal_notice<SIGTERM>>);
+  static_assert(std::is_same_v<p::borg::notice_type, signal_notice<SIGTERM>>);
+  static_assert(std::is_same_v<p::borg_tpu::notice_type, signal_notice<SIGTERM>>);
+  static_assert(std::is_same_v<p::borg_tpu::exit_type, holdfast::wait_then_exit<42, 900000>>);
+  static_assert(p::borg_tpu::notice_window == 900s);
+  static_assert(std::is_same_v<p::gce_gpu::notice_type, gce_maintenance_notice>);
+  static_assert(std::is_same_v<p::gce_cpu::notice_type, gce_maintenance_notice>);
+  static_assert(std::is_same_v<p::kubernetes::notice_type, signal_notice<SIGTERM>>);
+  static_assert(std::is_same_v<p::slurm::notice_type, signal_notice<SIGUSR1, SIGTERM>>);
+  static_assert(std::is_same_v<p::aws_spot::notice_type, aws_spot_notice>);
+  static_assert(std::is_same_v<p::gce_gpu::exit_type, exit_with<143>>);
+  CHECK(p::kubernetes(45s).grace_period() == 45s);
+  CHECK(p::gce_gpu().notice().interval() == 1s);
+  CHECK(p::aws_spot().notice().interval() == 5s);
+  CHECK(p::gce_cpu().notice().poller().endpoint.url() ==
+        holdfast::detail::parse_http_url(holdfast::gce_metadata_url()).url());
+}
+
+// ---- detect_platform ---------------------------------------------------------------------------
+
+TEST_CASE("detect_platform: environment markers, then GCE metadata within a short timeout") {
+  std::map<std::string, std::string> env;
+  holdfast::detect_options o;
+  o.getenv = [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  http_server gce([](const seen_request& r) {
+    if (r.header("Metadata-Flavor") != "Google") return reply(403, "");
+    return reply(200, "instance/\n", "Metadata-Flavor: Google\r\n");
+  });
+  http_server other([](const seen_request&) { return reply(200, "hello"); });
+  http_server slow(
+      [](const seen_request&) { return reply::delayed(5s, reply::response(200, "late")); });
+
+  o.gce_url = gce.url();
+  CHECK(holdfast::detect_platform(o) == holdfast::platform::gce);
+  env["SLURM_JOB_ID"] = "1234";
+  CHECK(holdfast::detect_platform(o) == holdfast::platform::slurm);
+  env["KUBERNETES_SERVICE_HOST"] = "10.0.0.1";
+  CHECK(holdfast::detect_platform(o) == holdfast::platform::kubernetes);
+  env.clear();
+  o.gce_url = other.url();  // answers, but is not a GCE metadata server
+  CHECK(holdfast::detect_platform(o) == holdfast::platform::generic);
+  o.gce_url = holdfast_test::refused_url();
+  CHECK(holdfast::detect_platform(o) == holdfast::platform::generic);
+  holdfast_test::blackhole hole;
+  for (const std::string& url : {slow.url(), hole.url()}) {
+    CAPTURE(url);
+    o.gce_url = url;
+    o.timeout = 300ms;
+    auto t0 = steady::now();
+    CHECK(holdfast::detect_platform(o) == holdfast::platform::generic);
+    CHECK(ms_since(t0) < 300 * 1.1 + 200);
+  }
+  CHECK(std::string(holdfast::to_string(holdfast::platform::slurm)) == "slurm");
+  const char* chosen = holdfast::visit_preset(
+      holdfast::platform::gce, [](auto preset) { return preset.name; }, true);
+  CHECK(std::string(chosen) == "gce_gpu");
+  CHECK(std::string(holdfast::visit_preset(holdfast::platform::kubernetes, [](auto preset) {
+          return preset.name;
+        })) == "kubernetes");
+}
+
+TEST_CASE("ISO 8601 times: UTC, fractions, offsets; anything else is a format_error") {
+  using holdfast::detail::parse_iso8601;
+  auto secs = [](std::chrono::system_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  };
+  CHECK(secs(parse_iso8601("2017-09-18T08:22:00Z", "t")) == 1505722920000);
+  CHECK(secs(parse_iso8601("1970-01-01T00:00:00Z", "t")) == 0);
+  CHECK(secs(parse_iso8601("2000-02-29T23:59:59.250Z", "t")) == 951868799250);
+  CHECK(secs(parse_iso8601("2017-09-18T10:22:00+02:00", "t")) == 1505722920000);
+  CHECK(secs(parse_iso8601("2017-09-18T03:22:00-05:00", "t")) == 1505722920000);
+  for (const char* bad :
+       {"", "2017-09-18", "2017-09-18T08:22:00", "2017-13-01T00:00:00Z", "2017-09-18T08:22:00Zjunk",
+        "2017-09-18 08:22:00Z", "yesterday", "2017-09-18T08:22:00.Z"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(parse_iso8601(bad, "doc"), holdfast::format_error);
+  }
+}
