@@ -100,33 +100,38 @@ struct pread_read {
 // ---------------------------------------------------------------------------------------------
 // Lock policies: how puts are serialized.
 
-/// Lock policy for several processes: a process-local mutex plus flock(LOCK_EX) on a descriptor
-/// the process opened itself (flock belongs to the open file description, which a forked child
-/// shares with its parent: on a pid change the descriptor is reopened first).
+/// Lock policy for several processes: a process-local mutex plus flock(LOCK_EX) on a lock
+/// descriptor the process opened itself. flock belongs to the open file description, which a
+/// forked child shares with its parent, so on a pid change the lock descriptor is reopened; it is
+/// never mapped, so closing it always releases the lock.
 struct flock_lock {
   static constexpr bool interprocess = true;
-  /// Takes the lock, reopening `fd` when `opened_by` is not this process; throws
-  /// holdfast::error("flock" or "open", path).
+  /// Takes the lock, (re)opening `lock_fd` on `path` when `opened_by` is not this process;
+  /// throws holdfast::error("open" or "flock", path).
   template <class Io>
-  void lock(basic_fd<Io>& fd, pid_t& opened_by) {
+  void lock(basic_fd<Io>& lock_fd, pid_t& opened_by, const std::string& path) {
     mutex_.lock();
     try {
       pid_t self = Io::getpid();
-      if (self != opened_by) {
-        fd = open_file<Io>(fd.path(), O_RDWR);  // our copy of the parent's description closes
+      if (self != opened_by || !lock_fd) {
+        lock_fd = open_file<Io>(path, O_RDONLY);  // our copy of the parent's description closes
         opened_by = self;
       }
-      while (Io::flock(fd.get(), LOCK_EX) != 0)
-        if (errno != EINTR) throw error(errno, "flock", fd.path());
+      while (Io::flock(lock_fd.get(), LOCK_EX) != 0)
+        if (errno != EINTR) throw error(errno, "flock", path);
     } catch (...) {
       mutex_.unlock();
       throw;
     }
   }
-  /// Releases the lock (never fails: closing or dying releases a flock too).
+  /// Releases the lock. Should LOCK_UN fail, the lock descriptor is closed (which releases the
+  /// lock) and the next lock reopens it.
   template <class Io>
-  void unlock(const basic_fd<Io>& fd) noexcept {
-    Io::flock(fd.get(), LOCK_UN);
+  void unlock(basic_fd<Io>& lock_fd, pid_t& opened_by) noexcept {
+    if (Io::flock(lock_fd.get(), LOCK_UN) != 0) {
+      lock_fd.reset();
+      opened_by = 0;
+    }
     mutex_.unlock();
   }
 
@@ -139,12 +144,12 @@ struct mutex_lock {
   static constexpr bool interprocess = false;
   /// Takes the mutex.
   template <class Io>
-  void lock(basic_fd<Io>&, pid_t&) {
+  void lock(basic_fd<Io>&, pid_t&, const std::string&) {
     mutex_.lock();
   }
   /// Releases the mutex.
   template <class Io>
-  void unlock(const basic_fd<Io>&) noexcept {
+  void unlock(basic_fd<Io>&, pid_t&) noexcept {
     mutex_.unlock();
   }
 
@@ -158,10 +163,10 @@ struct no_lock {
   static constexpr bool interprocess = false;
   /// Does nothing.
   template <class Io>
-  void lock(basic_fd<Io>&, pid_t&) noexcept {}
+  void lock(basic_fd<Io>&, pid_t&, const std::string&) noexcept {}
   /// Does nothing.
   template <class Io>
-  void unlock(const basic_fd<Io>&) noexcept {}
+  void unlock(basic_fd<Io>&, pid_t&) noexcept {}
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -306,10 +311,11 @@ template <class T>
 using cache_lock_interprocess = decltype(bool{T::interprocess});
 template <class T>
 using cache_lock_lock = decltype(std::declval<T&>().template lock<posix_io>(
-    std::declval<basic_fd<posix_io>&>(), std::declval<pid_t&>()));
+    std::declval<basic_fd<posix_io>&>(), std::declval<pid_t&>(),
+    std::declval<const std::string&>()));
 template <class T>
 using cache_lock_unlock = decltype(std::declval<T&>().template unlock<posix_io>(
-    std::declval<const basic_fd<posix_io>&>()));
+    std::declval<basic_fd<posix_io>&>(), std::declval<pid_t&>()));
 template <class T>
 using cache_sync_data =
     decltype(T::template after_data<posix_io>(std::declval<const basic_fd<posix_io>&>()));
@@ -378,10 +384,11 @@ constexpr bool check_cache_policies() {
   static_assert(
       detect<cache_lock_lock, Lock>::value,
       "holdfast: the cache Lock policy needs template <class Io> void lock(basic_fd<Io>&, "
-      "pid_t& opened_by)");
-  static_assert(detect<cache_lock_unlock, Lock>::value,
-                "holdfast: the cache Lock policy needs template <class Io> void unlock(const "
-                "basic_fd<Io>&) noexcept");
+      "pid_t& opened_by, const std::string& path)");
+  static_assert(
+      detect<cache_lock_unlock, Lock>::value,
+      "holdfast: the cache Lock policy needs template <class Io> void unlock(basic_fd<Io>&, "
+      "pid_t& opened_by) noexcept");
   static_assert(detect<cache_sync_data, Sync>::value,
                 "holdfast: the cache Sync policy needs template <class Io> static void "
                 "after_data(const basic_fd<Io>&)");
@@ -463,7 +470,6 @@ class basic_file_cache {
     s_->writable = true;
     s_->fd = open_file<Io>(path, O_RDWR);
     s_->path = path;
-    s_->fd_pid = Io::getpid();
     read_layout(length);
     map_file(options.reserve, options.size_limit);
   }
@@ -475,7 +481,6 @@ class basic_file_cache {
     s_->frozen = true;
     s_->fd = open_file<Io>(path, O_RDONLY);
     s_->path = path;
-    s_->fd_pid = Io::getpid();
     read_layout(length);
     map_file(s_->file_size, 0);
     validate_all();
@@ -508,8 +513,10 @@ class basic_file_cache {
   void freeze() noexcept { s_->frozen.store(true, std::memory_order_relaxed); }
   /// True for the object that created the file (and will remove it), in the creating process.
   bool owns_file() const noexcept { return s_->owner && Io::getpid() == s_->creator_pid; }
-  /// The descriptor this process uses for puts (for tests and diagnostics).
+  /// The descriptor reads, writes and the mapping use (for tests and diagnostics).
   int native_handle() const noexcept { return s_->fd.get(); }
+  /// The descriptor puts flock in this process (flock_lock; -1 before the first put).
+  int lock_handle() const noexcept { return s_->lock_fd.get(); }
 
   /// Stores `bytes` in slot `i` once. False when the slot is filled, the cache is frozen, the
   /// size limit would be exceeded or the disk is full (which freezes). Throws holdfast::error on
@@ -634,7 +641,8 @@ class basic_file_cache {
   struct state {
     basic_fd<Io> fd;
     std::string path;
-    pid_t fd_pid = 0;       // the process that opened fd (flock is per open file description)
+    basic_fd<Io> lock_fd;   // flock_lock's own descriptor: never mapped, reopened after fork
+    pid_t lock_pid = 0;     // the process that opened lock_fd
     pid_t creator_pid = 0;  // the process whose object removes the file
     bool owner = false;
     bool writable = false;
@@ -659,8 +667,10 @@ class basic_file_cache {
   };
 
   struct lock_guard {
-    explicit lock_guard(state& st) : s(st) { s.lock.template lock<Io>(s.fd, s.fd_pid); }
-    ~lock_guard() { s.lock.template unlock<Io>(s.fd); }
+    explicit lock_guard(state& st) : s(st) {
+      s.lock.template lock<Io>(s.lock_fd, s.lock_pid, s.path);
+    }
+    ~lock_guard() { s.lock.template unlock<Io>(s.lock_fd, s.lock_pid); }
     lock_guard(const lock_guard&) = delete;
     lock_guard& operator=(const lock_guard&) = delete;
     state& s;
@@ -798,7 +808,7 @@ class basic_file_cache {
     }
     s.path = s.fd.path();
     s.owner = true;
-    s.creator_pid = s.fd_pid = Io::getpid();
+    s.creator_pid = Io::getpid();
     write_empty_index();
     s.file_size = s.index_end;
   }
