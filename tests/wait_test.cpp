@@ -1,0 +1,255 @@
+// Waiting for published files: a file that appears later, timeouts within the deadline + 10%,
+// the inotify fallback to polling (inotify failed through fault_io), one descriptor per read,
+// custom intervals, and copy_to_local.
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <holdfast/publish.hpp>
+#include <holdfast/testing/fault_io.hpp>
+#include <holdfast/wait.hpp>
+#include <string>
+#include <thread>
+
+#include "support/child.hpp"
+#include "support/temp_dir.hpp"
+
+using holdfast::testing::fault;
+using holdfast::testing::fault_io;
+using holdfast::testing::fault_plan;
+using holdfast::testing::io_op;
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct disarm_on_exit {
+  ~disarm_on_exit() { fault_plan::disarm(); }
+};
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+double ms_since(clock_type::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+// A child that publishes `content` at `path` after `delay`.
+holdfast_test::child publish_later(const std::string& path, const std::string& content,
+                                   std::chrono::milliseconds delay, bool make_parent = false) {
+  return holdfast_test::child([=] {
+    std::this_thread::sleep_for(delay);
+    if (make_parent)
+      CHILD_REQUIRE(::mkdir(holdfast::detail::split_path(path).first.c_str(), 0755) == 0);
+    holdfast::basic_publisher<holdfast::no_sync>().publish(path, content);
+  });
+}
+
+// A polling policy with long intervals: await_file must use the derived policy's values.
+struct slow_poll : holdfast::poll_wait {
+  static constexpr std::chrono::milliseconds initial_interval{200};
+  static constexpr std::chrono::milliseconds max_interval{200};
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("await_file returns the content once the file is published", W,
+                   holdfast::inotify_wait, holdfast::poll_wait) {
+  holdfast_test::temp_dir dir("await");
+  const std::string path = dir / "command.json";
+  auto t0 = clock_type::now();
+  auto writer = publish_later(path, "{\"epochs\":3}", 150ms);
+  auto got = holdfast::await_file<W>(path, 10s);
+  double took = ms_since(t0);
+  REQUIRE(got);
+  CHECK(*got == "{\"epochs\":3}");
+  CHECK(took >= 140);
+  CHECK(took < 5000);
+  CHECK(writer.wait(5s).ok());
+  // an existing file returns at once
+  t0 = clock_type::now();
+  CHECK(holdfast::await_file<W>(path, 10s) == std::string("{\"epochs\":3}"));
+  CHECK(ms_since(t0) < 100);
+  // an empty file is content, not absence
+  holdfast::publisher().publish(dir / "empty", "");
+  CHECK(holdfast::await_file<W>(dir / "empty", 10ms) == std::string());
+}
+
+TEST_CASE_TEMPLATE("a timeout returns within the deadline + 10%", W, holdfast::inotify_wait,
+                   holdfast::poll_wait, slow_poll) {
+  holdfast_test::temp_dir dir("timeout");
+  for (auto timeout : {500ms, 320ms}) {
+    CAPTURE(timeout.count());
+    auto t0 = clock_type::now();
+    auto got = holdfast::await_file<W>(dir / "never", timeout);
+    double took = ms_since(t0);
+    CHECK_FALSE(got);
+    CHECK(took >= static_cast<double>(timeout.count()));
+    CHECK(took <= static_cast<double>(timeout.count()) * 1.10);
+  }
+  CHECK_FALSE(holdfast::await_file<W>(dir / "never", 0ms));
+}
+
+TEST_CASE("inotify_wait falls back to polling where inotify cannot be used") {
+  holdfast_test::temp_dir dir("fallback");
+  disarm_on_exit guard;
+  using waiter = holdfast::inotify_wait;
+
+  SUBCASE("inotify works: woken through poll on the inotify descriptor") {
+    fault_plan::reset_counts();
+    auto writer = publish_later(dir / "a", "A", 150ms);
+    CHECK(holdfast::await_file<waiter, fault_io>(dir / "a", 10s) == std::string("A"));
+    CHECK(fault_plan::calls(io_op::inotify_init1) == 1);
+    CHECK(fault_plan::calls(io_op::inotify_add_watch) == 1);
+    CHECK(fault_plan::calls(io_op::poll) >= 1);
+    CHECK(writer.wait(5s).ok());
+  }
+  SUBCASE("inotify_init1 fails (ENOSYS, EMFILE): polling finds the file") {
+    for (int e : {ENOSYS, EMFILE}) {
+      fault_plan::arm(fault{io_op::inotify_init1, 1, e});
+      auto writer = publish_later(dir / ("b" + std::to_string(e)), "B", 150ms);
+      CHECK(holdfast::await_file<waiter, fault_io>(dir / ("b" + std::to_string(e)), 10s) ==
+            std::string("B"));
+      CHECK(fault_plan::failures() == 1);
+      CHECK(fault_plan::last_failed() == io_op::inotify_init1);
+      CHECK(fault_plan::calls(io_op::poll) == 0);  // the polling loop, not the inotify loop
+      CHECK(fault_plan::calls(io_op::open) > 1);   // re-tried at intervals
+      CHECK(writer.wait(5s).ok());
+    }
+  }
+  SUBCASE("inotify_add_watch fails (ENOSPC: watch limit): polling finds the file") {
+    fault_plan::arm(fault{io_op::inotify_add_watch, 1, ENOSPC});
+    auto writer = publish_later(dir / "c", "C", 150ms);
+    CHECK(holdfast::await_file<waiter, fault_io>(dir / "c", 10s) == std::string("C"));
+    CHECK(fault_plan::failures() == 1);
+    CHECK(fault_plan::calls(io_op::poll) == 0);
+    CHECK(writer.wait(5s).ok());
+  }
+  SUBCASE("the parent directory does not exist yet: polling until it and the file appear") {
+    fault_plan::reset_counts();
+    auto writer = publish_later(dir / "later/d", "D", 150ms, true);
+    CHECK(holdfast::await_file<waiter, fault_io>(dir / "later/d", 10s) == std::string("D"));
+    CHECK(fault_plan::calls(io_op::poll) == 0);
+    CHECK(writer.wait(5s).ok());
+  }
+  SUBCASE("the fallback still honours the deadline") {
+    fault_plan::arm(fault{io_op::inotify_init1, 1, ENOSYS});
+    auto t0 = clock_type::now();
+    CHECK_FALSE(holdfast::await_file<waiter, fault_io>(dir / "never", 400ms));
+    double took = ms_since(t0);
+    CHECK(took >= 400);
+    CHECK(took <= 440);
+  }
+}
+
+TEST_CASE("await_file reads through one descriptor and reports real errors") {
+  holdfast_test::temp_dir dir("onefd");
+  disarm_on_exit guard;
+  const std::string big(300000, 'q');
+  holdfast::publisher().publish(dir / "f", big);
+  fault_plan::reset_counts();
+  CHECK(holdfast::await_file<holdfast::poll_wait, fault_io>(dir / "f", 1s) == big);
+  CHECK(fault_plan::calls(io_op::open) == 1);
+  CHECK(fault_plan::calls(io_op::close) == 1);
+  CHECK(fault_plan::calls(io_op::stat) == 0);
+  CHECK(fault_plan::calls(io_op::read) >= 5);  // all through that one descriptor
+  // a read error is an error, not "absent"
+  fault_plan::arm(fault{io_op::read, 2, EIO});
+  try {
+    (void)holdfast::await_file<holdfast::poll_wait, fault_io>(dir / "f", 1s);
+    FAIL("no error");
+  } catch (const holdfast::error& e) {
+    CHECK(e.operation() == "read");
+    CHECK(e.errnum() == EIO);
+  }
+  fault_plan::disarm();
+  // a path under a regular file can never appear: ENOTDIR, at once
+  try {
+    (void)holdfast::await_file(dir / "f/child", 5s);
+    FAIL("no error");
+  } catch (const holdfast::error& e) {
+    CHECK(e.errnum() == ENOTDIR);
+    CHECK(e.operation() == "open");
+  }
+}
+
+TEST_CASE("derived wait policies use their own intervals") {
+  holdfast_test::temp_dir dir("intervals");
+  disarm_on_exit guard;
+  fault_plan::reset_counts();
+  CHECK_FALSE(holdfast::await_file<slow_poll, fault_io>(dir / "none", 500ms));
+  auto slow_opens = fault_plan::calls(io_op::open);
+  fault_plan::reset_counts();
+  CHECK_FALSE(holdfast::await_file<holdfast::poll_wait, fault_io>(dir / "none", 500ms));
+  auto fast_opens = fault_plan::calls(io_op::open);
+  CHECK(slow_opens <= 4);  // 0, 200, 400, 500 ms
+  CHECK(fast_opens > slow_opens);
+}
+
+TEST_CASE("copy_to_local: a private local copy, removed when dropped") {
+  holdfast_test::temp_dir dir("local"), local("localdst");
+  std::string content;
+  for (int i = 0; i < 300000; ++i) content += static_cast<char>('a' + i % 26);  // > one chunk
+  content += std::string(1 << 20, 'z');
+  holdfast::publisher().publish(dir / "shard.bin", content);
+  std::string kept;
+  {
+    auto copy = holdfast::copy_to_local(dir / "shard.bin", local.path());
+    REQUIRE(copy);
+    CHECK(copy.path().find(local.path() + "/") == 0);
+    auto fd = holdfast::open_file(copy.path(), O_RDONLY);
+    CHECK(holdfast::read_all(fd) == content);
+    struct stat st {};
+    REQUIRE(::stat(copy.path().c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0600);
+    // a forked child that drops its copy of the handle does not remove the file
+    holdfast_test::child c([&] { copy.reset(); });
+    CHECK(c.wait(5s).ok());
+    CHECK(exists(copy.path()));
+    kept = copy.path();
+    auto moved = std::move(copy);
+    CHECK_FALSE(copy);
+    CHECK(moved.path() == kept);
+  }
+  CHECK_FALSE(exists(kept));
+  {
+    auto copy = holdfast::copy_to_local(dir / "shard.bin", local.path());
+    kept = copy.release();
+  }
+  CHECK(exists(kept));
+  ::unlink(kept.c_str());
+  // the default directory is $TMPDIR or /tmp
+  auto tmp = holdfast::copy_to_local(dir / "shard.bin");
+  CHECK(exists(tmp.path()));
+  CHECK_THROWS_AS(holdfast::copy_to_local(dir / "missing", local.path()), holdfast::error);
+}
+
+TEST_CASE("copy_to_local: a failure at any call leaves nothing behind") {
+  holdfast_test::temp_dir dir("localfault"), local("localfaultdst");
+  disarm_on_exit guard;
+  holdfast::publisher().publish(dir / "src", std::string(3 << 20, 's'));
+  fault_plan::reset_counts();
+  { auto c = holdfast::copy_to_local<fault_io>(dir / "src", local.path()); }
+  auto calls = fault_plan::calls(io_op::any);
+  REQUIRE(calls > 5);
+  for (std::uint64_t k = 1; k <= calls; ++k) {
+    CAPTURE(k);
+    fault_plan::arm(fault{io_op::any, k, EIO});
+    bool threw = false;
+    try {
+      auto c = holdfast::copy_to_local<fault_io>(dir / "src", local.path());
+    } catch (const holdfast::error& e) {
+      threw = true;
+      CHECK(e.operation() == holdfast::testing::to_string(fault_plan::last_failed()));
+    }
+    fault_plan::disarm();
+    // the last call is the unlink of the dropped copy: the only one that cannot throw
+    if (!threw) CHECK(fault_plan::last_failed() == io_op::unlink);
+    auto left = holdfast::detail::list_directory<holdfast::posix_io>(local.path());
+    if (threw) CHECK(left.empty());
+    for (auto& n : left) ::unlink((local / n).c_str());  // only after a failed final unlink
+  }
+}
