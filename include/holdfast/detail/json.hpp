@@ -171,7 +171,8 @@ class json_value {
       if (m.first == key) return &m.second;
     return nullptr;
   }
-  /// Sets member `key` (replacing an existing one in place); a null value becomes an object.
+  /// Sets member `key` (replacing an existing one in place) and returns the member; a null
+  /// value becomes an object.
   json_value& set(std::string key, json_value v) {
     if (kind_ == kind::null) kind_ = kind::object;
     expect(kind::object);
@@ -180,7 +181,7 @@ class json_value {
     object_.emplace_back(std::move(key), std::move(v));
     return object_.back().second;
   }
-  /// Appends to an array; a null value becomes an array.
+  /// Appends to an array and returns the new element; a null value becomes an array.
   json_value& push_back(json_value v) {
     if (kind_ == kind::null) kind_ = kind::array;
     expect(kind::array);
