@@ -47,10 +47,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -469,7 +470,8 @@ struct sync_options {
   std::chrono::seconds sweep_temps_older_than{600};
 };
 
-/// What a sync() did, as paths relative to the run directory, each list sorted.
+/// What a sync() did, as paths relative to the run directory, in walk order (depth first, names
+/// sorted within each directory); `deleted` sorted.
 struct sync_result {
   std::vector<std::string> copied;     ///< new or changed files published remotely
   std::vector<std::string> deleted;    ///< remote files and directories removed
@@ -652,40 +654,67 @@ class basic_store {
     if (io_type::stat(remote.c_str(), &rst) != 0) throw error(errno, "stat", remote);
 
     local_tree tree;
-    scan_local(local_dir, std::string(), options, tree, result);
+    {
+      std::string path = local_dir, rel;
+      scan_local(path, rel, options, tree, result);
+    }
     std::lock_guard<std::mutex> lock(state_->mutex);
     auto& memory = state_->synced[std::string(run_id) + '\0' + local_dir];
     if (lst.st_dev == rst.st_dev && lst.st_ino == rst.st_ino) {  // the run directory itself
-      for (const auto& f : tree.files) result.unchanged.push_back(f.first);
+      for (auto& f : tree.files) result.unchanged.push_back(std::move(f.first));
       return result;
     }
-    if (options.propagate_deletions)
-      delete_extraneous(remote, std::string(), options, tree, result);
-    // Forget files that are gone locally, so a re-created one is copied again.
-    for (auto it = memory.begin(); it != memory.end();)
-      it = tree.files.count(it->first) ? std::next(it) : memory.erase(it);
+    if (options.propagate_deletions) {
+      std::unordered_set<std::string_view> files, dirs;
+      for (const auto& f : tree.files) files.insert(f.first);
+      for (const auto& d : tree.dirs) dirs.insert(d);
+      delete_extraneous(remote, std::string(), options, files, dirs, result);
+      std::sort(result.deleted.begin(), result.deleted.end());
+    }
 
-    std::set<std::string> made;  // remote directories known to exist in this pass
+    std::unordered_set<std::string> made;  // remote directories known to exist in this pass
     std::unique_ptr<char[]> buffer;
-    for (const auto& [rel, sig] : tree.files) {
+    std::size_t remembered = 0;  // memory entries of files present now
+    std::string target, from;
+    for (auto& [rel, sig] : tree.files) {
       auto known = memory.find(rel);
-      if (known != memory.end() && known->second == sig) {
-        result.unchanged.push_back(rel);
-        continue;
+      if (known != memory.end()) {
+        ++remembered;
+        if (known->second == sig) {
+          result.unchanged.push_back(std::move(rel));
+          continue;
+        }
       }
-      std::string target = detail::store_join(remote, rel);
+      target = detail::store_join(remote, rel);
       std::string parent = detail::store_parent(target);
       if (!made.count(parent)) {
         make_dirs(parent);
         made.insert(parent);
       }
       if (!buffer) buffer.reset(new char[copy_buffer_size]);
-      if (!copy_file(detail::store_join(local_dir, rel), target, buffer.get()))
-        continue;  // vanished locally since the scan
-      memory[rel] = sig;
-      result.copied.push_back(rel);
+      from = detail::store_join(local_dir, rel);
+      if (!copy_file(from, target, buffer.get())) {  // vanished locally since the scan
+        if (known != memory.end()) {
+          memory.erase(known);
+          --remembered;
+        }
+        continue;
+      }
+      if (known != memory.end()) {
+        known->second = sig;
+      } else {
+        memory.emplace(rel, sig);
+        ++remembered;
+      }
+      result.copied.push_back(std::move(rel));
     }
-    std::sort(result.deleted.begin(), result.deleted.end());
+    if (remembered != memory.size()) {  // forget files gone locally: a re-created one is copied
+      std::unordered_set<std::string_view> present(result.unchanged.begin(),
+                                                   result.unchanged.end());
+      present.insert(result.copied.begin(), result.copied.end());
+      for (auto it = memory.begin(); it != memory.end();)
+        it = present.count(it->first) ? std::next(it) : memory.erase(it);
+    }
     return result;
   }
 
@@ -730,12 +759,13 @@ class basic_store {
     }
   };
   struct local_tree {
-    std::map<std::string, signature> files;  // relative path -> signature
-    std::set<std::string> dirs;              // relative paths
+    std::vector<std::pair<std::string, signature>> files;  // relative path, in walk order
+    std::vector<std::string> dirs;                         // relative paths
   };
   struct shared_state {
     std::mutex mutex;
-    std::map<std::string, std::map<std::string, signature>> synced;
+    // run id + NUL + local dir -> relative path -> what was copied
+    std::map<std::string, std::unordered_map<std::string, signature>> synced;
   };
 
   basic_store(store_url url, std::string root, store_options options)
@@ -756,30 +786,41 @@ class basic_store {
     return std::find(options.exclude.begin(), options.exclude.end(), rel) != options.exclude.end();
   }
 
-  void scan_local(const std::string& dir, const std::string& rel_dir, const sync_options& options,
+  // Walks `path` (a buffer holding the directory; restored on return) depth first, names sorted
+  // within each directory; `rel` holds the path relative to the local root.
+  void scan_local(std::string& path, std::string& rel, const sync_options& options,
                   local_tree& tree, sync_result& result) const {
-    for (const auto& name : detail::store_list_dir<io_type>(dir)) {
-      std::string rel = rel_dir.empty() ? name : rel_dir + "/" + name;
-      if (rel_dir.empty() && excluded(rel, options)) continue;
-      std::string path = detail::store_join(dir, name);
+    const std::size_t path_len = path.size(), rel_len = rel.size();
+    for (const auto& name : detail::store_list_dir<io_type>(path)) {
+      rel.resize(rel_len);
+      if (rel_len) rel += '/';
+      rel += name;
+      if (rel_len == 0 && excluded(rel, options)) continue;
+      path.resize(path_len);
+      if (path_len && path.back() != '/') path += '/';
+      path += name;
       struct stat st {};
       if (!detail::store_lstat<io_type>(path, st)) continue;  // removed since the listing
       if (S_ISDIR(st.st_mode)) {
-        tree.dirs.insert(rel);
+        tree.dirs.push_back(rel);
         scan_local(path, rel, options, tree, result);
       } else if (S_ISREG(st.st_mode)) {
-        tree.files.emplace(
+        tree.files.emplace_back(
             rel, signature{static_cast<std::int64_t>(st.st_size), detail::store_mtime_ns(st),
                            static_cast<std::uint64_t>(st.st_ino), st.st_mode});
       } else {
         result.skipped.push_back(rel);
       }
     }
+    path.resize(path_len);
+    rel.resize(rel_len);
   }
 
   // Removes remote entries under `rel_dir` that the local tree does not have.
   void delete_extraneous(const std::string& remote, const std::string& rel_dir,
-                         const sync_options& options, const local_tree& tree,
+                         const sync_options& options,
+                         const std::unordered_set<std::string_view>& files,
+                         const std::unordered_set<std::string_view>& dirs,
                          sync_result& result) const {
     std::string dir = rel_dir.empty() ? remote : detail::store_join(remote, rel_dir);
     sweep_stale_temps<io_type>(dir, options.sweep_temps_older_than);
@@ -791,11 +832,11 @@ class basic_store {
       std::string path = detail::store_join(remote, rel);
       struct stat st {};
       if (!detail::store_lstat<io_type>(path, st)) continue;
-      if (S_ISDIR(st.st_mode) && tree.dirs.count(rel)) {
-        delete_extraneous(remote, rel, options, tree, result);
+      if (S_ISDIR(st.st_mode) && dirs.count(rel)) {
+        delete_extraneous(remote, rel, options, files, dirs, result);
         continue;
       }
-      if (!S_ISDIR(st.st_mode) && tree.files.count(rel)) continue;
+      if (!S_ISDIR(st.st_mode) && files.count(rel)) continue;
       detail::store_remove_tree<io_type>(path);
       result.deleted.push_back(rel);
       removed_any = true;

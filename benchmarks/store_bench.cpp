@@ -1,0 +1,228 @@
+// Artifact store: a checkpoint save (64 MiB in 16 files, retention on) against the same bytes
+// written with the same bare syscalls and durability, and a sync of 1,000 unchanged files
+// against a bare readdir + lstat walk of the same tree.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <holdfast/checkpoint.hpp>
+#include <holdfast/store.hpp>
+#include <string>
+#include <vector>
+
+#include "bench.hpp"
+
+namespace {
+
+constexpr std::size_t kShards = 16;
+constexpr std::size_t kShardBytes = std::size_t{4} << 20;  // 16 x 4 MiB = 64 MiB
+constexpr std::size_t kKeep = 2;
+
+std::string scratch_root(const char* tag) {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl =
+      std::string(base && *base ? base : "/tmp") + "/holdfast-bench-" + tag + "-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) std::abort();
+  return tmpl;
+}
+
+const std::vector<char>& shard_bytes() {
+  static const std::vector<char> data = [] {
+    std::vector<char> d(kShardBytes);
+    for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<char>((i * 131) ^ (i >> 12));
+    return d;
+  }();
+  return data;
+}
+
+void check(bool ok) {
+  if (!ok) std::abort();
+}
+
+void bare_write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    check(w > 0);
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+void bare_sync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  check(fd >= 0 && ::fsync(fd) == 0 && ::close(fd) == 0);
+}
+
+// --- save ------------------------------------------------------------------------------------
+
+using bench_store = holdfast::basic_store<holdfast::local_filesystem>;
+
+struct save_fixture {
+  std::string root = scratch_root("save");
+  bench_store store = bench_store::create(root);
+  holdfast::checkpoint_manager<bench_store> manager{store, "run", {kKeep}};
+  std::int64_t step = 0;
+  // The baseline's own checkpoint directory.
+  std::string bare = root + "/bare";
+  std::int64_t bare_step = 0;
+  save_fixture() { check(::mkdir(bare.c_str(), 0755) == 0); }
+  ~save_fixture() {
+    std::error_code ec;
+    std::filesystem::remove_all(root, ec);
+  }
+};
+
+save_fixture& save_state() {
+  static save_fixture f;
+  return f;
+}
+
+void holdfast_save() {
+  auto& f = save_state();
+  f.manager.save(f.step++, [](const std::string& dir) {
+    const auto& data = shard_bytes();
+    for (std::size_t i = 0; i < kShards; ++i) {
+      auto fd = holdfast::open_file(dir + "/shard-" + std::to_string(i),
+                                    O_WRONLY | O_CREAT | O_EXCL, 0644);
+      holdfast::write_all(fd, data.data(), data.size());
+      fd.close();
+    }
+  });
+}
+
+// The pointer publish, bare: temp, write, fsync, close, rename, directory fsync.
+void bare_pointer(const std::string& dir, const std::string& text) {
+  std::string temp = dir + "/.tmp-latest";
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  check(fd >= 0);
+  bare_write_all(fd, text.data(), text.size());
+  check(::fsync(fd) == 0 && ::close(fd) == 0);
+  check(::rename(temp.c_str(), (dir + "/latest").c_str()) == 0);
+  bare_sync_dir(dir);
+}
+
+void bare_save() {
+  auto& f = save_state();
+  const std::string& dir = f.bare;
+  std::int64_t step = f.bare_step++;
+  // Read the previous pointer, as a save does.
+  int pfd = ::open((dir + "/latest").c_str(), O_RDONLY | O_CLOEXEC);
+  if (pfd >= 0) {
+    char buf[4096];
+    while (::read(pfd, buf, sizeof buf) > 0) {
+    }
+    ::close(pfd);
+  }
+  std::string staging = dir + "/.staging-" + std::to_string(step);
+  std::string target = dir + "/step-" + std::to_string(step);
+  check(::mkdir(staging.c_str(), 0755) == 0);
+  const auto& data = shard_bytes();
+  for (std::size_t i = 0; i < kShards; ++i) {
+    std::string p = staging + "/shard-" + std::to_string(i);
+    int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    check(fd >= 0);
+    bare_write_all(fd, data.data(), data.size());
+    check(::fsync(fd) == 0 && ::close(fd) == 0);
+  }
+  bare_sync_dir(staging);
+  check(::syscall(SYS_renameat2, AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), 1u) == 0);
+  bare_sync_dir(dir);
+  std::string text = "holdfast-checkpoints 1\nlatest step-" + std::to_string(step) + "\n";
+  bare_pointer(dir, text);
+  if (step >= static_cast<std::int64_t>(kKeep)) {  // retention: the oldest goes
+    std::string old = dir + "/step-" + std::to_string(step - static_cast<std::int64_t>(kKeep));
+    std::string aside = dir + "/.deleting-" + std::to_string(step);
+    check(::rename(old.c_str(), aside.c_str()) == 0);
+    bare_sync_dir(dir);
+    for (std::size_t i = 0; i < kShards; ++i)
+      check(::unlink((aside + "/shard-" + std::to_string(i)).c_str()) == 0);
+    check(::rmdir(aside.c_str()) == 0);
+    bare_pointer(dir, text);
+  }
+}
+
+bench::registrar save_case{{"store/save/64MiB-16files/durable", bench::timed([](std::size_t n) {
+                              for (std::size_t i = 0; i < n; ++i) holdfast_save();
+                            }),
+                            "bare 16 x (write+fsync) + rename + dirsyncs",
+                            bench::timed([](std::size_t n) {
+                              for (std::size_t i = 0; i < n; ++i) bare_save();
+                            }),
+                            bench::config{1, 9, 1, 0}}};
+
+// --- sync of unchanged files -----------------------------------------------------------------
+
+constexpr int kDirs = 10;
+constexpr int kFilesPerDir = 100;
+
+struct sync_fixture {
+  std::string root = scratch_root("sync");
+  std::string local = root + "/local";
+  bench_store store = bench_store::create(root + "/remote");
+  sync_fixture() {
+    check(::mkdir(local.c_str(), 0755) == 0);
+    for (int d = 0; d < kDirs; ++d) {
+      std::string dir = local + "/d" + std::to_string(d);
+      check(::mkdir(dir.c_str(), 0755) == 0);
+      for (int i = 0; i < kFilesPerDir; ++i) {
+        std::string p = dir + "/f" + std::to_string(i);
+        int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        check(fd >= 0);
+        bare_write_all(fd, p.data(), p.size());
+        check(::close(fd) == 0);
+      }
+    }
+    auto r = store.sync("run", local);  // the first pass copies; measured passes find no change
+    check(r.copied.size() == static_cast<std::size_t>(kDirs * kFilesPerDir));
+  }
+  ~sync_fixture() {
+    std::error_code ec;
+    std::filesystem::remove_all(root, ec);
+  }
+};
+
+sync_fixture& sync_state() {
+  static sync_fixture f;
+  return f;
+}
+
+// A bare walk: opendir/readdir every directory and lstat every entry.
+std::size_t bare_walk(const std::string& dir) {
+  std::size_t files = 0;
+  DIR* d = ::opendir(dir.c_str());
+  check(d != nullptr);
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.' && (e->d_name[1] == 0 || (e->d_name[1] == '.' && e->d_name[2] == 0)))
+      continue;
+    std::string p = dir + "/" + e->d_name;
+    struct stat st {};
+    check(::lstat(p.c_str(), &st) == 0);
+    if (S_ISDIR(st.st_mode))
+      files += bare_walk(p);
+    else
+      ++files;
+  }
+  ::closedir(d);
+  return files;
+}
+
+bench::registrar sync_case{
+    {"store/sync/1000-unchanged", bench::timed([](std::size_t n) {
+       auto& f = sync_state();
+       for (std::size_t i = 0; i < n; ++i) {
+         auto r = f.store.sync("run", f.local);
+         check(r.copied.empty() && r.unchanged.size() == kDirs * kFilesPerDir);
+       }
+     }),
+     "bare readdir + lstat walk", bench::timed([](std::size_t n) {
+       auto& f = sync_state();
+       for (std::size_t i = 0; i < n; ++i)
+         check(bare_walk(f.local) == static_cast<std::size_t>(kDirs * kFilesPerDir));
+     })}};
+
+}  // namespace
