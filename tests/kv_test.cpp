@@ -31,14 +31,12 @@ namespace {
 // ---- one fixture per backend: make(ns) returns a store over the same backing ----------------
 
 struct in_process_backend {
-  static constexpr bool cross_process = false;
   holdfast::in_process_kv base{kv_namespace("unused", 0)};
   holdfast::in_process_kv make(const kv_namespace& ns) { return base.with_namespace(ns); }
 };
 
 template <class Kv>
 struct filesystem_backend_t {
-  static constexpr bool cross_process = true;
   holdfast_test::temp_dir dir{"kv"};
   Kv make(const kv_namespace& ns) { return Kv(dir.path() + "/store", ns); }
 };
@@ -46,7 +44,6 @@ using filesystem_backend = filesystem_backend_t<holdfast::filesystem_kv>;
 using network_filesystem_backend = filesystem_backend_t<holdfast::network_filesystem_kv>;
 
 struct etcd_backend {
-  static constexpr bool cross_process = true;
   holdfast_test::etcd_server server;
   holdfast::etcd_kv make(const kv_namespace& ns) {
     holdfast::etcd_options o;
