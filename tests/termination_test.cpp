@@ -239,6 +239,14 @@ TEST_CASE("signal_notice<SIGUSR1, SIGTERM> reports which signal came first") {
   CHECK(n.signal() == SIGUSR1);
   CHECK(n.count() == 2);
   static_assert(signal_notice<SIGUSR1, SIGTERM>::signals.size() == 2);
+  // the highest signal number (SIGRTMAX on Linux) uses the mask's last bit
+  scoped_disposition rt(64, SIG_IGN);
+  signal_notice<64> last;
+  last.start();
+  CHECK_FALSE(last.noticed());
+  ::raise(64);
+  CHECK(last.noticed());
+  CHECK(last.signal() == 64);
   static_assert(signal_notice<>::signals[0] == SIGTERM);
 }
 

@@ -139,7 +139,7 @@ static_assert(std::atomic<std::int64_t>::is_always_lock_free &&
 /// One listener: a started signal_notice. The handler writes only into these.
 struct signal_cell {
   std::atomic<bool> in_use{false};
-  std::atomic<std::uint64_t> mask{0};  // bit n: listens to signal n
+  std::atomic<std::uint64_t> mask{0};  // bit n - 1: listens to signal n
   std::atomic<int> claimed{0};         // the first delivery claims the time
   std::atomic<bool> noticed{false};
   std::atomic<int> signo{0};
@@ -165,6 +165,11 @@ struct signal_table {
 /// The slot. Constant-initialized, so the handler never meets a guard variable.
 inline signal_table signal_slot;
 
+/// The listener-mask bit of signal `sig` (1..64).
+constexpr std::uint64_t signal_bit(int sig) noexcept {
+  return std::uint64_t{1} << static_cast<unsigned>(sig - 1);
+}
+
 inline void chain_previous(int sig, siginfo_t* info, void* ctx) noexcept {
   const struct sigaction& prev = signal_slot.sig[sig].previous;
   if (prev.sa_flags & SA_SIGINFO) {
@@ -179,7 +184,7 @@ inline void chain_previous(int sig, siginfo_t* info, void* ctx) noexcept {
 inline void signal_handler(int sig, siginfo_t* info, void* ctx) noexcept {
   const int saved_errno = errno;
   const std::int64_t now = monotonic_ns();
-  const std::uint64_t bit = std::uint64_t{1} << static_cast<unsigned>(sig);
+  const std::uint64_t bit = signal_bit(sig);
   for (auto& c : signal_slot.cells) {
     if (!(c.mask.load(std::memory_order_acquire) & bit)) continue;
     c.count.fetch_add(1);
@@ -298,7 +303,7 @@ class signal_notice {
   void start() {
     if (cell_ >= 0) return;
     std::uint64_t mask = 0;
-    for (int s : signals) mask |= std::uint64_t{1} << static_cast<unsigned>(s);
+    for (int s : signals) mask |= detail::signal_bit(s);
     int cell = detail::acquire_signal_cell(mask);
     if (cell < 0) throw error(EMFILE, "signal_notice", "", "more than 64 started signal notices");
     noticed_ = false;
@@ -1068,25 +1073,26 @@ class termination_config {
 /// The platform conventions as named types (the values of TF's presets and the schedulers').
 namespace presets {
 
-/// Anywhere else: SIGTERM, exit 42 (the code TF uses to mean "preempted, please restart",
-/// distinct from crash codes), no grace.
+/// Anywhere else: SIGTERM, exit 42, no grace. 42 is a code no crash or signal produces
+/// (crashes give 1, signals 128 + n), so a restart policy or wrapper script can tell "saved and
+/// stopped for a preemption" from a failure; TF's generic preset uses the same code.
 struct generic : termination_config<signal_notice<SIGTERM>, exit_with<42>> {
   static constexpr const char* name = "generic";
   static constexpr std::chrono::seconds default_grace{0};
   generic() : termination_config(signal_notice<SIGTERM>(), exit_with<42>(), default_grace) {}
 };
 
-/// Borg: SIGTERM, exit 42 (Borg restarts a task that exits 42 without counting a failure, as
-/// TF's Borg preset relies on), no grace.
+/// Borg: SIGTERM, exit 42 (TF's Borg preset: the code Borg's restart policy reads as
+/// "preempted, restart me" rather than a task failure), no grace.
 struct borg : termination_config<signal_notice<SIGTERM>, exit_with<42>> {
   static constexpr const char* name = "borg";
   static constexpr std::chrono::seconds default_grace{0};
   borg() : termination_config(signal_notice<SIGTERM>(), exit_with<42>(), default_grace) {}
 };
 
-/// Borg TPU: SIGTERM; exit 42 after waiting out the 900 s notice window less the measured
-/// checkpoint time (exiting early reschedules the job onto a slice still being drained), no
-/// grace.
+/// Borg TPU: SIGTERM; exit 42 as on Borg, but only after waiting out the 900 s notice window
+/// less the measured checkpoint time, as TF's Borg TPU exit function does (the worker keeps its
+/// TPU slice for the window rather than exiting into a restart that cannot start yet); no grace.
 struct borg_tpu : termination_config<signal_notice<SIGTERM>, wait_then_exit<42, 900000>> {
   static constexpr const char* name = "borg_tpu";
   static constexpr std::chrono::seconds default_grace{0};
@@ -1095,9 +1101,10 @@ struct borg_tpu : termination_config<signal_notice<SIGTERM>, wait_then_exit<42, 
       : termination_config(signal_notice<SIGTERM>(), wait_then_exit<42, 900000>(), default_grace) {}
 };
 
-/// GCE with GPUs: maintenance-event poll; exit 143 (128 + SIGTERM: what the VM's shutdown
-/// would report, so supervisors treat it as a termination); 3600 s grace (GPU VMs get an hour's
-/// notice before host maintenance).
+/// GCE with GPUs: maintenance-event poll; exit 143 (TF's GCE code, 128 + SIGTERM: the status
+/// of a process ended by the platform's SIGTERM, so supervisors such as systemd, managed
+/// instance groups and job wrappers treat it as a termination, not an application error);
+/// 3600 s grace (GCE announces maintenance of GPU hosts an hour ahead: keep training meanwhile).
 struct gce_gpu : termination_config<gce_maintenance_notice, exit_with<143>> {
   static constexpr const char* name = "gce_gpu";
   static constexpr std::chrono::seconds default_grace{3600};
@@ -1106,7 +1113,7 @@ struct gce_gpu : termination_config<gce_maintenance_notice, exit_with<143>> {
 };
 
 /// GCE without GPUs: maintenance-event poll; exit 143 (as gce_gpu); no grace (CPU VMs get
-/// about 60 s notice: save at once).
+/// about 60 s notice before a terminating maintenance: save at once).
 struct gce_cpu : termination_config<gce_maintenance_notice, exit_with<143>> {
   static constexpr const char* name = "gce_cpu";
   static constexpr std::chrono::seconds default_grace{0};
