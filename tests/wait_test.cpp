@@ -253,3 +253,28 @@ TEST_CASE("copy_to_local: a failure at any call leaves nothing behind") {
     for (auto& n : left) ::unlink((local / n).c_str());  // only after a failed final unlink
   }
 }
+
+TEST_CASE("a kept file_waiter reuses one inotify descriptor across waits") {
+  holdfast_test::temp_dir dir("waiter");
+  disarm_on_exit guard;
+  fault_plan::reset_counts();
+  holdfast::basic_file_waiter<holdfast::inotify_wait, fault_io> waiter;
+  for (int i = 0; i < 3; ++i) {
+    const std::string path = dir / ("cycle" + std::to_string(i));
+    auto writer = publish_later(path, std::to_string(i), 100ms);
+    CHECK(waiter.await(path, 10s) == std::to_string(i));
+    CHECK(writer.wait(5s).ok());
+  }
+  CHECK_FALSE(waiter.await(dir / "never", 50ms));
+  CHECK(fault_plan::calls(io_op::inotify_init1) == 1);
+  CHECK(fault_plan::calls(io_op::inotify_add_watch) == 4);
+  CHECK(fault_plan::calls(io_op::close) == 3);  // the files' descriptors, not the inotify one
+  // a waiter whose inotify could not start polls, and tries inotify again next time
+  holdfast::basic_file_waiter<holdfast::inotify_wait, fault_io> fallback;
+  fault_plan::arm(fault{io_op::inotify_init1, 1, EMFILE});
+  holdfast::publisher().publish(dir / "x", "x");
+  CHECK(fallback.await(dir / "x", 1s) == std::string("x"));
+  CHECK(fallback.await(dir / "x", 1s) == std::string("x"));
+  CHECK(fault_plan::calls(io_op::inotify_init1) == 2);
+  CHECK(fault_plan::failures() == 1);
+}

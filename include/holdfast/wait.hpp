@@ -19,6 +19,9 @@
 // Caveats:
 //   - A file written in place (not published) may be read while still being written: pair
 //     await_file with publish.hpp, or with a commit marker.
+//   - await_file opens and closes an inotify descriptor per call, and closing one costs the
+//     kernel an RCU grace period (milliseconds, after the content was read): keep a
+//     basic_file_waiter to wait repeatedly with one descriptor.
 //   - Custom wait policies: derive from poll_wait or inotify_wait and shadow the intervals
 //     (await_file passes the derived policy as Self, so the shadowed values are used).
 #pragma once
@@ -47,10 +50,12 @@ struct poll_wait {
   static constexpr std::chrono::milliseconds max_interval{100};
 
   /// Calls `attempt()` (returning std::optional) until it has a value or `deadline` passes.
+  /// `state` is a descriptor a stateful policy may keep between calls (unused here).
   template <class Io, class Attempt, class Self = poll_wait>
   static auto wait(const std::string& path, std::chrono::steady_clock::time_point deadline,
-                   Attempt&& attempt) -> decltype(attempt()) {
+                   Attempt&& attempt, basic_fd<Io>& state) -> decltype(attempt()) {
     (void)path;
+    (void)state;
     auto interval = std::chrono::milliseconds(Self::initial_interval);
     for (;;) {
       if (auto r = attempt()) return r;
@@ -72,27 +77,33 @@ struct inotify_wait {
   /// Re-check this often even without an event (inotify misses other hosts' NFS changes).
   static constexpr std::chrono::milliseconds recheck{500};
 
-  /// As poll_wait::wait, woken by inotify events.
+  /// As poll_wait::wait, woken by inotify events. `state` holds the inotify descriptor: an
+  /// empty one is created here, and a caller that keeps it (basic_file_waiter) reuses it.
   template <class Io, class Attempt, class Self = inotify_wait>
   static auto wait(const std::string& path, std::chrono::steady_clock::time_point deadline,
-                   Attempt&& attempt) -> decltype(attempt()) {
-    int raw = Io::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-    if (raw < 0) return poll_wait::wait<Io, Attempt&, Self>(path, deadline, attempt);
-    basic_fd<Io> fd(raw, "inotify");
+                   Attempt&& attempt, basic_fd<Io>& state) -> decltype(attempt()) {
+    if (!state) {
+      int raw = Io::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+      if (raw < 0) return poll_wait::wait<Io, Attempt&, Self>(path, deadline, attempt, state);
+      state = basic_fd<Io>(raw, "inotify");
+    }
     std::string dir = detail::split_path(path).first;
-    if (Io::inotify_add_watch(fd.get(), dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE) < 0)
-      return poll_wait::wait<Io, Attempt&, Self>(path, deadline, attempt);
+    // Watching a directory again returns the same watch: a kept descriptor gathers watches on
+    // the directories it waited on, whose events only cause an extra attempt.
+    if (Io::inotify_add_watch(state.get(), dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE) <
+        0)
+      return poll_wait::wait<Io, Attempt&, Self>(path, deadline, attempt, state);
     for (;;) {
       if (auto r = attempt()) return r;  // after the watch exists: no event can be missed
       auto now = std::chrono::steady_clock::now();
       if (now >= deadline) return std::nullopt;
       auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
       auto slice = std::min(left, std::chrono::milliseconds(Self::recheck));
-      pollfd pfd{fd.get(), POLLIN, 0};
+      pollfd pfd{state.get(), POLLIN, 0};
       int n = Io::poll(&pfd, 1, static_cast<int>(slice.count()));
       if (n < 0 && errno != EINTR)
-        return poll_wait::wait<Io, Attempt&, Self>(path, deadline, attempt);
-      if (n > 0) drain<Io>(fd);
+        return poll_wait::wait<Io, Attempt&, Self>(path, deadline, attempt, state);
+      if (n > 0) drain<Io>(state);
     }
   }
 
@@ -105,19 +116,42 @@ struct inotify_wait {
   }
 };
 
+namespace detail {
+template <class Io>
+std::optional<std::string> read_if_exists(const std::string& path) {
+  auto fd = open_file_if_exists<Io>(path, O_RDONLY);
+  if (!fd) return std::nullopt;
+  std::string content = read_all(fd);
+  fd.close();
+  return content;
+}
+}  // namespace detail
+
+/// Waits for files again and again with one kept wait state (for inotify_wait, one inotify
+/// descriptor). Closing an inotify descriptor waits for an RCU grace period (milliseconds), so
+/// a job that waits once per cycle should keep a waiter rather than call await_file.
+template <class Wait = inotify_wait, class Io = posix_io>
+class basic_file_waiter {
+ public:
+  /// As await_file.
+  std::optional<std::string> await(const std::string& path, std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto attempt = [&] { return detail::read_if_exists<Io>(path); };
+    return Wait::template wait<Io, decltype(attempt)&, Wait>(path, deadline, attempt, state_);
+  }
+
+ private:
+  basic_fd<Io> state_;
+};
+
+/// A waiter with the default policies.
+using file_waiter = basic_file_waiter<>;
+
 /// Waits up to `timeout` for `path` to exist, then returns its whole content read through one
 /// descriptor; std::nullopt on timeout. Errors other than "does not exist yet" throw.
 template <class Wait = inotify_wait, class Io = posix_io>
 std::optional<std::string> await_file(const std::string& path, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto attempt = [&]() -> std::optional<std::string> {
-    auto fd = open_file_if_exists<Io>(path, O_RDONLY);
-    if (!fd) return std::nullopt;
-    std::string content = read_all(fd);
-    fd.close();
-    return content;
-  };
-  return Wait::template wait<Io, decltype(attempt)&, Wait>(path, deadline, attempt);
+  return basic_file_waiter<Wait, Io>().await(path, timeout);
 }
 
 /// A local temp copy of a file, unlinked when dropped (by the process that made it only).
