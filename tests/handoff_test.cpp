@@ -274,7 +274,8 @@ TEST_CASE("handoff between processes: the data job waits for the command, answer
   holdfast_test::child data_job([&] {
     holdfast::cache_root joined(dir.path(), "shared-id");  // joins, does not own
     CHILD_REQUIRE(!joined.owns());
-    auto cmd = holdfast::await_command<holdfast::flag_codec>(joined.path(), 10s);
+    holdfast::file_waiter waiter;
+    auto cmd = holdfast::await_command<holdfast::flag_codec>(waiter, joined.path(), 10s);
     CHILD_REQUIRE(cmd.has_value());
     CHILD_REQUIRE(cmd->get_int("epochs") == 2);
     for (std::int64_t cycle = 0; cycle < cmd->get_int("epochs"); ++cycle) {
@@ -287,8 +288,9 @@ TEST_CASE("handoff between processes: the data job waits for the command, answer
   command cmd;
   cmd.set("epochs", 2).set("worker", "main");
   holdfast::publish_command<holdfast::flag_codec>(path, cmd);
+  holdfast::file_waiter waiter;  // one inotify descriptor for every cycle
   for (std::uint64_t cycle = 0; cycle < 2; ++cycle) {
-    auto r = holdfast::await_ready(path, cycle, 10s);
+    auto r = holdfast::await_ready(waiter, path, cycle, 10s);
     REQUIRE(r);
     CHECK(r->get_int("cycle") == static_cast<std::int64_t>(cycle));
     CHECK(r->get_string("worker") == "main");

@@ -521,15 +521,25 @@ void publish_command(const std::string& root, const command& cmd,
   basic_publisher<Durability, Io>().publish(root + "/" + std::string(name), Codec::encode(cmd));
 }
 
+/// Waits up to `timeout` for `<root>/<name>` with a kept waiter and decodes it; std::nullopt
+/// on timeout.
+template <class Codec = json_codec, class Wait, class Io>
+std::optional<command> await_command(basic_file_waiter<Wait, Io>& waiter, const std::string& root,
+                                     std::chrono::milliseconds timeout,
+                                     std::string_view name = Codec::file_name) {
+  detail::validate_component(name, "command file name");
+  std::string path = root + "/" + std::string(name);
+  auto text = waiter.await(path, timeout);
+  if (!text) return std::nullopt;
+  return Codec::decode(*text, path);
+}
+
 /// Waits up to `timeout` for `<root>/<name>` and decodes it; std::nullopt on timeout.
 template <class Codec = json_codec, class Wait = inotify_wait, class Io = posix_io>
 std::optional<command> await_command(const std::string& root, std::chrono::milliseconds timeout,
                                      std::string_view name = Codec::file_name) {
-  detail::validate_component(name, "command file name");
-  std::string path = root + "/" + std::string(name);
-  auto text = await_file<Wait, Io>(path, timeout);
-  if (!text) return std::nullopt;
-  return Codec::decode(*text, path);
+  basic_file_waiter<Wait, Io> waiter;
+  return await_command<Codec>(waiter, root, timeout, name);
 }
 
 /// Publishes `<root>/training_cycle_<cycle>/ready.json` with `payload` (the directory is
@@ -541,14 +551,23 @@ void publish_ready(const std::string& root, std::uint64_t cycle, const command& 
   basic_publisher<Durability, Io>().publish(dir + "/ready.json", json_codec::encode(payload));
 }
 
+/// Waits up to `timeout` for cycle `cycle`'s ready.json with a kept waiter (one inotify
+/// descriptor for every cycle); std::nullopt on timeout.
+template <class Wait, class Io>
+std::optional<command> await_ready(basic_file_waiter<Wait, Io>& waiter, const std::string& root,
+                                   std::uint64_t cycle, std::chrono::milliseconds timeout) {
+  std::string path = cycle_directory(root, cycle) + "/ready.json";
+  auto text = waiter.await(path, timeout);
+  if (!text) return std::nullopt;
+  return json_codec::decode(*text, path);
+}
+
 /// Waits up to `timeout` for cycle `cycle`'s ready.json; std::nullopt on timeout.
 template <class Wait = inotify_wait, class Io = posix_io>
 std::optional<command> await_ready(const std::string& root, std::uint64_t cycle,
                                    std::chrono::milliseconds timeout) {
-  std::string path = cycle_directory(root, cycle) + "/ready.json";
-  auto text = await_file<Wait, Io>(path, timeout);
-  if (!text) return std::nullopt;
-  return json_codec::decode(*text, path);
+  basic_file_waiter<Wait, Io> waiter;
+  return await_ready(waiter, root, cycle, timeout);
 }
 
 HOLDFAST_NAMESPACE_END
