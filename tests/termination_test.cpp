@@ -569,6 +569,7 @@ TEST_CASE("destroying notices stops every background thread within 100 ms; none 
   holdfast_test::temp_dir dir("term");
   const std::size_t before = thread_count();
   log_lines log;
+  steady::time_point t0;
   {
     auto slow_opts = fast(slow.url(), log);
     slow_opts.read_timeout = 10s;  // a request stays in flight
@@ -590,7 +591,7 @@ TEST_CASE("destroying notices stops every background thread within 100 ms; none 
     // a and e wait for an answer, b for a connection
     CHECK(eventually([&] { return slow.request_count() == 1 && slow2.request_count() == 1; }));
     CHECK(thread_count() == before + 5);
-    auto t0 = steady::now();
+    t0 = steady::now();
     e.stop();
     d.stop();
     c.stop();
@@ -599,9 +600,11 @@ TEST_CASE("destroying notices stops every background thread within 100 ms; none 
     CHECK(ms_since(t0) < 100);
     a.start();
     e.start();
+    CHECK(eventually([&] { return slow.request_count() == 2 && slow2.request_count() == 2; }));
     CHECK(thread_count() == before + 2);
     t0 = steady::now();
-  }  // destructors stop a and e
+  }  // the destructors stop a and e, each in the middle of a request
+  CHECK(ms_since(t0) < 100);
   CHECK(thread_count() == before);
   CHECK(log.size() == 0);  // a cancelled request is not a failure worth logging
 }
