@@ -77,8 +77,8 @@ TEST_CASE("doubles round-trip in the shortest form and stay doubles") {
   }
   CHECK(to_json(json_value(3.0)) == "3.0");
   CHECK(to_json(json_value(0.1)) == "0.1");
-  CHECK_THROWS_AS(json_value(std::numeric_limits<double>::quiet_NaN()), holdfast::error);
-  CHECK_THROWS_AS(json_value(std::numeric_limits<double>::infinity()), holdfast::error);
+  CHECK_THROWS_AS((void)json_value{std::numeric_limits<double>::quiet_NaN()}, holdfast::error);
+  CHECK_THROWS_AS((void)json_value{std::numeric_limits<double>::infinity()}, holdfast::error);
   CHECK_THROWS_AS((void)parse_json("1e400", "t").as_double(), holdfast::error);
   // the C locale's decimal separator does not matter
   if (std::setlocale(LC_NUMERIC, "de_DE.UTF-8")) {
