@@ -259,7 +259,7 @@ TEST_CASE("cache aliases pick the documented policies") {
   CHECK(std::is_same_v<hf::file_cache::lock_policy, hf::mutex_lock>);
   CHECK(std::is_same_v<hf::readonly_file_cache::lock_policy, hf::no_lock>);
   CHECK(std::is_same_v<hf::multiprocess_file_cache::value_type, std::string_view>);
-  CHECK(std::is_same_v<hf::basic_file_cache<hf::pread_read>::value_type, std::string>);
+  CHECK(std::is_same_v<hf::basic_file_cache<hf::pread_read>::value_type, hf::cache_bytes>);
   CHECK(hf::is_cache_read_policy_v<hf::pread_read>);
   CHECK_FALSE(hf::is_cache_read_policy_v<int>);
   CHECK(hf::is_cache_lock_policy_v<hf::flock_lock>);

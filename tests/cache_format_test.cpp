@@ -128,23 +128,26 @@ TEST_CASE("pfio_format golden bytes: explicit (0, -1) empties, little-endian Qq 
         std::string(reinterpret_cast<const char*>(expected), sizeof expected));
 }
 
-TEST_CASE("checked_format header: magic, version, flags, length, header CRC, state") {
+TEST_CASE("checked_format header: magic, version, flags, length, header CRC, state, end") {
   holdfast_test::temp_dir dir("cache");
   checked_mp c(hf::create_cache, 2, in(dir));
   CHECK(c.put(1, "xyz"));
   auto bytes = slurp(c.path());
-  REQUIRE(bytes.size() == 32 + 2 * 24 + 3);
+  REQUIRE(bytes.size() == 48 + 2 * 24 + 3);
   CHECK(bytes.substr(0, 8) == std::string("HFCACHE\n"));
   CHECK(hf::detail::get_le32(&bytes[8]) == 1);   // version
   CHECK(hf::detail::get_le32(&bytes[12]) == 0);  // flags
   CHECK(hf::detail::get_le64(&bytes[16]) == 2);  // length
   CHECK(hf::detail::get_le32(&bytes[24]) == hf::detail::crc32c(bytes.data(), 24));
   CHECK(hf::detail::get_le32(&bytes[28]) == 0);                      // state: not sealed
-  CHECK(bytes.substr(32, 16) == le64(0) + le64(~std::uint64_t{0}));  // slot 0 empty
-  CHECK(hf::detail::get_le64(&bytes[56]) == 80);                     // slot 1 offset
-  CHECK(hf::detail::get_le64(&bytes[64]) == 3);                      // slot 1 length
-  CHECK(hf::detail::get_le32(&bytes[72]) == hf::checked_format::item_crc(1, "xyz", 3));
-  CHECK(bytes.substr(80) == "xyz");
+  CHECK(hf::detail::get_le64(&bytes[32]) == 99);                     // end of data
+  CHECK(hf::detail::get_le64(&bytes[40]) == 0);                      // reserved
+  CHECK(bytes.substr(48, 16) == le64(0) + le64(~std::uint64_t{0}));  // slot 0 empty
+  CHECK(hf::detail::get_le64(&bytes[72]) == 96);                     // slot 1 offset
+  CHECK(hf::detail::get_le64(&bytes[80]) == 3);                      // slot 1 length
+  CHECK(hf::detail::get_le32(&bytes[88]) == hf::checked_format::item_crc(1, "xyz", 3));
+  CHECK(hf::detail::get_le32(&bytes[92]) == 0);
+  CHECK(bytes.substr(96) == "xyz");
   REQUIRE(c.preserve("sealed"));
   CHECK(hf::detail::get_le32(&slurp(dir / "sealed")[28]) == 1);  // sealed for every process
   auto other = checked_mp::attach(c.path());
@@ -287,15 +290,15 @@ TEST_CASE("malformed pfio_format files: a table of truncations and bad entries")
 
 TEST_CASE("malformed checked_format files: header, index, checksums") {
   holdfast_test::temp_dir dir("cache");
-  const std::string good = valid_file<checked_mp>(dir);  // header 32, index 96, data 128..188
-  REQUIRE(good.size() == 128 + 60);
+  const std::string good = valid_file<checked_mp>(dir);  // header 48, index 96, data 144..204
+  REQUIRE(good.size() == 144 + 60);
   auto rehead = [](std::string f) {  // keep the header CRC right after an edit
     hf::detail::put_le32(&f[24], hf::detail::crc32c(f.data(), 24));
     return f;
   };
   std::vector<malformed> table;
   table.push_back({"shorter than its header", 0, good.substr(0, 20)});
-  table.push_back({"shorter than its index", 2, good.substr(0, 32 + 24 * 2 + 5)});
+  table.push_back({"shorter than its index", 2, good.substr(0, 48 + 24 * 2 + 5)});
   table.push_back({"last item cut short", 2, good.substr(0, good.size() - 3)});
   {
     auto f = good;
@@ -328,23 +331,33 @@ TEST_CASE("malformed checked_format files: header, index, checksums") {
   }
   {
     auto f = good;
-    f[128 + 10 + 3] ^= 0x40;  // a byte of slot 1's item
+    f[144 + 10 + 3] ^= 0x40;  // a byte of slot 1's item
     table.push_back({"item checksum", 1, f});
   }
   {
     auto f = good;
-    f[32 + 24 * 2 + 16] ^= 1;  // slot 2's stored CRC
+    f[48 + 24 * 2 + 16] ^= 1;  // slot 2's stored CRC
     table.push_back({"entry checksum field", 2, f});
   }
   {
     auto f = good;  // slot 1 points at slot 0's item, with slot 0's CRC: the slot salt catches it
-    std::memcpy(&f[32 + 24], &f[32], 24);
+    std::memcpy(&f[48 + 24], &f[48], 24);
     table.push_back({"entry pointing at another slot's item", 1, f});
   }
   {
     auto f = good;
-    set_entry(f, 32 + 24 * 3, 150, 1000);
+    set_entry(f, 48 + 24 * 3, 150, 1000);
     table.push_back({"entry past the end", 3, f});
+  }
+  {
+    auto f = good;
+    hf::detail::put_le64(&f[32], good.size() + 1);
+    table.push_back({"recorded end of data past the file", 0, f});
+  }
+  {
+    auto f = good;
+    hf::detail::put_le64(&f[32], 100);
+    table.push_back({"recorded end of data inside the index", 0, f});
   }
   for (const auto& m : table) {
     expect_corrupt<checked_mp>(dir, m);
@@ -412,4 +425,9 @@ TEST_CASE("read paths: mmap_read get makes no syscall, pread_read exactly one pr
   CHECK(fault_plan::calls(io_op::flock) == 2);
   CHECK(fault_plan::calls(io_op::pwrite) == 1);
   CHECK(fault_plan::calls(io_op::any) == 4);
+  // checked_format records the end of data in its header: no fstat
+  fault_plan::reset_counts();
+  REQUIRE(b.put(2, "xyz"));
+  CHECK(fault_plan::calls(io_op::fstat) == 0);
+  CHECK(fault_plan::calls(io_op::any) == 3);
 }

@@ -61,6 +61,12 @@
 #include "error.hpp"
 #include "io.hpp"
 
+#if defined(__GNUC__) || defined(__clang__)
+#define HOLDFAST_CACHE_COLD __attribute__((noinline, cold))
+#else
+#define HOLDFAST_CACHE_COLD
+#endif
+
 HOLDFAST_NAMESPACE_BEGIN
 
 // ---------------------------------------------------------------------------------------------
@@ -92,7 +98,7 @@ inline constexpr preload_cache_t preload_cache{};
 struct mmap_read {
   static constexpr bool maps_data = true;
 };
-/// Read policy: map only the index; get does one pread into an owned std::string.
+/// Read policy: map only the index; get does one pread into an owned buffer (cache_bytes).
 struct pread_read {
   static constexpr bool maps_data = false;
 };
@@ -256,13 +262,15 @@ struct pfio_format {
   static std::uint32_t item_crc(std::uint64_t, const void*, std::size_t) noexcept { return 0; }
 };
 
-/// holdfast's checked file: a 32-byte header, 24-byte entries (offset, length, CRC32C, 0), data.
+/// holdfast's checked file: a 48-byte header, 24-byte entries (offset, length, CRC32C, 0), data.
 ///   header: "HFCACHE\n", u32 version (1), u32 flags (0), u64 length, u32 CRC32C of bytes 0-23,
-///           u32 state (bit 0: sealed by preserve; not covered by the CRC, changed under lock).
+///           u32 state (bit 0: sealed by preserve), u64 end of data, u64 zero. State and end of
+///           data change under the put lock and are not covered by the CRC; the end of data
+///           saves writers an fstat per put.
 ///   entry:  u64 offset, i64 length (-1 = empty), u32 CRC32C(le64(slot) + data), u32 zero.
 struct checked_format {
   static constexpr const char* name = "checked";
-  static constexpr std::size_t header_size = 32;
+  static constexpr std::size_t header_size = 48;
   static constexpr std::size_t entry_size = 24;
   static constexpr bool stores_length = true;
   static constexpr bool checksummed = true;
@@ -271,8 +279,10 @@ struct checked_format {
   /// Offset of the state word (bit 0: sealed) inside the header.
   static constexpr std::size_t state_offset = 28;
   static constexpr std::uint32_t sealed = 1;
+  /// Offset of the end-of-data word inside the header.
+  static constexpr std::size_t end_offset = 32;
 
-  /// The 32 header bytes for a new file of `length` slots.
+  /// The header bytes for a new file of `length` slots (no data yet).
   static std::string encode_header(std::uint64_t length) {
     std::string h(header_size, '\0');
     std::memcpy(&h[0], magic, 8);
@@ -280,6 +290,7 @@ struct checked_format {
     detail::put_le32(&h[12], 0);
     detail::put_le64(&h[16], length);
     detail::put_le32(&h[24], detail::crc32c(h.data(), 24));
+    detail::put_le64(&h[end_offset], header_size + length * entry_size);
     return h;
   }
   /// Checks the header at `p` (header_size bytes) and returns its length; throws corrupt_cache.
@@ -426,6 +437,42 @@ struct cache_options {
   std::uint64_t reserve = 0;
 };
 
+/// The owned bytes a pread_read get returns: allocated without zero-filling (the pread fills
+/// them), move-only, viewable as std::string_view.
+class cache_bytes {
+ public:
+  cache_bytes() noexcept = default;
+  /// `n` uninitialized bytes.
+  explicit cache_bytes(std::size_t n) : p_(n ? new char[n] : nullptr), n_(n) {}
+  /// The bytes.
+  char* data() noexcept { return p_.get(); }
+  /// The bytes.
+  const char* data() const noexcept { return p_.get(); }
+  /// How many bytes.
+  std::size_t size() const noexcept { return n_; }
+  /// True for zero bytes.
+  bool empty() const noexcept { return n_ == 0; }
+  /// Iteration over the bytes.
+  const char* begin() const noexcept { return p_.get(); }
+  /// Iteration over the bytes.
+  const char* end() const noexcept { return p_.get() + n_; }
+  /// A view of the bytes.
+  operator std::string_view() const noexcept { return {p_.get(), n_}; }
+  /// A copy as std::string.
+  std::string str() const { return std::string(p_.get(), n_); }
+  /// Byte-wise equality with anything viewable as std::string_view.
+  friend bool operator==(const cache_bytes& a, std::string_view b) noexcept {
+    return std::string_view(a) == b;
+  }
+  friend bool operator==(std::string_view a, const cache_bytes& b) noexcept { return b == a; }
+  friend bool operator!=(const cache_bytes& a, std::string_view b) noexcept { return !(a == b); }
+  friend bool operator!=(std::string_view a, const cache_bytes& b) noexcept { return !(b == a); }
+
+ private:
+  std::unique_ptr<char[]> p_;
+  std::size_t n_ = 0;
+};
+
 /// Where a filled slot's item lies in the file.
 struct cache_entry {
   std::uint64_t offset;  ///< absolute file offset of the first byte
@@ -449,7 +496,7 @@ class basic_file_cache {
   using format = Format;
   using io = Io;
   /// What get returns: a view into the mapping (mmap_read) or an owned buffer (pread_read).
-  using value_type = std::conditional_t<Read::maps_data, std::string_view, std::string>;
+  using value_type = std::conditional_t<Read::maps_data, std::string_view, cache_bytes>;
 
   /// Creates a temp cache file of `length` empty slots in `options.dir`.
   basic_file_cache(create_cache_t, std::uint64_t length, const cache_options& options = {})
@@ -472,6 +519,7 @@ class basic_file_cache {
     s_->path = path;
     read_layout(length);
     map_file(options.reserve, options.size_limit);
+    check_data_end();
   }
 
   /// Opens the preserved cache at `path` read-only and frozen, validating every entry (and, with
@@ -484,6 +532,7 @@ class basic_file_cache {
     read_layout(length);
     map_file(s_->file_size, 0);
     validate_all();
+    check_data_end();
   }
 
   /// Same as the attach_cache constructor (for workers started by exec).
@@ -530,8 +579,8 @@ class basic_file_cache {
       if (sealed()) s.frozen = true;
       return false;
     }
-    auto end = static_cast<std::uint64_t>(stat_fd(s.fd).st_size);
-    if (end < s.index_end) throw corrupt_cache(s.path, i, "file shorter than its index");
+    auto end = data_end();
+    if (end < s.index_end) throw corrupt_cache(s.path, i, "end of data inside the index");
     auto need = end + bytes.size();
     if ((s.limit && need > s.limit) || (Read::maps_data && need > s.map_size)) {
       s.frozen = true;
@@ -545,6 +594,7 @@ class basic_file_cache {
       s.frozen = true;
       return false;
     }
+    set_data_end(need);  // before the entry: a writer killed in between leaves only a gap
     publish(i, end, bytes);
     try {
       Sync::after_entry(s.fd);
@@ -560,19 +610,19 @@ class basic_file_cache {
   }
 
   /// The item in slot `i`, or nothing when the slot is empty. With mmap_read a view valid while
-  /// this object lives; with pread_read an owned copy. Throws holdfast::error (ERANGE) for `i`
-  /// out of range and corrupt_cache for a bad entry or checksum.
+  /// this object lives; with pread_read an owned copy (cache_bytes). Throws holdfast::error
+  /// (ERANGE) for `i` out of range and corrupt_cache for a bad entry or checksum.
   std::optional<value_type> get(std::uint64_t i) const {
     check_slot(i, "get");
     auto e = load_entry(i);
     if (!e) return std::nullopt;
     if constexpr (Read::maps_data) {
-      std::string_view v(e->size ? s_->map + e->offset : s_->map, to_size(e->size));
+      std::string_view v(map_ + (e->size ? e->offset : 0), to_size(e->size));
       verify(i, *e, v.data());
       return v;
     } else {
-      std::string out;
-      read_into(i, *e, out);
+      cache_bytes out(to_size(e->size));
+      read_raw(i, *e, out.data());
       return out;
     }
   }
@@ -587,7 +637,7 @@ class basic_file_cache {
     auto e = load_entry(i);
     if (!e) return false;
     if constexpr (Read::maps_data) {
-      const char* p = s_->map + e->offset;
+      const char* p = map_ + e->offset;
       verify(i, *e, p);
       out.resize(to_size(e->size));
       if (e->size) std::memcpy(out.data(), p, to_size(e->size));
@@ -692,7 +742,14 @@ class basic_file_cache {
   static std::size_t to_size(std::uint64_t v) noexcept { return static_cast<std::size_t>(v); }
 
   char* entry_ptr(std::uint64_t i) const noexcept {
-    return s_->map + Format::header_size + to_size(i) * Format::entry_size;
+    return map_ + Format::header_size + to_size(i) * Format::entry_size;
+  }
+  // Copies the fields every get reads into the handle (one indirection less per get).
+  void cache_hot_fields() noexcept {
+    map_ = s_->map;
+    length_ = s_->length;
+    bound_ = s_->bound;
+    index_end_ = s_->index_end;
   }
   std::int64_t load_length(std::uint64_t i) const noexcept {
     auto p = reinterpret_cast<std::uint64_t*>(entry_ptr(i) + 8);
@@ -708,15 +765,32 @@ class basic_file_cache {
   }
   bool sealed() const noexcept {
     if constexpr (std::is_same_v<Format, checked_format>) {
-      auto p = reinterpret_cast<std::uint32_t*>(s_->map + checked_format::state_offset);
+      auto p = reinterpret_cast<std::uint32_t*>(map_ + checked_format::state_offset);
       return (detail::le32(__atomic_load_n(p, __ATOMIC_ACQUIRE)) & checked_format::sealed) != 0;
     }
     return false;
   }
   void seal() noexcept {
     if constexpr (std::is_same_v<Format, checked_format>) {
-      auto p = reinterpret_cast<std::uint32_t*>(s_->map + checked_format::state_offset);
+      auto p = reinterpret_cast<std::uint32_t*>(map_ + checked_format::state_offset);
       __atomic_fetch_or(p, detail::le32(checked_format::sealed), __ATOMIC_RELEASE);
+    }
+  }
+
+  // Where the next item goes: the recorded end of data (checked_format), else the file size.
+  std::uint64_t data_end() const {
+    if constexpr (std::is_same_v<Format, checked_format>) {
+      auto p = reinterpret_cast<std::uint64_t*>(map_ + checked_format::end_offset);
+      return detail::le64(__atomic_load_n(p, __ATOMIC_ACQUIRE));
+    }
+    return static_cast<std::uint64_t>(stat_fd(s_->fd).st_size);
+  }
+  void set_data_end(std::uint64_t end) noexcept {
+    if constexpr (std::is_same_v<Format, checked_format>) {
+      auto p = reinterpret_cast<std::uint64_t*>(map_ + checked_format::end_offset);
+      __atomic_store_n(p, detail::le64(end), __ATOMIC_RELEASE);
+    } else {
+      (void)end;
     }
   }
 
@@ -733,11 +807,14 @@ class basic_file_cache {
                      detail::le64(static_cast<std::uint64_t>(bytes.size())), __ATOMIC_RELEASE);
   }
 
+  // The checks of every get are inline; building their messages is out of line and cold.
   void check_slot(std::uint64_t i, const char* op) const {
-    if (i >= s_->length)
-      throw error(ERANGE, std::string("cache ") + op, s_->path,
-                  "slot " + std::to_string(i) + " out of range (length " +
-                      std::to_string(s_->length) + ")");
+    if (i >= length_) fail_range(i, op);
+  }
+  [[noreturn]] HOLDFAST_CACHE_COLD void fail_range(std::uint64_t i, const char* op) const {
+    throw error(
+        ERANGE, std::string("cache ") + op, s_->path,
+        "slot " + std::to_string(i) + " out of range (length " + std::to_string(length_) + ")");
   }
 
   // The entry of slot i, checked against the file/mapping bounds; nothing when empty.
@@ -745,21 +822,27 @@ class basic_file_cache {
     std::int64_t len = load_length(i);
     if (len == -1) return std::nullopt;
     std::uint64_t off = load_offset(i);
-    check_entry(i, off, len, s_->bound);
+    check_entry(i, off, len, bound_);
     return cache_entry{off, static_cast<std::uint64_t>(len)};
   }
   void check_entry(std::uint64_t i, std::uint64_t off, std::int64_t len,
                    std::uint64_t bound) const {
-    if (len < -1) throw corrupt_cache(s_->path, i, "negative length " + std::to_string(len));
-    if (len <= 0) return;  // empty, or zero bytes: nothing is read
+    if (len <= 0) {
+      if (len < -1) fail_entry(i, off, len, bound);
+      return;  // empty, or zero bytes: nothing is read
+    }
     auto n = static_cast<std::uint64_t>(len);
-    if (off < s_->index_end)
+    if (off < index_end_ || off > bound || n > bound - off) fail_entry(i, off, len, bound);
+  }
+  [[noreturn]] HOLDFAST_CACHE_COLD void fail_entry(std::uint64_t i, std::uint64_t off,
+                                                   std::int64_t len, std::uint64_t bound) const {
+    if (len < -1) throw corrupt_cache(s_->path, i, "negative length " + std::to_string(len));
+    if (off < index_end_)
       throw corrupt_cache(s_->path, i, "entry offset " + std::to_string(off) + " inside the index");
-    if (off > bound || n > bound - off)
-      throw corrupt_cache(s_->path, i,
-                          "entry [" + std::to_string(off) + ", +" + std::to_string(n) +
-                              ") points past the end of the file (" + std::to_string(bound) +
-                              " bytes)");
+    throw corrupt_cache(s_->path, i,
+                        "entry [" + std::to_string(off) + ", +" + std::to_string(len) +
+                            ") points past the end of the file (" + std::to_string(bound) +
+                            " bytes)");
   }
 
   void verify(std::uint64_t i, const cache_entry& e, const char* data) const {
@@ -775,11 +858,14 @@ class basic_file_cache {
   template <class Buffer>
   void read_into(std::uint64_t i, const cache_entry& e, Buffer& out) const {
     out.resize(to_size(e.size));
+    read_raw(i, e, reinterpret_cast<char*>(out.data()));
+  }
+  void read_raw(std::uint64_t i, const cache_entry& e, char* out) const {
     if (e.size) {
-      auto got = pread_full(s_->fd, out.data(), to_size(e.size), to_off(e.offset));
+      auto got = pread_full(s_->fd, out, to_size(e.size), to_off(e.offset));
       if (got != e.size) throw corrupt_cache(s_->path, i, "entry points past the end of the file");
     }
-    verify(i, e, reinterpret_cast<const char*>(out.data()));
+    verify(i, e, out);
   }
 
   bool link_to(const std::string& target) {
@@ -895,6 +981,20 @@ class basic_file_cache {
     s.bound = !s.writable       ? s.file_size
               : Read::maps_data ? s.map_size
                                 : std::numeric_limits<std::uint64_t>::max();
+    cache_hot_fields();
+  }
+
+  // checked_format: the recorded end of data lies between the index and the end of the file
+  // (loaded before the fstat, so a concurrent put cannot make a good file look bad).
+  void check_data_end() const {
+    if constexpr (std::is_same_v<Format, checked_format>) {
+      auto end = data_end();
+      auto size = static_cast<std::uint64_t>(stat_fd(s_->fd).st_size);
+      if (end < index_end_ || end > size)
+        throw corrupt_cache(s_->path, 0,
+                            "recorded end of data " + std::to_string(end) + " outside [" +
+                                std::to_string(index_end_) + ", " + std::to_string(size) + "]");
+    }
   }
 
   // Preload: every entry inside the file, and with checked_format every checksum right.
@@ -903,7 +1003,7 @@ class basic_file_cache {
       auto e = load_entry(i);
       if (!e || !Format::checksummed) continue;
       if constexpr (Read::maps_data) {
-        verify(i, *e, s_->map + e->offset);
+        verify(i, *e, map_ + e->offset);
       } else {
         std::string tmp;
         read_into(i, *e, tmp);
@@ -912,6 +1012,10 @@ class basic_file_cache {
   }
 
   std::unique_ptr<state> s_;
+  char* map_ = nullptr;
+  std::uint64_t length_ = 0;
+  std::uint64_t bound_ = 0;
+  std::uint64_t index_end_ = 0;
 };
 
 /// Several processes (fork or attach): lock-free zero-copy gets, flock-serialized puts.
