@@ -331,6 +331,21 @@ TEST_CASE("grace path uses the announced deadline and a zero mean gives no buffe
   CHECK(decide(a, kv, 4, t0 + milliseconds(501)).action == agreement_action::save_then_exit);
 }
 
+TEST_CASE("grace: the final claim also leaves room for twice the first save's overhead") {
+  step_agreement a(cfg(0, 1, milliseconds(1000)));
+  fake_kv kv;
+  a.on_notice(t0);
+  decide(a, kv, 0, t0);
+  CHECK(decide(a, kv, 1, t0).action == agreement_action::save_then_continue);
+  a.note_overhead(milliseconds(100));
+  a.note_overhead(milliseconds(50));   // the largest is kept
+  const auto mean = milliseconds(10);  // 60 ms + 2 × 100 ms: final claim after t0 + 740 ms
+  CHECK(decide(a, kv, 2, t0 + milliseconds(739), mean).action == agreement_action::proceed);
+  CHECK(a.state() == agreement_state::grace);
+  decide(a, kv, 3, t0 + milliseconds(741), mean);
+  CHECK(a.state() == agreement_state::final_published);
+}
+
 TEST_CASE("grace: a worker that was never noticed waits for the final claim") {
   step_agreement a(cfg(1, 2, milliseconds(10)));
   fake_kv kv;
@@ -408,7 +423,9 @@ TEST_CASE("a local error publishes the error and aborts both rounds' step keys, 
   }
   CHECK(inserted == std::vector<std::string>{"run/error=2\nstd::domain_error\nbad batch",
                                              "run/r0/step=abort", "run/r0/final_step=abort",
-                                             "run/r1/step=abort", "run/r1/final_step=abort"});
+                                             "run/r0/claim=abort", "run/r0/final=abort",
+                                             "run/r1/step=abort", "run/r1/final_step=abort",
+                                             "run/r1/claim=abort", "run/r1/final=abort"});
   CHECK(a.failure().kind == agreement_failure::local);
   CHECK(a.failure().task == 2);
   a.on_error_seen(step_agreement::encode_error(1, "x", "y"));  // first error wins locally

@@ -19,7 +19,8 @@
 //   r<N>/final, r<N>/final_ack/<task>, r<N>/final_step
 //                       the same three keys for the second save of the grace path
 //   error               insert-once by a worker whose step threw ("task\ntype\nmessage");
-//                       it also inserts "abort" into the step keys so blocked peers wake up
+//                       it also inserts "abort" into the step and claim keys of its round and
+//                       the next, so peers blocked on any of them wake up and read the error
 //
 // Transition table (phase "first" unless noted; "final" states mirror them for the second save):
 //
@@ -46,21 +47,21 @@
 //   step_published   | next(counter ≥ S), grace > 0 → save_then_continue | grace
 //   step_published   | next(counter ≥ S), no grace, exits → save_then_exit | exiting
 //   step_published   | next(counter ≥ S), no grace, no exit → save | idle, round + 1 (re-armed)
-//   grace            | next, noticed here, now > end − 6 × mean    | final_noticed (→ insert final)
-//   grace            | next otherwise → proceed                    | grace
-//   grace            | on_final_seen(round)                        | final_claimed
-//   final_*          | as noticed / claimed / acked above          | final_published (S2)
-//   final_published  | next(counter ≥ S2) → save_then_exit         | exiting
-//   final_published  | next(counter ≥ S2), no exit → save          | idle, round + 1 (re-armed)
-//   exiting          | next → proceed (driver exits or calls rearm)| exiting
+//   grace            | next, noticed here, now > end − 6 × mean − overhead | final_noticed (→
+//   insert final) grace            | next otherwise → proceed                    | grace grace |
+//   on_final_seen(round)                        | final_claimed final_*          | as noticed /
+//   claimed / acked above          | final_published (S2) final_published  | next(counter ≥ S2) →
+//   save_then_exit         | exiting final_published  | next(counter ≥ S2), no exit → save | idle,
+//   round + 1 (re-armed) exiting          | next → proceed (driver exits or calls rearm)| exiting
 //   any but stopped  | on_error_seen(payload of another task)      | failed (peer error)
 //   any but stopped  | on_local_error → insert error, aborts       | failed (local)
 //   failed           | next → fail (sticky)                        | failed
 //   any              | on_stop                                     | stopped (inert)
 //
-// "end" is the notice's announced deadline when it has one, else notice time + grace period;
-// 6 × mean step time is TF's 3 × 2 × step-time buffer. Only a worker that was noticed itself
-// computes it (clocks of different machines are never compared).
+// "end" is notice time + grace period, or the notice's announced deadline when that is earlier;
+// 6 × mean step time is TF's 3 × 2 × step-time buffer; "overhead" (note_overhead) is what the
+// first agreement and save took, reserved twice so the second one also fits with a margin. Only a
+// worker that was noticed itself computes it (clocks of different machines are never compared).
 //
 // Guarantees:
 //   - Exactly one claim per round (insert-once), one agreed step per phase: every worker that
@@ -249,7 +250,8 @@ class basic_step_agreement {
   }
 
   /// This worker's step threw: the following next() calls emit the inserts that publish the
-  /// error and abort any wait on this round's steps, then answer fail (kind local).
+  /// error and put "abort" into the step and claim keys of this round and the next (so a peer
+  /// blocked on any of them wakes), then answer fail (kind local).
   void on_local_error(const std::string& type_name, const std::string& message) {
     if (state_ == agreement_state::stopped) return;
     if (state_ == agreement_state::failed) return;
@@ -264,11 +266,19 @@ class basic_step_agreement {
     std::string payload = encode_error(cfg_.task, type_name, message);
     outbox_.push_back(make(instruction::op::insert, agreement_key::error, -1, payload));
     for (std::uint64_t r : {round_, round_ + 1})
-      for (agreement_key k : {agreement_key::step, agreement_key::final_step}) {
+      for (agreement_key k : {agreement_key::step, agreement_key::final_step, agreement_key::claim,
+                              agreement_key::final_claim}) {
         instruction in = make(instruction::op::insert, k, -1, std::string(abort_value));
         in.round = r;
         outbox_.push_back(std::move(in));
       }
+  }
+
+  /// The time the driver spent agreeing and saving for the first save of the grace path. The
+  /// final claim is made twice that much earlier, on top of the 6 × mean step time buffer, so
+  /// the second agreement and save also end before the grace period does.
+  void note_overhead(duration d) {
+    if (d > overhead_) overhead_ = d;
   }
 
   /// Shut down: the machine answers proceed and asks for nothing from now on.
@@ -415,8 +425,9 @@ class basic_step_agreement {
         return next_in_published(counter);
       case agreement_state::grace: {
         if (notice_) {
-          time_point end = deadline_ ? *deadline_ : *notice_ + cfg_.grace;
-          if (now > end - 6 * mean_step) {
+          time_point end = *notice_ + cfg_.grace;
+          if (deadline_ && *deadline_ < end) end = *deadline_;
+          if (now > end - 6 * mean_step - 2 * overhead_) {
             state_ = agreement_state::final_noticed;
             awaiting_ = await::claim;
             return make(instruction::op::insert, agreement_key::final_claim, -1,
@@ -657,6 +668,7 @@ class basic_step_agreement {
   std::int64_t my_counter_ = -1;
   std::int64_t computed_step_ = -1;
   std::int64_t step_[2] = {-1, -1};
+  duration overhead_ = duration::zero();
   agreement_failure_info failure_;
   std::vector<instruction> outbox_;
 };

@@ -1,0 +1,576 @@
+// preemption_handler with worker threads over the real in_process_kv: TF's failure-handling
+// cases and XLA's sync-manager cases (no notice, one notice, skew, simultaneous notices, grace,
+// save override, step errors, restart, dead worker, destruction in every state) and 100
+// randomized trials. Forked processes over filesystem_kv and etcd_kv: handler_process_test.cpp.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <holdfast/handler.hpp>
+#include <holdfast/kv/in_process.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/handler_harness.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace std::chrono_literals;
+using holdfast::run_status;
+using holdfast_test::flag_notice;
+using holdfast_test::flag_poll;
+using holdfast_test::worker_state;
+using std::chrono::milliseconds;
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define HF_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define HF_SANITIZED 1
+#endif
+#endif
+
+namespace {
+
+using kv_t = holdfast::counting_kv<holdfast::in_process_kv>;
+using config_t = holdfast::termination_config<flag_notice, holdfast::no_exit>;
+using handler_t = holdfast::preemption_handler<config_t, kv_t>;
+using memory_handler_t =
+    holdfast::preemption_handler<config_t, kv_t, holdfast_test::memory_checkpoints>;
+
+// Progress of every worker, waited on by the test thread with a deadline.
+struct board {
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::int64_t> progress;
+  void set(int task, std::int64_t step) {
+    {
+      std::lock_guard<std::mutex> l(m);
+      progress[static_cast<std::size_t>(task)] = step;
+    }
+    cv.notify_all();
+  }
+  bool wait_all(std::int64_t step, milliseconds timeout, const std::set<int>& skip = {}) {
+    std::unique_lock<std::mutex> l(m);
+    return cv.wait_for(l, timeout, [&] {
+      for (std::size_t i = 0; i < progress.size(); ++i)
+        if (!skip.count(static_cast<int>(i)) && progress[i] < step) return false;
+      return true;
+    });
+  }
+};
+
+struct scenario {
+  int n = 4;
+  std::int64_t max_steps = 1000000;  // a worker stops at this counter (no notice needed)
+  std::vector<int> step_us;          // per-task step time; default 200 µs each
+  std::vector<int> noticed;          // tasks noticed together once all reached notice_at
+  std::int64_t notice_at = 20;
+  milliseconds grace{0};
+  milliseconds ack_timeout{2000};
+  milliseconds watch{5};
+  int throw_task = -1;
+  std::int64_t throw_at = -1;
+  int dead_task = -1;  // stops calling run() at dead_at, without a notice
+  std::int64_t dead_at = -1;
+  bool save_override = false;
+  std::string run_id = "run";
+};
+
+struct outcome {
+  run_status last = run_status::ran;
+  std::int64_t counter = 0;
+  std::optional<std::int64_t> restored;
+  worker_state st;
+  std::vector<std::int64_t> overrides;
+  std::string error;  // "peer <task> <type> <msg>", "timeout <ids>", "own <msg>", "other <what>"
+  std::vector<int> missing;
+  double error_ms = 0;                                 // duration of the run() call that threw
+  std::chrono::steady_clock::time_point stopped_at{};  // when run() returned stopped
+  bool finished = false;
+};
+
+struct job {
+  holdfast_test::temp_dir dir{"handler"};
+  kv_t kv{holdfast::in_process_kv(holdfast::kv_namespace("job", "0"))};
+  std::vector<std::unique_ptr<std::atomic<bool>>> flags;
+  board b;
+  explicit job(int n) {
+    for (int i = 0; i < n; ++i) flags.push_back(std::make_unique<std::atomic<bool>>(false));
+    b.progress.assign(static_cast<std::size_t>(n), -1);
+  }
+  std::string ckpt_dir(int task) const { return dir / ("ckpt-" + std::to_string(task)); }
+};
+
+config_t make_config(job& j, int task, const scenario& sc, outcome* out) {
+  config_t c(flag_notice(flag_poll{j.flags[static_cast<std::size_t>(task)].get()}, 1ms),
+             holdfast::no_exit{}, sc.grace);
+  if (sc.save_override) c.set_save_override([out](std::int64_t s) { out->overrides.push_back(s); });
+  return c;
+}
+
+holdfast::handler_options opts(const scenario& sc) {
+  holdfast::handler_options o;
+  o.ack_timeout = sc.ack_timeout;
+  o.watch_interval = sc.watch;
+  return o;
+}
+
+// A step's work: sleeping leaves the 2 shared cores to the other workers.
+void busy(int us) {
+  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
+holdfast::checkpoint_manager<> make_ckpt(job& j, int task, outcome& out, handler_t*) {
+  return holdfast_test::make_checkpoints(j.ckpt_dir(task), &out.st);
+}
+holdfast_test::memory_checkpoints make_ckpt(job&, int, outcome& out, memory_handler_t*) {
+  return {&out.st};
+}
+
+template <class Handler = handler_t>
+void worker(job& j, int task, const scenario& sc, outcome& out) {
+  try {
+    Handler h(make_config(j, task, sc, &out), j.kv, {task, sc.n, sc.run_id},
+              make_ckpt(j, task, out, static_cast<Handler*>(nullptr)), opts(sc));
+    out.restored = h.restored_step();
+    int us = sc.step_us.empty() ? 200 : sc.step_us[static_cast<std::size_t>(task)];
+    while (h.total_run_calls() < sc.max_steps) {
+      if (task == sc.dead_task && h.total_run_calls() >= sc.dead_at) break;
+      auto t0 = std::chrono::steady_clock::now();
+      try {
+        out.last = h.run([&] {
+          if (task == sc.throw_task && h.total_run_calls() == sc.throw_at)
+            throw std::runtime_error("nan loss");
+          ++out.st.acc;
+          busy(us);
+        });
+      } catch (...) {
+        out.error_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        throw;
+      }
+      j.b.set(task, h.total_run_calls());
+      if (out.last == run_status::stopped) {
+        out.stopped_at = std::chrono::steady_clock::now();
+        break;
+      }
+    }
+    out.counter = h.total_run_calls();
+    out.finished = true;
+  } catch (const holdfast::peer_error& e) {
+    out.error = "peer " + std::to_string(e.origin_task()) + " " + e.type_name() + " " + e.message();
+  } catch (const holdfast::agreement_timeout& e) {
+    out.error = "timeout";
+    out.missing = e.missing_tasks();
+  } catch (const std::runtime_error& e) {
+    out.error = std::string("own ") + e.what();
+  } catch (const std::exception& e) {
+    out.error = std::string("other ") + e.what();
+  }
+  j.b.set(task, std::numeric_limits<std::int64_t>::max());  // done: never waited on again
+}
+
+// Runs a job; returns the outcomes and (through notice_to_done_ms) the time from the notice
+// until every worker returned.
+template <class Handler = handler_t>
+std::vector<outcome> run_job(job& j, const scenario& sc, double* notice_to_done_ms = nullptr) {
+  // notice_to_done_ms: from the notice until the last worker's run() returned stopped
+  std::vector<outcome> out(static_cast<std::size_t>(sc.n));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < sc.n; ++t)
+    threads.emplace_back([&, t] { worker<Handler>(j, t, sc, out[static_cast<std::size_t>(t)]); });
+  std::chrono::steady_clock::time_point noticed_at{};
+  if (!sc.noticed.empty()) {
+    std::set<int> skip;
+    if (sc.dead_task >= 0) skip.insert(sc.dead_task);
+    CHECK(j.b.wait_all(sc.notice_at, 20s, skip));
+    noticed_at = std::chrono::steady_clock::now();
+    for (int t : sc.noticed) j.flags[static_cast<std::size_t>(t)]->store(true);
+  }
+  for (auto& th : threads) th.join();
+  if (notice_to_done_ms) {
+    auto last = noticed_at;
+    for (auto& o : out) last = std::max(last, o.stopped_at);
+    *notice_to_done_ms = std::chrono::duration<double, std::milli>(last - noticed_at).count();
+  }
+  return out;
+}
+
+std::set<std::int64_t> first_saves(const std::vector<outcome>& out) {
+  std::set<std::int64_t> s;
+  for (auto& o : out)
+    if (!o.st.saved_steps.empty()) s.insert(o.st.saved_steps.front());
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("threads: no notice → the handler never saves and makes no store traffic per step") {
+  job j(4);
+  scenario sc;
+  sc.max_steps = 1000;
+  sc.step_us = {100, 100, 100, 100};
+  sc.watch = 300ms;  // the watcher's blocking get is the only store call
+  auto out = run_job(j, sc);
+  for (auto& o : out) {
+    CHECK(o.finished);
+    CHECK(o.error == "");
+    CHECK(o.counter == 1000);
+    CHECK(o.st.saves == 0);
+    CHECK(o.last == run_status::ran);
+  }
+  auto c = j.kv.counts();
+  CHECK(c.insert == 0);
+  CHECK(c.put == 0);
+  CHECK(c.list == 0);
+  CHECK(c.try_get == 0);
+  CHECK(c.get <= 4 * 6);  // one blocking get per worker per watch interval
+}
+
+TEST_CASE("threads: one notice → every worker saves once, at one agreed step") {
+  for (int target : {0, 3}) {
+    job j(4);
+    scenario sc;
+    sc.noticed = {target};
+    auto out = run_job(j, sc);
+    auto steps = first_saves(out);
+    REQUIRE(steps.size() == 1);
+    for (auto& o : out) {
+      CHECK(o.error == "");
+      CHECK(o.last == run_status::stopped);
+      CHECK(o.st.saves == 1);
+      CHECK(o.counter == *steps.begin());  // stopped at the agreed step, step not run
+      CHECK(o.st.acc == o.counter);        // nothing ran after the save
+    }
+    CHECK(j.kv.inner().try_get("holdfast/run/r0/claim") == std::to_string(target));
+    CHECK(j.kv.inner().try_get("holdfast/run/r0/step") == std::to_string(*steps.begin()));
+  }
+}
+
+TEST_CASE("threads: skewed workers, notice to the slowest or the fastest → same step") {
+  for (int target : {0, 3}) {
+    job j(4);
+    scenario sc;
+    sc.step_us = {2000, 600, 200, 100};  // task 0 slowest, task 3 fastest
+    sc.notice_at = 5;
+    sc.noticed = {target};
+    auto out = run_job(j, sc);
+    auto steps = first_saves(out);
+    CHECK(steps.size() == 1);
+    for (auto& o : out) {
+      CHECK(o.error == "");
+      CHECK(o.st.saves == 1);
+    }
+  }
+}
+
+TEST_CASE("threads: simultaneous notices on 2 or all workers → one claim, one step") {
+  for (auto noticed : {std::vector<int>{1, 2}, std::vector<int>{0, 1, 2, 3}}) {
+    job j(4);
+    scenario sc;
+    sc.noticed = noticed;
+    auto out = run_job(j, sc);
+    CHECK(first_saves(out).size() == 1);
+    for (auto& o : out) CHECK(o.st.saves == 1);
+    auto claim = j.kv.inner().try_get("holdfast/run/r0/claim");
+    REQUIRE(claim);
+    CHECK(std::count(noticed.begin(), noticed.end(), std::stoi(*claim)) == 1);
+    CHECK(j.kv.inner().list("holdfast/run").size() == 6);  // claim, 4 acks, step: nothing more
+  }
+}
+
+TEST_CASE("threads: grace path → exactly two saves, before the grace period ends") {
+  job j(4);
+  scenario sc;
+  sc.grace = 800ms;
+  sc.step_us = {10000, 10000, 10000, 10000};
+  sc.noticed = {2};
+  double ms = 0;
+  auto out = run_job(j, sc, &ms);
+  for (auto& o : out) {
+    CHECK(o.error == "");
+    CHECK(o.st.saves == 2);
+    CHECK(o.last == run_status::stopped);
+  }
+  std::set<std::vector<std::int64_t>> all;
+  for (auto& o : out) all.insert(o.st.saved_steps);
+  CHECK(all.size() == 1);  // the same two steps everywhere
+  CHECK(ms < 800);
+  CHECK(ms > 300);  // it did train through most of the grace period
+}
+
+TEST_CASE("threads: a save override replaces the default save") {
+  job j(4);
+  scenario sc;
+  sc.save_override = true;
+  sc.noticed = {1};
+  auto out = run_job(j, sc);
+  std::set<std::int64_t> steps;
+  for (int t = 0; t < 4; ++t) {
+    auto& o = out[static_cast<std::size_t>(t)];
+    CHECK(o.st.saves == 0);  // the checkpoint writer never ran
+    REQUIRE(o.overrides.size() == 1);
+    steps.insert(o.overrides[0]);
+    holdfast::checkpoint_manager<> m(j.ckpt_dir(t), holdfast::directory_commit::rename);
+    CHECK(m.checkpoints().empty());
+  }
+  CHECK(steps.size() == 1);
+}
+
+TEST_CASE("threads: a step error is raised on every worker") {
+  job j(4);
+  scenario sc;
+  sc.throw_task = 1;
+  sc.throw_at = 30;
+  auto out = run_job(j, sc);
+  for (int t = 0; t < 4; ++t) {
+    auto& o = out[static_cast<std::size_t>(t)];
+    if (t == 1)
+      CHECK(o.error == "own nan loss");
+    else
+      CHECK(o.error == "peer 1 std::runtime_error nan loss");
+  }
+}
+
+TEST_CASE("threads: a step error wakes peers blocked in an agreement") {
+  job j(3);
+  scenario sc;
+  sc.n = 3;
+  sc.step_us = {100, 100, 20000};
+  sc.throw_task = 2;  // the slow worker throws before it could ack
+  sc.throw_at = 3;
+  sc.notice_at = 2;
+  sc.noticed = {0};
+  sc.ack_timeout = 5000ms;
+  auto out = run_job(j, sc);
+  CHECK(out[2].error == "own nan loss");
+  for (int t : {0, 1}) {
+    CHECK(out[static_cast<std::size_t>(t)].error == "peer 2 std::runtime_error nan loss");
+    CHECK(out[static_cast<std::size_t>(t)].error_ms < 2000);  // not the 5 s ack timeout
+  }
+}
+
+TEST_CASE("threads: restart restores and resumes; the total work is exact") {
+  job j(4);
+  scenario sc;
+  sc.noticed = {3};
+  auto first = run_job(j, sc);
+  auto steps = first_saves(first);
+  REQUIRE(steps.size() == 1);
+  const std::int64_t saved = *steps.begin();
+
+  for (auto& f : j.flags) f->store(false);
+  scenario again;
+  again.max_steps = saved + 50;
+  again.run_id = "run-restarted";  // a new incarnation's keys
+  auto second = run_job(j, again);
+  std::int64_t total = 0;
+  for (auto& o : second) {
+    CHECK(o.error == "");
+    CHECK(o.restored == saved);
+    CHECK(o.counter == saved + 50);
+    CHECK(o.st.acc == saved + 50);  // restored work + new work, nothing lost or repeated
+    total += o.st.acc;
+  }
+  CHECK(total == 4 * (saved + 50));
+}
+
+TEST_CASE("threads: re-armed after an in-process save, a second notice agrees again") {
+  job j(2);
+  std::vector<outcome> out(2);
+  std::vector<std::int64_t> first(2), second(2);
+  std::vector<std::thread> th;
+  std::atomic<int> phase_done{0};
+  for (int t = 0; t < 2; ++t)
+    th.emplace_back([&, t] {
+      auto& o = out[static_cast<std::size_t>(t)];
+      scenario sc;
+      sc.n = 2;
+      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 2, "rearm"},
+                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      int stops = 0;
+      while (stops < 2 && h.total_run_calls() < 100000) {
+        if (h.run([&] { busy(200); }) == run_status::stopped) {
+          ++stops;
+          (stops == 1 ? first : second)[static_cast<std::size_t>(t)] = h.total_run_calls();
+          ++phase_done;
+        }
+        j.b.set(t, h.total_run_calls());
+      }
+      o.finished = stops == 2;
+      j.b.set(t, std::numeric_limits<std::int64_t>::max());
+    });
+  REQUIRE(j.b.wait_all(10, 10s));
+  j.flags[0]->store(true);
+  // a fresh notice on the other worker once both served the first
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (phase_done.load() < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  j.flags[1]->store(true);
+  for (auto& x : th) x.join();
+  CHECK(out[0].finished);
+  CHECK(out[1].finished);
+  CHECK(first[0] == first[1]);
+  CHECK(second[0] == second[1]);
+  CHECK(second[0] > first[0]);
+  CHECK(j.kv.inner().try_get("holdfast/rearm/r1/claim") == "1");
+}
+
+TEST_CASE("threads: a dead worker gives agreement_timeout naming it, within the deadline") {
+  job j(4);
+  scenario sc;
+  sc.dead_task = 2;
+  sc.dead_at = 10;
+  sc.notice_at = 15;
+  sc.noticed = {0};
+  sc.ack_timeout = 500ms;
+  auto out = run_job(j, sc);
+  for (int t : {0, 1, 3}) {
+    auto& o = out[static_cast<std::size_t>(t)];
+    CHECK(o.error == "timeout");
+    CHECK(o.missing == std::vector<int>{2});
+    CHECK(o.error_ms < 500 * 1.1 + 50);
+  }
+}
+
+TEST_CASE("threads: destruction in every state leaves no thread") {
+  const int before = holdfast_test::thread_count();
+  auto check_state = [&](const char* name, auto drive) {
+    INFO(name);
+    job j(2);
+    outcome o;
+    scenario sc;
+    sc.n = 2;
+    sc.ack_timeout = 200ms;
+    {
+      handler_t h(make_config(j, 0, sc, &o), j.kv, {0, 2, "d"},
+                  holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
+      CHECK(holdfast_test::thread_count() == before + 2);  // the watcher and the flag poller
+      drive(h, j);
+    }
+    CHECK(holdfast_test::thread_count() == before);
+  };
+  auto step = [](handler_t& h) {
+    try {
+      h.run([] {});
+    } catch (const holdfast::error&) {
+    }
+  };
+  check_state("idle", [&](handler_t& h, job&) { step(h); });
+  check_state("noticed, not yet run", [&](handler_t& h, job& j) {
+    j.flags[0]->store(true);
+    std::this_thread::sleep_for(20ms);  // let the watcher pick it up
+    (void)h;
+  });
+  check_state("claim seen by the watcher", [&](handler_t& h, job& j) {
+    j.kv.insert("holdfast/d/r0/claim", "1");
+    std::this_thread::sleep_for(20ms);
+    (void)h;
+  });
+  check_state("step published", [&](handler_t& h, job& j) {
+    j.kv.put("holdfast/d/r0/ack/1", "100");
+    j.kv.insert("holdfast/d/r0/claim", "1");
+    for (int i = 0; i < 50 && h.state() != holdfast::agreement_state::step_published; ++i) {
+      step(h);
+      std::this_thread::sleep_for(2ms);
+    }
+    CHECK(h.state() == holdfast::agreement_state::step_published);
+  });
+  check_state("failed: agreement timeout", [&](handler_t& h, job& j) {
+    j.flags[0]->store(true);
+    for (int i = 0; i < 100 && h.state() != holdfast::agreement_state::failed; ++i) {
+      step(h);
+      std::this_thread::sleep_for(2ms);
+    }
+    CHECK(h.state() == holdfast::agreement_state::failed);
+  });
+  check_state("failed: local error", [&](handler_t& h, job&) {
+    CHECK_THROWS_AS(h.run([] { throw std::logic_error("x"); }), std::logic_error);
+    CHECK(h.state() == holdfast::agreement_state::failed);
+  });
+  check_state("failed: peer error", [&](handler_t& h, job& j) {
+    j.kv.insert("holdfast/d/error", "1\nE\nm");   // as a failing peer does: the error, then
+    j.kv.insert("holdfast/d/r0/claim", "abort");  // "abort" in the keys peers block on
+    bool raised = false;
+    for (int i = 0; i < 100 && !raised; ++i) {
+      try {
+        h.run([] {});
+      } catch (const holdfast::peer_error& e) {
+        raised = e.origin_task() == 1;
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+    CHECK(raised);
+  });
+  check_state("shut down twice", [&](handler_t& h, job&) {
+    h.shutdown();
+    h.shutdown();
+    step(h);
+  });
+}
+
+TEST_CASE("threads: store operations per worker per agreement do not grow with workers") {
+  std::map<int, double> per_worker;
+  for (int n : {2, 4, 8}) {
+    job j(n);
+    scenario sc;
+    sc.n = n;
+    sc.step_us.assign(static_cast<std::size_t>(n), 200);
+    sc.noticed = {0};
+    auto out = run_job(j, sc);
+    CHECK(first_saves(out).size() == 1);
+    auto c = j.kv.counts();
+    // protocol ops (the watchers' blocking gets aside, one per watch interval): claim insert by the
+    // noticed worker, one put and one list each, step inserts by those who saw every ack, at most
+    // one blocking wait each
+    double ops = static_cast<double>(c.insert + c.put + c.list + c.try_get) / n;
+    per_worker[n] = ops;
+    CHECK(c.put == static_cast<std::uint64_t>(n));
+    CHECK(c.list == static_cast<std::uint64_t>(n));
+    CHECK(ops <= 3.5);
+  }
+  MESSAGE("protocol ops per worker: n=2 " << per_worker[2] << ", n=4 " << per_worker[4] << ", n=8 "
+                                          << per_worker[8]);
+}
+
+TEST_CASE("threads: 100 randomized trials — notice times, noticed subsets, skews — one step") {
+#ifdef HF_SANITIZED
+  const int trials = 20;  // sanitizers slow threads ~10x: fewer trials, same checks
+#else
+  const int trials = 100;
+#endif
+  std::mt19937 rng(20261121);
+  for (int trial = 0; trial < trials; ++trial) {
+    int n = 2 + static_cast<int>(rng() % 3);
+    job j(n);
+    scenario sc;
+    sc.n = n;
+    sc.watch = 2ms;
+    // skew up to 8x; a larger skew is tolerated too, it only makes the slow worker catch up for
+    // longer (every worker saves at the fastest one's counter + 1)
+    for (int t = 0; t < n; ++t) sc.step_us.push_back(50 + static_cast<int>(rng() % 350));
+    for (int t = 0; t < n; ++t)
+      if (rng() % 2) sc.noticed.push_back(t);
+    if (sc.noticed.empty())
+      sc.noticed.push_back(static_cast<int>(rng() % static_cast<unsigned>(n)));
+    sc.notice_at = static_cast<std::int64_t>(rng() % 30);
+    auto out = run_job<memory_handler_t>(j, sc);  // the agreement is under test, not the disk
+    INFO("trial " << trial);
+    for (auto& o : out) {
+      REQUIRE(o.error == "");
+      REQUIRE(o.st.saves == 1);
+    }
+    REQUIRE(first_saves(out).size() == 1);
+  }
+}

@@ -1,0 +1,105 @@
+// tests/support/handler_harness.hpp — what the handler tests and benchmarks share: a per-worker
+// notice for threads (a flag polled by the real polled_notice), a Checkpointer wired the default
+// way (checkpoint_manager with a writer and a reader) that logs every save, and the count of
+// this process's threads.
+#pragma once
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <holdfast/checkpoint.hpp>
+#include <holdfast/termination.hpp>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace holdfast_test {
+
+/// polled_notice's poll for thread workers: noticed when the flag is set.
+struct flag_poll {
+  const std::atomic<bool>* flag;
+  bool operator()() const { return flag->load(); }
+};
+
+/// A notice per thread: the real polled_notice polling a flag every millisecond.
+using flag_notice = holdfast::polled_notice<flag_poll>;
+
+/// Threads of this process (entries of /proc/self/task).
+inline int thread_count() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+/// Appends one line to `path` (O_APPEND: safe from several processes).
+inline void append_line(const std::string& path, const std::string& line) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  std::string l = line + "\n";
+  (void)!::write(fd, l.data(), l.size());
+  ::close(fd);
+}
+
+/// The lines of `path` (none when it does not exist).
+inline std::vector<std::string> read_lines(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(line);
+  return out;
+}
+
+/// The training state of one worker: one increment per step, checkpointed and restored.
+struct worker_state {
+  std::int64_t acc = 0;    ///< steps of work done (restored from the checkpoint)
+  std::int64_t saves = 0;  ///< checkpoints written by this process
+  std::vector<std::int64_t> saved_steps;
+  std::string log;  ///< where "save <step> <acc>" lines go ("" = nowhere)
+};
+
+/// The default Checkpointer (checkpoint_manager), with a writer and reader for `st`.
+inline holdfast::checkpoint_manager<> make_checkpoints(const std::string& dir, worker_state* st) {
+  holdfast::checkpoint_options o;
+  o.max_to_keep = 0;  // keep all: the tests count them
+  holdfast::checkpoint_manager<> m(dir, holdfast::directory_commit::rename, o);
+  m.set_writer([st](const std::string& d, std::int64_t step) {
+    std::ofstream(d + "/state") << st->acc;
+    ++st->saves;
+    st->saved_steps.push_back(step);
+    if (!st->log.empty())
+      append_line(st->log, "save " + std::to_string(step) + " " + std::to_string(st->acc));
+  });
+  m.set_reader([st](const std::string& d) {
+    std::ifstream in(d + "/state");
+    in >> st->acc;
+  });
+  return m;
+}
+
+/// A Checkpointer in memory (for tests of the agreement where the disk would only add time):
+/// save(step) records into `st`, restore() returns the last step saved into `st`.
+struct memory_checkpoints {
+  worker_state* st;
+  void save(std::int64_t step) {
+    ++st->saves;
+    st->saved_steps.push_back(step);
+  }
+  std::optional<std::int64_t> restore() {
+    if (st->saved_steps.empty()) return std::nullopt;
+    st->acc = st->saved_steps.back();
+    return st->saved_steps.back();
+  }
+};
+
+}  // namespace holdfast_test
