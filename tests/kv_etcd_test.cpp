@@ -13,6 +13,8 @@
 #include <string>
 #include <thread>
 
+#include <holdfast/testing/fault_io.hpp>
+
 #include "support/child.hpp"
 #include "support/etcd_server.hpp"
 #include "support/http_server.hpp"
@@ -381,4 +383,49 @@ TEST_CASE("etcd fixture: a missing etcd fails the test (never skips), naming the
     msg = e.what();
   }
   CHECK(contains(msg, "apt-get install etcd-server"));
+}
+
+TEST_CASE("etcd_kv: every socket call of a request failed in turn is a clear error, no hang") {
+  using holdfast::testing::fault;
+  using holdfast::testing::fault_io;
+  using holdfast::testing::fault_plan;
+  using holdfast::testing::io_op;
+  struct disarm_on_exit {
+    ~disarm_on_exit() { fault_plan::disarm(); }
+  } guard;
+  holdfast_test::etcd_server server;
+  holdfast::basic_etcd_kv<fault_io> kv(options_for({server.url()}), ns0);
+  kv.put("k", "v");
+  for (int op = 0; op < 2; ++op) {  // a plain request, then a get that goes on to a watch
+    auto run = [&] {
+      if (op == 0)
+        kv.insert("k", "w");
+      else
+        kv.get("absent", 300ms);
+    };
+    fault_plan::arm(fault{io_op::any, std::uint64_t(1) << 62, EIO});  // counts, never fires
+    run();
+    const auto calls = fault_plan::calls(io_op::any);
+    REQUIRE(calls >= 4);  // socket, connect, send, recv at least
+    for (std::uint64_t k = 1; k <= calls; ++k) {
+      CAPTURE(op);
+      CAPTURE(k);
+      fault_plan::arm(fault{io_op::any, k, EIO});
+      auto t0 = clk::now();
+      bool threw = false;
+      try {
+        run();
+      } catch (const holdfast::error& e) {
+        threw = true;
+        INFO(e.what());
+        CHECK(contains(e.what(), op == 0 ? "etcd insert 'k'" : "etcd get 'absent'"));
+      }
+      fault_plan::disarm();
+      CHECK(ms_since(t0) < 1100);  // never past the request timeout (1 s) + 10%
+      // Only closing a finished connection may fail unnoticed; anything else must throw. (A
+      // watch makes a varying number of poll/recv calls, so call k may not happen at all.)
+      if (!threw) CHECK((fault_plan::failures() == 0 || fault_plan::last_failed() == io_op::close));
+    }
+  }
+  CHECK(kv.try_get("k") == std::optional<std::string>("v"));
 }
