@@ -19,6 +19,7 @@
 
 #include "support/child.hpp"
 #include "support/kill_io.hpp"
+#include "support/shm_temp_dir.hpp"
 #include "support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -368,7 +369,7 @@ TEST_CASE_TEMPLATE("start-up sweeps what killed saves left, and finishes listed 
 }
 
 TEST_CASE("save with each system call failing in turn keeps a complete latest") {
-  holdfast_test::temp_dir dir("ckptfault");
+  holdfast_test::shm_temp_dir dir("ckptfault");
   using store_t = local_store<fault_io>;
   using remote_t = remote_store<fault_io>;
   auto run = [&](auto tag, const std::string& sub) {
@@ -448,7 +449,7 @@ void crash_trials(const std::string& root, int runs, std::uint64_t seed) {
   }
   REQUIRE(per_save > 30);
   std::int64_t last_seen = -1;
-  int by_call = 0;
+  int by_call = 0, mid_delete = 0, mid_save = 0;
   for (int run = 0; run < runs; ++run) {
     CAPTURE(run);
     bool timed = run % 4 == 3;  // one run in four: a random delay instead of a call number
@@ -468,6 +469,14 @@ void crash_trials(const std::string& root, int runs, std::uint64_t seed) {
     CHECK(res.failures.empty());
     if (!timed) ++by_call;
 
+    // What the kill interrupted, seen before the restart sweeps it.
+    std::string cdir = s.checkpoint_path("r");
+    if (fs::exists(cdir + "/latest") &&
+        read_file(cdir + "/latest").find("\ndelete ") != std::string::npos)
+      ++mid_delete;
+    for (const auto& e : entries(cdir))
+      if (e.rfind(".staging-", 0) == 0 || e.rfind(".holdfast-tmp.", 0) == 0) ++mid_save;
+
     holdfast_test::kill_io::arm(0);
     manager m(s, "r", {2});
     auto l = m.latest();
@@ -483,6 +492,9 @@ void crash_trials(const std::string& root, int runs, std::uint64_t seed) {
       CHECK((e == "latest" || e.rfind("step-", 0) == 0));  // the sweep left nothing else
   }
   CHECK(by_call > 0);
+  CHECK(mid_delete > 0);  // some kills landed among the retention deletions
+  CHECK(mid_save > 0);    // and some inside a save (a staging directory or a temp left)
+  MESSAGE("kills during deletions: " << mid_delete << ", during saves: " << mid_save);
   CHECK(last_seen > 3);  // the runs made progress across restarts
 }
 

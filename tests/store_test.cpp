@@ -17,6 +17,7 @@
 
 #include "support/child.hpp"
 #include "support/kill_io.hpp"
+#include "support/shm_temp_dir.hpp"
 #include "support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -409,7 +410,7 @@ TEST_CASE("sync leaves the checkpoint directory alone, skips links, sweeps stale
 }
 
 TEST_CASE("sync with each system call failing in turn never leaves a partial or temp file") {
-  holdfast_test::temp_dir dir("syncfault");
+  holdfast_test::shm_temp_dir dir("syncfault");
   std::string local = dir / "local";
   write_file(local + "/a", std::string(100000, 'a'));
   write_file(local + "/d/b", std::string(3000000, 'b'));
@@ -448,7 +449,9 @@ TEST_CASE("sync with each system call failing in turn never leaves a partial or 
     }
     std::string remote = s.run_path("r");
     // Whatever exists under a final name is complete.
-    for (const auto& [rel, content] : snapshot(remote)) {
+    for (const auto& entry : snapshot(remote)) {
+      const std::string& rel = entry.first;
+      const std::string& content = entry.second;
       CAPTURE(rel);
       REQUIRE(expected.count(rel) == 1);
       CHECK(expected.at(rel) == content);
@@ -463,7 +466,7 @@ TEST_CASE("sync with each system call failing in turn never leaves a partial or 
 }
 
 TEST_CASE("a copier SIGKILLed at any point of a sync never leaves a partial remote file") {
-  holdfast_test::temp_dir dir("synckill");
+  holdfast_test::shm_temp_dir dir("synckill");
   std::string local = dir / "local";
   std::mt19937_64 rng(20261121);
   for (int i = 0; i < 6; ++i) {
@@ -497,7 +500,9 @@ TEST_CASE("a copier SIGKILLed at any point of a sync never leaves a partial remo
     CHECK(res.failures.empty());
     auto s = holdfast::basic_store<holdfast::local_filesystem>::create(root);
     std::string remote = s.run_path("r");
-    for (const auto& [rel, content] : snapshot(remote)) {
+    for (const auto& entry : snapshot(remote)) {
+      const std::string& rel = entry.first;
+      const std::string& content = entry.second;
       CAPTURE(rel);
       if (holdfast::is_temp_name(fs::path(rel).filename().string())) continue;
       REQUIRE(expected.count(rel) == 1);
