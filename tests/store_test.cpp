@@ -245,6 +245,15 @@ TEST_CASE("store layout table: runs, checkpoint, logs, intermediate data with an
           holdfast::store::create("hdfs:///user/x");
         }).find("hdfs_mount") != std::string::npos);
 
+  // The policies satisfy the trait (and the C++20 concept); other types do not.
+  static_assert(holdfast::is_filesystem_policy_v<holdfast::local_filesystem>);
+  static_assert(holdfast::is_filesystem_policy_v<holdfast::mounted_remote>);
+  static_assert(holdfast::is_filesystem_policy_v<holdfast::filesystem_by_url>);
+  static_assert(!holdfast::is_filesystem_policy_v<holdfast::posix_io>);
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+  static_assert(holdfast::filesystem_policy<holdfast::mounted_remote>);
+#endif
+
   // Commit modes: chosen by URL for `store`, fixed by the other policies.
   CHECK(holdfast::store::create("/data/x").commit_mode() == holdfast::directory_commit::rename);
   CHECK(holdfast::store::create("dbfs:/x").commit_mode() == holdfast::directory_commit::marker);

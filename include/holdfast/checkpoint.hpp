@@ -2,8 +2,9 @@
 // atomically replaced `latest` pointer (TF CheckpointManager's protocol on holdfast publishing).
 // checkpoint_manager is the Checkpointer preemption_handler uses by default.
 //
-//   holdfast::checkpoint_manager<> ckpt(holdfast::store::create("/data/exp"), "run-7",
-//                                      {.max_to_keep = 3});
+//   holdfast::checkpoint_options o;
+//   o.max_to_keep = 3;
+//   holdfast::checkpoint_manager<> ckpt(holdfast::store::create("/data/exp"), "run-7", o);
 //   ckpt.set_writer([&](const std::string& dir) { model.save_to(dir); });
 //   ckpt.set_reader([&](const std::string& dir) { model.load_from(dir); });
 //   std::optional<std::int64_t> step = ckpt.restore();   // loads the latest, if any
@@ -41,6 +42,7 @@
 //   - One manager (one process) writes a given checkpoint directory at a time; with
 //     checkpoint_options::sweep_older_than at 0, construction removes any staging directory.
 //   - A checkpoint directory deleted by hand while the pointer names it makes latest() throw.
+//   - A manager is not thread-safe: one thread at a time saves or restores through it.
 #pragma once
 
 #include <fcntl.h>     // O_RDONLY: reading the pointer

@@ -1,10 +1,15 @@
 // holdfast/store.hpp — a run's artifact layout on a local disk or a remote mount, and a mirrored
 // sync of a local output directory to it (Horovod's Store, without its weaknesses).
 //
-//   auto s = holdfast::store::create("hdfs://nn:8020/user/me/exp", {.hdfs_mount = "/mnt/hdfs"});
-//   auto out = s.local_output_dir("run-7");   // a temp dir on a remote store, the run dir locally
+//   holdfast::store_options o;
+//   o.hdfs_mount = "/mnt/hdfs";                   // where the HDFS gateway is mounted
+//   auto s = holdfast::store::create("hdfs://nn:8020/user/me/exp", o);
+//   auto out = s.local_output_dir("run-7");  // a scratch dir on a remote store, the run dir
+//   locally
 //   ... write logs into out.path() ...
-//   auto r = s.sync("run-7", out.path(), {.propagate_deletions = true});
+//   holdfast::sync_options so;
+//   so.propagate_deletions = true;
+//   auto r = s.sync("run-7", out.path(), so);     // r.copied, r.deleted, r.unchanged
 //
 // Layout under the prefix:  runs/<run_id>/checkpoint/   (owned by checkpoint_manager)
 //                           runs/<run_id>/logs/
@@ -24,12 +29,20 @@
 //     it nor deletes from it (sync_options::exclude).
 //   - Intermediate data is removed only by reclaim_intermediate_data(); each dataset is first
 //     renamed aside, so no reader sees a half-deleted dataset under its name.
+//   - Filesystem policies: local_filesystem (rename commits, output written in place),
+//     mounted_remote (commit markers, output staged locally and synced; durability
+//     durable_tolerate_einval, since many mounts answer EINVAL to a directory fsync), and
+//     filesystem_by_url, the default of `store`, which picks one of the two per URL.
 // Caveats:
-//   - The sync memory lives in the store object: the first sync of a process copies every file.
+//   - The sync memory lives in the store object (copies of a store share it): the first sync of
+//     a process copies every file.
 //   - Symbolic links, FIFOs and sockets in the local tree are not copied (reported as skipped).
 //   - hdfs:// is reached through a FUSE or NFS gateway mount (store_options::hdfs_mount); there
 //     is no HDFS client. S3, GCS and other schemes are rejected.
 //   - One process syncs a given run at a time.
+//   - /dbfs/ paths count as a DBFS mount whether or not the process runs on Databricks (Horovod
+//     looks at DATABRICKS_RUNTIME_VERSION); use basic_store<local_filesystem> to treat one as a
+//     local path.
 #pragma once
 
 #include <dirent.h>    // DIR: directory scans through the Io policy
@@ -424,6 +437,18 @@ using fs_commit = decltype(T::commit_for(store_scheme::local));
 template <class T>
 using fs_in_place = decltype(T::writes_in_place(store_scheme::local));
 }  // namespace detail
+
+/// True when F has the members of a Filesystem policy (see basic_local_filesystem).
+template <class F>
+inline constexpr bool is_filesystem_policy_v =
+    detail::detect<detail::fs_io, F>::value&& detail::detect<detail::fs_durability, F>::value&&
+        detail::detect<detail::fs_commit, F>::value&& detail::detect<detail::fs_in_place, F>::value;
+
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+/// C++20 spelling of is_filesystem_policy_v.
+template <class F>
+concept filesystem_policy = is_filesystem_policy_v<F>;
+#endif
 
 /// Checks a Filesystem policy at compile time, naming the first missing member.
 template <class F>
