@@ -384,3 +384,25 @@ TEST_CASE("a cancel flag ends a call to a slow server within a few tens of milli
     CHECK(ms_since(t0) < 100 + 150);
   }
 }
+
+TEST_CASE("http_stream: a cancel flag ends a silent stream before its deadline") {
+  http_server srv([](const seen_request&) {
+    return reply::raw(reply::chunked_head() + reply::chunk("first")).keep_open();
+  });
+  std::atomic<bool> cancel{false};
+  std::string got;
+  auto t0 = steady::now();
+  auto e = error_of([&] {
+    http_stream(
+        parse_http_url(srv.url()), get("/watch"), {}, t0 + 10s,
+        [&](std::string_view b) {
+          got.append(b.data(), b.size());
+          cancel.store(true);  // e.g. the owner is shutting down
+          return true;
+        },
+        &cancel);
+  });
+  CHECK(e.errnum() == ECANCELED);
+  CHECK(got == "first");
+  CHECK(ms_since(t0) < 1000);
+}

@@ -874,6 +874,32 @@ TEST_CASE("detect_platform: environment markers, then GCE metadata within a shor
         })) == "kubernetes");
 }
 
+TEST_CASE("metadata URLs come from the SDKs' environment variables, else 169.254.169.254") {
+  holdfast_test::child c([] {  // setenv in a child: the parent's threads may read the environment
+    ::unsetenv("GCE_METADATA_HOST");
+    ::unsetenv("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+    CHILD_REQUIRE(holdfast::gce_metadata_url() == "http://169.254.169.254");
+    CHILD_REQUIRE(holdfast::aws_metadata_url() == "http://169.254.169.254");
+    ::setenv("GCE_METADATA_HOST", "127.0.0.1:8089", 1);
+    ::setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:8090/", 1);
+    CHILD_REQUIRE(holdfast::gce_metadata_url() == "http://127.0.0.1:8089");
+    CHILD_REQUIRE(holdfast::aws_metadata_url() == "http://127.0.0.1:8090");
+    holdfast::gce_preempted_notice g;
+    CHILD_REQUIRE(g.poller().endpoint.port == 8089);
+    CHILD_REQUIRE(g.poller().target() == "/computeMetadata/v1/instance/preempted");
+    holdfast::aws_spot_notice a;
+    CHILD_REQUIRE(a.poller().endpoint.port == 8090);
+    cloud_notice_options o;
+    o.url = "http://10.1.2.3:81/prefix/";
+    holdfast::gce_maintenance_notice m(o);
+    CHILD_REQUIRE(m.poller().endpoint.host == "10.1.2.3");
+    CHILD_REQUIRE(m.poller().target() == "/prefix/computeMetadata/v1/instance/maintenance-event");
+  });
+  auto r = c.wait(10s);
+  CHECK(r.failures == "");
+  CHECK(r.exit_code == 0);
+}
+
 TEST_CASE("ISO 8601 times: UTC, fractions, offsets; anything else is a format_error") {
   using holdfast::detail::parse_iso8601;
   auto secs = [](std::chrono::system_clock::time_point t) {
