@@ -472,6 +472,28 @@ TEST_CASE("a failure at every syscall of publish_directory rolls back") {
   fault_sweep_directory<holdfast::no_sync>("no_sync");
 }
 
+TEST_CASE("a failure at every syscall of commit_directory leaves no marker") {
+  holdfast_test::temp_dir dir("faultcommit");
+  using P = holdfast::basic_publisher<holdfast::durable, fault_io>;
+  const P pub;
+  const std::string step = dir / "step-20";
+  make_dir(step);
+  make_dir(step + "/sub");
+  write_plain(step + "/shard-0", "zero");
+  write_plain(step + "/sub/shard-1", "one");
+  fail_each_call(
+      EIO, [&] { ::unlink((step + "/commit_success.txt").c_str()); },
+      [&] { pub.commit_directory(step); },
+      [&](bool threw, const holdfast::error& e, io_op failed) {
+        CHECK(threw);
+        CHECK_FALSE(P::is_committed(step));
+        CHECK(e.operation() == holdfast::testing::to_string(failed));
+        CHECK(temps_in(step).empty());
+      });
+  pub.commit_directory(step);
+  CHECK(P::is_committed(step));
+}
+
 TEST_CASE("EINTR and short writes are finished, not reported") {
   holdfast_test::temp_dir dir("intr");
   const holdfast::basic_publisher<holdfast::durable, fault_io> pub;

@@ -547,7 +547,15 @@ std::optional<command> await_command(const std::string& root, std::chrono::milli
 template <class Durability = durable, class Io = posix_io>
 void publish_ready(const std::string& root, std::uint64_t cycle, const command& payload) {
   std::string dir = cycle_directory(root, cycle);
-  if (Io::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) throw error(errno, "mkdir", dir);
+  if (Io::mkdir(dir.c_str(), 0755) == 0) {
+    if constexpr (Durability::sync_parent) {  // the new directory's entry in the root
+      auto fd = open_file<Io>(root, O_RDONLY | O_DIRECTORY);
+      detail::sync_dir_fd<Durability>(fd);
+      fd.close();
+    }
+  } else if (errno != EEXIST) {
+    throw error(errno, "mkdir", dir);
+  }
   basic_publisher<Durability, Io>().publish(dir + "/ready.json", json_codec::encode(payload));
 }
 

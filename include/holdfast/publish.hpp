@@ -34,8 +34,9 @@
 //   - publish_directory syncs every file and directory in the staging tree, renames it into
 //     place (replacing only when asked, with RENAME_EXCHANGE), then syncs the parent.
 //   - Commit-marker mode (commit_directory / is_committed) for filesystems where rename is copy
-//     + delete (gcsfuse, object-store mounts): files are written in place, then the marker
-//     `commit_success.txt` is written last; readers treat a directory without it as absent.
+//     + delete (gcsfuse, object-store mounts): files are written in place and synced, then the
+//     marker `commit_success.txt` is published last; readers treat a directory without it as
+//     absent. A failed commit leaves no marker.
 // Caveats:
 //   - The temp lives in the target's directory: the process needs write permission there, and
 //     the directory must not be on another filesystem than the target (rename would be EXDEV).
@@ -333,17 +334,12 @@ class basic_publisher {
     move_directory(staging, target, true);
   }
 
-  /// Commit-marker mode: syncs every file in `dir` (written in place), then writes
-  /// `dir/commit_success.txt` last and syncs `dir`. For filesystems where rename copies.
+  /// Commit-marker mode: syncs every file in `dir` (written in place), then publishes
+  /// `dir/commit_success.txt` last (temp + rename, so a failure leaves no marker). For
+  /// filesystems where rename copies: the marker's content does not matter, only its presence.
   void commit_directory(const std::string& dir) const {
     sync_tree(dir);
-    std::string marker = dir + "/" + std::string(commit_marker_name);
-    auto fd = open_file<Io>(marker, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
-    static constexpr std::string_view body = "committed\n";
-    write_all(fd, body.data(), body.size());
-    detail::sync_per<Durability>(fd);
-    fd.close();
-    if constexpr (Durability::sync_parent) sync_dir(dir);
+    publish(dir + "/" + std::string(commit_marker_name), "committed\n", 0644);
   }
 
   /// True when `dir` carries its commit marker (a directory without it counts as absent).
