@@ -432,3 +432,62 @@ TEST_CASE("read paths: mmap_read get makes no syscall, pread_read exactly one pr
   CHECK(fault_plan::calls(io_op::fstat) == 0);
   CHECK(fault_plan::calls(io_op::any) == 3);
 }
+
+namespace {
+// Bytes of this process's mappings of `path` (from /proc/self/maps).
+std::uint64_t mapped_bytes(const std::string& path) {
+  auto fd = hf::open_file("/proc/self/maps", O_RDONLY);
+  auto maps = hf::read_all(fd);
+  std::uint64_t total = 0;
+  std::size_t pos = 0;
+  while (pos < maps.size()) {
+    auto eol = maps.find('\n', pos);
+    if (eol == std::string::npos) eol = maps.size();
+    auto line = maps.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (line.size() < path.size() || line.compare(line.size() - path.size(), path.size(), path))
+      continue;
+    auto dash = line.find('-');
+    auto lo = std::stoull(line.substr(0, dash), nullptr, 16);
+    auto hi = std::stoull(line.substr(dash + 1, line.find(' ') - dash - 1), nullptr, 16);
+    total += hi - lo;
+  }
+  return total;
+}
+}  // namespace
+
+TEST_CASE("mappings: pread_read maps only the index; mmap_read reserves once and never remaps") {
+  holdfast_test::temp_dir dir("cache");
+  struct disarm {
+    ~disarm() { fault_plan::disarm(); }
+  } guard;
+  using mm = hf::basic_file_cache<hf::mmap_read, hf::flock_lock, hf::sync_never, hf::pfio_format,
+                                  fault_io>;
+  using pr = hf::basic_file_cache<hf::pread_read, hf::flock_lock, hf::sync_never,
+                                  hf::checked_format, fault_io>;
+  hf::cache_options o = in(dir);
+  o.reserve = std::uint64_t{1} << 30;
+  fault_plan::reset_counts();
+  mm a(hf::create_cache, 1000, o);
+  pr b(hf::create_cache, 1000, in(dir));
+  CHECK(fault_plan::calls(io_op::mmap) == 2);
+  CHECK(mapped_bytes(b.path()) == (b.data_offset() + 4095) / 4096 * 4096);  // the index only
+  CHECK(mapped_bytes(a.path()) == o.reserve);
+  for (std::uint64_t i = 0; i < 1000; ++i) {
+    REQUIRE(a.put(i, std::string(3000, 'a')));  // ~3 MB: far past the first pages
+    REQUIRE(b.put(i, std::string(3000, 'b')));
+  }
+  CHECK(fault_plan::calls(io_op::mmap) == 2);  // growth never remaps
+  CHECK(fault_plan::calls(io_op::munmap) == 0);
+  CHECK(mapped_bytes(b.path()) == (b.data_offset() + 4095) / 4096 * 4096);
+  CHECK(mapped_bytes(a.path()) == o.reserve);
+  CHECK(*a.get(999) == std::string(3000, 'a'));
+  CHECK(*b.get(999) == std::string(3000, 'b'));
+  // a put past the reservation is refused like the size limit
+  hf::cache_options small = in(dir);
+  small.reserve = 64 * 1024;
+  mm c(hf::create_cache, 10, small);
+  CHECK(c.put(0, std::string(60000, 'c')));
+  CHECK_FALSE(c.put(1, std::string(6000, 'c')));
+  CHECK(c.frozen());
+}
