@@ -232,6 +232,7 @@ TEST_CASE("store layout table: runs, checkpoint, logs, intermediate data with an
     CHECK(s.train_data_path(3) == root + "/intermediate_train_data.3");
     CHECK(s.val_data_path("7") == root + "/intermediate_val_data.7");
     CHECK(s.test_data_path(0) == root + "/intermediate_test_data.0");
+    CHECK(s.train_data_path(std::size_t{12}) == root + "/intermediate_train_data.12");
   }
   // hdfs:// through a mount.
   holdfast::store_options o;

@@ -612,20 +612,29 @@ class basic_store {
   std::string train_data_path() const { return data_path(dataset::train); }
   /// <prefix>/intermediate_train_data.<idx>
   std::string train_data_path(std::string_view idx) const { return data_path(dataset::train, idx); }
-  /// <prefix>/intermediate_train_data.<idx>
-  std::string train_data_path(long long idx) const { return train_data_path(std::to_string(idx)); }
+  /// <prefix>/intermediate_train_data.<idx> for an integral index
+  template <class Int, std::enable_if_t<std::is_integral_v<Int>, int> = 0>
+  std::string train_data_path(Int idx) const {
+    return train_data_path(std::string_view(std::to_string(idx)));
+  }
   /// <prefix>/intermediate_val_data
   std::string val_data_path() const { return data_path(dataset::val); }
   /// <prefix>/intermediate_val_data.<idx>
   std::string val_data_path(std::string_view idx) const { return data_path(dataset::val, idx); }
-  /// <prefix>/intermediate_val_data.<idx>
-  std::string val_data_path(long long idx) const { return val_data_path(std::to_string(idx)); }
+  /// <prefix>/intermediate_val_data.<idx> for an integral index
+  template <class Int, std::enable_if_t<std::is_integral_v<Int>, int> = 0>
+  std::string val_data_path(Int idx) const {
+    return val_data_path(std::string_view(std::to_string(idx)));
+  }
   /// <prefix>/intermediate_test_data
   std::string test_data_path() const { return data_path(dataset::test); }
   /// <prefix>/intermediate_test_data.<idx>
   std::string test_data_path(std::string_view idx) const { return data_path(dataset::test, idx); }
-  /// <prefix>/intermediate_test_data.<idx>
-  std::string test_data_path(long long idx) const { return test_data_path(std::to_string(idx)); }
+  /// <prefix>/intermediate_test_data.<idx> for an integral index
+  template <class Int, std::enable_if_t<std::is_integral_v<Int>, int> = 0>
+  std::string test_data_path(Int idx) const {
+    return test_data_path(std::string_view(std::to_string(idx)));
+  }
 
   /// "intermediate_train_data", "intermediate_val_data" or "intermediate_test_data".
   static std::string dataset_basename(dataset kind) {
