@@ -24,8 +24,9 @@
 //     exception and the lock released, so other processes go on.
 //   - pfio_format files are byte-for-byte pfio's (little-endian `Qq` entries, (0, -1) = empty);
 //     checked_format adds a header and a CRC32C per item, verified on every get and on preload.
-//   - Opening a file (preload, attach) validates it and throws corrupt_cache naming the file and
-//     the slot; no get ever reads outside the file or the mapping.
+//   - Preload validates every entry (and with checked_format every checksum) against the file and
+//     throws corrupt_cache naming the file and the slot; attach checks the header and the size.
+//     Every get bounds-checks its entry, so no get reads outside a preloaded file or a mapping.
 //   - The temp file is removed by the destructor of the object that created it, in the creating
 //     process only (never by a forked child's copy).
 // Caveats:
@@ -37,6 +38,12 @@
 //   - With mmap_read the file can grow to the reserved address range (cache_options::reserve,
 //     default: the size limit, else 64 GiB); a put past it returns false like the size limit.
 //   - sync_never (the default) survives a killed process, not a power cut; preserve() fsyncs.
+//   - A pfio_format put costs one fstat to find the end of the file (the format has nowhere to
+//     record it); checked_format keeps the end of data in its header.
+//   - On a live (created or attached) mmap_read cache, entries are bounded by the mapping, not
+//     re-checked against the file size: they are trusted because writers publish an entry only
+//     after its bytes are in the file.
+//   - A moved-from cache may only be destroyed or assigned to.
 #pragma once
 
 #include <fcntl.h>     // O_RDWR, O_CREAT, O_EXCL
@@ -960,7 +967,8 @@ class basic_file_cache {
     std::uint64_t want = s.index_end;
     if constexpr (Read::maps_data) {
       want = !s.writable ? s.file_size : reserve ? reserve : limit ? limit : default_reserve;
-      want = std::max(want, s.file_size);
+      want = std::min<std::uint64_t>(std::max(want, s.file_size),
+                                     std::numeric_limits<std::size_t>::max() / 2);
     }
     if (want > 0) {
       int prot = s.writable ? PROT_READ | PROT_WRITE : PROT_READ;
