@@ -310,6 +310,41 @@ TEST_CASE("at most 64 signal notices run at once; the 65th start throws EMFILE")
   CHECK((current_disposition(SIGUSR2).sa_handler == SIG_IGN));
 }
 
+TEST_CASE("signals arriving while notices start and stop: no crash, the disposition restored") {
+  scoped_disposition ign(SIGUSR2, SIG_IGN);
+  const auto usr1_before = current_disposition(SIGUSR1).sa_handler;
+  std::atomic<bool> done{false};
+  std::atomic<long> sent{0};
+  std::thread sender([&] {
+    while (!done.load()) {
+      ::kill(::getpid(), SIGUSR2);
+      ++sent;
+      std::this_thread::yield();
+    }
+  });
+  // at least 300 cycles, and on until the sender got going (it may start late on a busy machine)
+  const auto give_up = steady::now() + 10s;
+  for (int i = 0; i < 300 || (sent.load() < 100 && steady::now() < give_up); ++i) {
+    signal_notice<SIGUSR2> a;
+    signal_notice<SIGUSR2, SIGUSR1> b;
+    a.start();
+    if (i % 2) b.start();
+    std::this_thread::yield();
+    // a stops first half the time, b the other half: either may be the last one out
+    if (i % 3) a.stop();
+  }
+  done = true;
+  sender.join();
+  CHECK(sent.load() >= 100);
+  CHECK((current_disposition(SIGUSR2).sa_handler == SIG_IGN));
+  CHECK((current_disposition(SIGUSR1).sa_handler == usr1_before));
+  // and a fresh notice still works afterwards
+  signal_notice<SIGUSR2> after;
+  after.start();
+  ::raise(SIGUSR2);
+  CHECK(after.noticed());
+}
+
 // ---- polled and file notices -------------------------------------------------------------
 
 TEST_CASE("polled_notice polls until the callable says so, then stops polling") {

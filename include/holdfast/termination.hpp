@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -147,10 +148,19 @@ struct signal_cell {
   std::atomic<std::uint64_t> count{0};
 };
 
-/// Per signal: how many notices installed it and what was there before.
+inline constexpr int signal_saved_ring = 8;
+
+/// Per signal: how many notices installed it and what was there before. The handler may still
+/// be running (on another thread) when the next install saves a new previous disposition, so
+/// saved dispositions go into a ring and are published by an index: a running handler keeps
+/// reading the record it loaded, which is not reused until eight more changes.
 struct signal_disposition {
-  int installs = 0;
-  struct sigaction previous {};
+  int installs = 0;  // under signal_table::mu
+  struct sigaction saved[signal_saved_ring] {};
+  std::atomic<int> current{0};
+  const struct sigaction& previous() const noexcept {
+    return saved[current.load(std::memory_order_acquire)];
+  }
 };
 
 inline constexpr int signal_cell_count = 64;
@@ -171,7 +181,7 @@ constexpr std::uint64_t signal_bit(int sig) noexcept {
 }
 
 inline void chain_previous(int sig, siginfo_t* info, void* ctx) noexcept {
-  const struct sigaction& prev = signal_slot.sig[sig].previous;
+  const struct sigaction& prev = signal_slot.sig[sig].previous();
   if (prev.sa_flags & SA_SIGINFO) {
     if (prev.sa_sigaction) prev.sa_sigaction(sig, info, ctx);
   } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN && prev.sa_handler) {
@@ -203,6 +213,13 @@ inline bool is_our_handler(const struct sigaction& sa) noexcept {
   return (sa.sa_flags & SA_SIGINFO) && sa.sa_sigaction == &signal_handler;
 }
 
+inline bool same_disposition(const struct sigaction& a, const struct sigaction& b) noexcept {
+  if (a.sa_flags != b.sa_flags) return false;
+  if (std::memcmp(&a.sa_mask, &b.sa_mask, sizeof a.sa_mask) != 0) return false;
+  return (a.sa_flags & SA_SIGINFO) ? a.sa_sigaction == b.sa_sigaction
+                                   : a.sa_handler == b.sa_handler;
+}
+
 /// Installs the handler on `sig` for one more notice (the first saves what was there).
 inline void install_signal(int sig) {
   std::lock_guard<std::mutex> lock(signal_slot.mu);
@@ -215,7 +232,11 @@ inline void install_signal(int sig) {
   if (::sigaction(sig, nullptr, &current) != 0)
     throw error(errno, "sigaction", "signal " + std::to_string(sig));
   // Still ours (a later handler sat on top when we last stopped): keep the saved previous.
-  if (!is_our_handler(current)) d.previous = current;
+  if (!is_our_handler(current) && !same_disposition(d.previous(), current)) {
+    int next = (d.current.load(std::memory_order_relaxed) + 1) % signal_saved_ring;
+    d.saved[next] = current;
+    d.current.store(next, std::memory_order_release);
+  }
   struct sigaction ours {};
   ours.sa_sigaction = &signal_handler;
   ours.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
@@ -233,7 +254,7 @@ inline void uninstall_signal(int sig) noexcept {
   struct sigaction current {};
   if (::sigaction(sig, nullptr, &current) != 0) return;
   // Someone installed a handler over ours: leave it (it may chain to us; we are then inert).
-  if (is_our_handler(current)) ::sigaction(sig, &d.previous, nullptr);
+  if (is_our_handler(current)) ::sigaction(sig, &d.previous(), nullptr);
 }
 
 /// Claims a free listener cell, reset; -1 when all are taken.
