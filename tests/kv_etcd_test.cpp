@@ -269,7 +269,7 @@ TEST_CASE("etcd_kv lease: a live client keeps its keys, a SIGKILLed one loses th
   CHECK(observer.insert("workers/1", "replacement"));  // the slot is free again
 }
 
-TEST_CASE("etcd_kv lease: destruction stops the keep-alive promptly; revoke deletes at once") {
+TEST_CASE("etcd_kv lease: destruction stops the keep-alive promptly and revoke deletes at once") {
   holdfast_test::etcd_server server;
   etcd_kv observer(options_for({server.url()}), ns0);
   auto o = options_for({server.url()});

@@ -72,6 +72,12 @@ holdfast::error error_from(Op op) {
 
 }  // namespace
 
+// Short names in test-case names ("...<filesystem_kv>"), so ctest lists read well.
+TYPE_TO_STRING_AS("in_process_kv", in_process_backend);
+TYPE_TO_STRING_AS("filesystem_kv", filesystem_backend);
+TYPE_TO_STRING_AS("network_filesystem_kv", network_filesystem_backend);
+TYPE_TO_STRING_AS("etcd_kv", etcd_backend);
+
 // ---- the contract suite --------------------------------------------------------------------
 
 TEST_CASE_TEMPLATE_DEFINE("kv contract: insert once, put overwrites, try_get", B, kv_insert) {
