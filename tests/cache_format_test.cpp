@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <holdfast/cache.hpp>
 #include <holdfast/detail/crc32c.hpp>
 #include <holdfast/testing/fault_io.hpp>
@@ -17,6 +18,7 @@
 #include "support/temp_dir.hpp"
 
 namespace hf = holdfast;
+using hf::testing::fault;
 using hf::testing::fault_io;
 using hf::testing::fault_plan;
 using hf::testing::io_op;
@@ -490,4 +492,34 @@ TEST_CASE("mappings: pread_read maps only the index; mmap_read reserves once and
   CHECK(c.put(0, std::string(60000, 'c')));
   CHECK_FALSE(c.put(1, std::string(6000, 'c')));
   CHECK(c.frozen());
+}
+
+TEST_CASE("a failed create throws the first error and leaves no temp file behind") {
+  holdfast_test::temp_dir dir("cache");
+  using cache_t = hf::basic_file_cache<hf::mmap_read, hf::flock_lock, hf::sync_never,
+                                       hf::checked_format, fault_io>;
+  struct disarm {
+    ~disarm() { fault_plan::disarm(); }
+  } guard;
+  fault_plan::reset_counts();
+  { cache_t probe(hf::create_cache, 5000, in(dir)); }
+  const auto calls = fault_plan::calls(io_op::any);
+  REQUIRE(calls >= 4);  // open, pwrite(s), mmap, ...
+  int failed_creates = 0;
+  for (std::uint64_t k = 1; k <= calls + 1; ++k) {
+    CAPTURE(k);
+    fault_plan::arm(fault{io_op::any, k, ENOSPC});
+    std::optional<cache_t> c;
+    try {
+      c.emplace(hf::create_cache, 5000, in(dir));
+    } catch (const hf::error& e) {
+      CHECK(e.errnum() == ENOSPC);
+      ++failed_creates;
+    }
+    fault_plan::disarm();
+    if (c) CHECK(c->put(0, "ok"));  // the fault landed past creation: a working cache
+    c.reset();
+    CHECK(std::filesystem::is_empty(dir.path()));  // removed on every path
+  }
+  CHECK(failed_creates >= 3);  // open, the header/index pwrites and mmap each fail creation
 }
