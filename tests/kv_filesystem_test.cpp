@@ -147,6 +147,23 @@ TEST_CASE("filesystem_kv: failed reads, scans and unlinks are errors naming the 
   }
 }
 
+TEST_CASE("filesystem_kv: creates its root with missing parents, and reports what it cannot") {
+  holdfast_test::temp_dir dir("kvroot");
+  holdfast::filesystem_kv kv(dir.path() + "/a/b/c", kv_namespace("run", 7));
+  CHECK(kv.directory() == dir.path() + "/a/b/c/run/7");
+  CHECK(kv.insert("k", "v"));
+  const std::string file = dir.path() + "/file";
+  ::close(::open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+  try {
+    holdfast::filesystem_kv bad(file + "/sub", kv_namespace("run", 7));
+    FAIL("no error");
+  } catch (const holdfast::error& e) {
+    CHECK(e.errnum() == ENOTDIR);
+    CHECK(e.operation() == "mkdir");
+    CHECK(e.path() == file + "/sub");
+  }
+}
+
 TEST_CASE("filesystem_kv: a writer SIGKILLed at random points leaves whole values only") {
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
   constexpr int kRuns = 10;  // scaled down under sanitizers (slow fork + exec of the runtime)

@@ -106,7 +106,8 @@ class basic_filesystem_kv {
   static_assert(check_io_policy<Io>());
 
  public:
-  /// Uses `<root>/<run id>/<incarnation>/`, creating the directories that are missing (0755).
+  /// Uses `<root>/<run id>/<incarnation>/`, creating the directories that are missing (0755,
+  /// parents of `root` included).
   /// Throws holdfast::error naming the directory when it cannot be created.
   basic_filesystem_kv(std::string root, kv_namespace ns)
       : root_(std::move(root)),
@@ -191,8 +192,14 @@ class basic_filesystem_kv {
  private:
   using publisher_type = basic_publisher<Durability, Io>;
 
+  // mkdir -p: creates `dir` and any missing parent.
   static void make_dir(const std::string& dir) {
     if (Io::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST) return;
+    const std::size_t slash = dir.rfind('/');
+    if (errno == ENOENT && slash != std::string::npos && slash > 0) {
+      make_dir(dir.substr(0, slash));
+      if (Io::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST) return;
+    }
     throw error(errno, "mkdir", dir);
   }
 
