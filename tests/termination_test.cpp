@@ -685,6 +685,132 @@ TEST_CASE("any_of: noticed when one source is, earliest time and deadline") {
   CHECK((current_disposition(SIGUSR1).sa_handler == SIG_IGN));
 }
 
+// ---- one contract, every notice source -----------------------------------------------------
+
+namespace {
+
+// Each fixture makes a notice and can trigger it; the contract below runs against every one.
+struct flag_poll {
+  std::atomic<bool>* flag;
+  bool operator()() const { return flag->load(); }
+};
+
+struct signal_fixture {
+  using notice_type = signal_notice<SIGUSR1>;
+  static constexpr bool announces_deadline = false;
+  scoped_disposition ign{SIGUSR1, SIG_IGN};
+  notice_type make() { return notice_type(); }
+  void trigger() { ::raise(SIGUSR1); }
+};
+
+struct polled_fixture {
+  using notice_type = holdfast::polled_notice<flag_poll>;
+  static constexpr bool announces_deadline = false;
+  std::atomic<bool> flag{false};
+  notice_type make() { return notice_type(flag_poll{&flag}, 5ms); }
+  void trigger() { flag = true; }
+};
+
+struct file_fixture {
+  using notice_type = holdfast::file_notice;
+  static constexpr bool announces_deadline = false;
+  holdfast_test::temp_dir dir{"contract"};
+  notice_type make() { return notice_type(dir / "preempt", 5ms); }
+  void trigger() {
+    ::close(::open((dir / "preempt").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+  }
+};
+
+struct gce_maintenance_fixture {
+  using notice_type = holdfast::gce_maintenance_notice;
+  static constexpr bool announces_deadline = false;
+  std::atomic<bool> on{false};
+  log_lines log;
+  http_server srv{[this](const seen_request&) {
+    return reply(200, on.load() ? "TERMINATE_ON_HOST_MAINTENANCE" : "NONE");
+  }};
+  notice_type make() { return notice_type(fast(srv.url(), log)); }
+  void trigger() { on = true; }
+};
+
+struct gce_preempted_fixture {
+  using notice_type = holdfast::gce_preempted_notice;
+  static constexpr bool announces_deadline = false;
+  std::atomic<bool> on{false};
+  log_lines log;
+  http_server srv{[this](const seen_request&) { return reply(200, on.load() ? "TRUE" : "FALSE"); }};
+  notice_type make() { return notice_type(fast(srv.url(), log)); }
+  void trigger() { on = true; }
+};
+
+struct aws_spot_fixture {
+  using notice_type = holdfast::aws_spot_notice;
+  static constexpr bool announces_deadline = true;
+  fake_imds imds;
+  log_lines log;
+  http_server srv{[this](const seen_request& r) { return imds(r); }};
+  notice_type make() { return notice_type(fast(srv.url(), log)); }
+  void trigger() { imds.notice = true; }
+};
+
+struct any_of_fixture {
+  using notice_type = holdfast::any_of<signal_notice<SIGUSR1>, holdfast::file_notice>;
+  static constexpr bool announces_deadline = false;
+  scoped_disposition ign{SIGUSR1, SIG_IGN};
+  holdfast_test::temp_dir dir{"contract"};
+  notice_type make() {
+    return notice_type(signal_notice<SIGUSR1>(), holdfast::file_notice(dir / "preempt", 5ms));
+  }
+  void trigger() { ::raise(SIGUSR1); }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("notice contract", F, notice_contract) {
+  static_assert(holdfast::check_notice_policy<typename F::notice_type>());
+  F f;
+  SUBCASE("before start: no notice; stop and destruction are harmless") {
+    auto n = f.make();
+    CHECK_FALSE(n.noticed());
+    CHECK_FALSE(n.noticed_at());
+    CHECK_FALSE(n.deadline());
+    n.stop();
+    n.stop();
+  }
+  SUBCASE("started and triggered: noticed, with its time; it survives stop") {
+    auto n = f.make();
+    n.start();
+    n.start();  // a second start is a no-op
+    CHECK_FALSE(n.noticed());
+    auto before = steady::now();
+    f.trigger();
+    CHECK(eventually([&] { return n.noticed(); }));
+    REQUIRE(n.noticed_at());
+    CHECK(*n.noticed_at() >= before);
+    CHECK(*n.noticed_at() <= steady::now());
+    CHECK(static_cast<bool>(n.deadline()) == F::announces_deadline);
+    n.stop();
+    CHECK(n.noticed());
+    CHECK(n.noticed_at());
+  }
+  SUBCASE("a started notice can be moved and keeps watching") {
+    auto n = f.make();
+    n.start();
+    auto m = std::move(n);
+    f.trigger();
+    CHECK(eventually([&] { return m.noticed(); }));
+  }
+  SUBCASE("without a trigger there is no notice") {
+    auto n = f.make();
+    n.start();
+    std::this_thread::sleep_for(60ms);  // an absence cannot be waited for: give it a few polls
+    CHECK_FALSE(n.noticed());
+  }
+}
+TEST_CASE_TEMPLATE_INVOKE(notice_contract, signal_fixture, polled_fixture, file_fixture,
+                          gce_maintenance_fixture, gce_preempted_fixture, aws_spot_fixture,
+                          any_of_fixture);
+
 // ---- exit policies, in forked children ---------------------------------------------------------
 
 TEST_CASE("exit_with<code> exits with the code after flushing stdio") {
