@@ -46,11 +46,16 @@ const std::string& payload(std::size_t n) {
   return n == small.size() ? small : large;
 }
 
-// The bare protocol: temp, full write, fchmod, file sync, close, rename, directory sync.
+// The bare protocol: temp, full write, fchmod, file sync, close, rename, directory sync. No
+// error handling, no cleanup, no rollback backup: the floor holdfast is measured against.
 enum class bare_sync { none, data, full };
 void bare_publish(const std::string& dir, const std::string& target, const std::string& bytes,
                   bare_sync sync, bool dir_sync) {
-  std::string temp = dir + "/.bare-tmp." + std::to_string(::getpid());
+  // A unique temp per publish, as any correct hand-written version needs (concurrent publishers
+  // must not share one); a fixed name would also let the kernel reuse a cached dentry.
+  static unsigned long counter = 0;
+  std::string temp =
+      dir + "/.bare-tmp." + std::to_string(::getpid()) + "." + std::to_string(++counter);
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   const char* p = bytes.data();
   std::size_t left = bytes.size();

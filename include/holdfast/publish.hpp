@@ -11,17 +11,18 @@
 //   3. fchmod to `mode` (applied exactly; the umask does not apply);
 //   4. fsync or fdatasync the temp, per Durability;
 //   5. close, checked;
-//   6. (durable) open the parent directory; link the current target to a backup temp name, so
-//      a failed directory sync can be rolled back;
-//   7. rename over the target (publish_once: renameat2 RENAME_NOREPLACE, falling back to
-//      link + unlink where the filesystem answers ENOSYS/EINVAL/EOPNOTSUPP);
-//   8. (durable) fsync the parent directory, close it checked; unlink the backup.
+//   6. (durable) open the parent directory;
+//   7. rename over the target. durable: renameat2 RENAME_EXCHANGE, so the old version stays at
+//      the temp name until step 8 succeeds (no target yet: rename; no exchange support: a hard
+//      link of the old version as backup, then rename). publish_once: renameat2
+//      RENAME_NOREPLACE, falling back to link + unlink on ENOSYS/EINVAL/EOPNOTSUPP;
+//   8. (durable) fsync the parent directory, close it checked; unlink the old version.
 //
 // Guarantees:
 //   - On any failure the temp is unlinked, the target is left as it was (after step 7 the
-//     previous version is renamed back, or the new name unlinked when there was none), and the
-//     first error is thrown (holdfast::error naming the failing operation), never one from
-//     cleanup.
+//     previous version is exchanged or renamed back, or the new name unlinked when there was
+//     none), and the first error is thrown (holdfast::error naming the failing operation),
+//     never one from cleanup.
 //   - Durability policies: `durable` (fsync file + fsync directory; a directory fsync answering
 //     EINVAL is an error), `durable_tolerate_einval` (the same, but EINVAL from the directory
 //     fsync — some NFS and FUSE filesystems — is accepted: the rename is then as durable as that
@@ -40,14 +41,14 @@
 // Caveats:
 //   - The temp lives in the target's directory: the process needs write permission there, and
 //     the directory must not be on another filesystem than the target (rename would be EXDEV).
-//   - After a successful publish, a failed unlink of the backup (durable) or of the linked temp
-//     (publish_once on the link fallback) is not reported: the publish succeeded. The leftover
-//     matches the temp pattern and sweep_stale_temps removes it.
+//   - After a successful publish, a failed unlink of the displaced old version (durable) or of
+//     the linked temp (publish_once on the link fallback) is not reported: the publish
+//     succeeded. The leftover matches the temp pattern and sweep_stale_temps removes it.
 //   - A rollback after a failed directory sync is itself not synced; a concurrent reader may
 //     have seen the new version before the rollback. Concurrent publishers to one target are
 //     fine (last rename wins), but a rollback restores the version this publisher displaced.
-//   - Where hard links are not supported (EPERM, EOPNOTSUPP, EMLINK), durable publish runs
-//     without a backup and cannot roll back a failed directory sync.
+//   - Where neither RENAME_EXCHANGE nor hard links are supported, durable publish runs without
+//     a backup and cannot roll back a failed directory sync.
 //   - Replacing a directory needs RENAME_EXCHANGE (Linux 3.15, ext4/xfs/btrfs/tmpfs); elsewhere
 //     the old directory is renamed aside first, leaving a short window with no target.
 #pragma once
@@ -391,48 +392,85 @@ class basic_publisher {
     fd_type dirfd;
     if constexpr (Durability::sync_parent) dirfd = open_file<Io>(dir, O_RDONLY | O_DIRECTORY);
 
-    // After the rename: how to undo it if the directory sync fails.
-    std::string backup;
-    bool created = false;  // the target did not exist before (once, or no backup found)
-    if (once) {
-      int r = Io::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, target.c_str(),
-                            detail::rename_noreplace);
-      if (r != 0) {
-        if (errno == EEXIST) return false;
-        if (!detail::unsupported(errno)) throw error(errno, "renameat2", target);
-        if (Io::link(temp.path().c_str(), target.c_str()) != 0) {
-          if (errno == EEXIST) return false;
-          throw error(errno, "link", target);
-        }
-        // temp is unlinked by its guard below; the target keeps the inode.
-      } else {
-        temp.release();
-      }
-      created = true;
-    } else if constexpr (Durability::sync_parent) {
-      backup = take_backup(dir, name, target, created);
-    }
-    detail::unlink_guard<Io> old(backup);
-    if (!once) {
+    if (once) return link_once(target, temp, dirfd);
+    if constexpr (!Durability::sync_parent) {
       if (Io::rename(temp.path().c_str(), target.c_str()) != 0)
         throw error(errno, "rename", target);
       temp.release();
+      return true;
+    } else {
+      replace_with_rollback(dir, name, target, temp, dirfd);
+      return true;
     }
+  }
 
+  // publish_once: renameat2 NOREPLACE, else link + unlink; false when the target exists.
+  static bool link_once(const std::string& target, detail::unlink_guard<Io>& temp, fd_type& dirfd) {
+    if (Io::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, target.c_str(),
+                      detail::rename_noreplace) == 0) {
+      temp.release();
+    } else {
+      if (errno == EEXIST) return false;
+      if (!detail::unsupported(errno)) throw error(errno, "renameat2", target);
+      if (Io::link(temp.path().c_str(), target.c_str()) != 0) {
+        if (errno == EEXIST) return false;
+        throw error(errno, "link", target);
+      }
+      // the temp name is unlinked by its guard; the target keeps the inode
+    }
     if constexpr (Durability::sync_parent) {
       try {
         detail::sync_dir_fd<Durability>(dirfd);
         dirfd.close();
       } catch (...) {
-        if (!backup.empty() && Io::rename(backup.c_str(), target.c_str()) == 0) {
-          old.release();
-        } else if (created) {
-          Io::unlink(target.c_str());
-        }
+        Io::unlink(target.c_str());  // ours: it did not exist before
         throw;
       }
     }
     return true;
+  }
+
+  // Replaces the target so a failed directory sync can be undone. RENAME_EXCHANGE swaps the
+  // temp and the target (the old version then sits at the temp name until the sync is done);
+  // with no target, a plain rename (undo: unlink); where exchange is unsupported, a hard-link
+  // backup of the old version, then rename (undo: rename the backup back).
+  void replace_with_rollback(const std::string& dir, const std::string& name,
+                             const std::string& target, detail::unlink_guard<Io>& temp,
+                             fd_type& dirfd) const {
+    bool exchanged = false, created = false;
+    std::string backup;
+    if (Io::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, target.c_str(),
+                      detail::rename_exchange) == 0) {
+      exchanged = true;  // temp's guard now unlinks the old version
+    } else if (errno != ENOENT && !detail::unsupported(errno)) {
+      throw error(errno, "renameat2", target);
+    } else {
+      if (errno == ENOENT)
+        created = true;
+      else
+        backup = take_backup(dir, name, target, created);
+      if (Io::rename(temp.path().c_str(), target.c_str()) != 0) {
+        int e = errno;
+        if (!backup.empty()) Io::unlink(backup.c_str());
+        throw error(e, "rename", target);
+      }
+      temp.release();
+    }
+    detail::unlink_guard<Io> old(backup);
+    try {
+      detail::sync_dir_fd<Durability>(dirfd);
+      dirfd.close();
+    } catch (...) {
+      if (exchanged) {
+        Io::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, target.c_str(),
+                      detail::rename_exchange);  // the temp's guard unlinks the new version
+      } else if (!backup.empty() && Io::rename(backup.c_str(), target.c_str()) == 0) {
+        old.release();
+      } else if (created) {
+        Io::unlink(target.c_str());
+      }
+      throw;
+    }
   }
 
   // Links the current target to a backup temp name; "" when there is none (or no hard links).
