@@ -85,6 +85,9 @@ struct posix_io {
     return ::mmap(addr, len, prot, flags, fd, off);
   }
   static int munmap(void* addr, std::size_t len) noexcept { return ::munmap(addr, len); }
+  static int madvise(void* addr, std::size_t len, int advice) noexcept {
+    return ::madvise(addr, len, advice);
+  }
   // sockets, polling, inotify
   static int socket(int domain, int type, int protocol) noexcept {
     return ::socket(domain, type, protocol);

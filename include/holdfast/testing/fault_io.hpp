@@ -60,6 +60,7 @@ enum class io_op : unsigned {
   getaddrinfo,
   inotify_init1,
   inotify_add_watch,
+  madvise,
   count_
 };
 
@@ -101,7 +102,8 @@ inline const char* to_string(io_op op) noexcept {
                                       "poll",
                                       "getaddrinfo",
                                       "inotify_init1",
-                                      "inotify_add_watch"};
+                                      "inotify_add_watch",
+                                      "madvise"};
   auto i = static_cast<unsigned>(op);
   return i < static_cast<unsigned>(io_op::count_) ? names[i] : "?";
 }
@@ -296,6 +298,9 @@ struct fault_io : posix_io {
   }
   static int munmap(void* a, std::size_t n) noexcept {
     return fault_plan::hit(io_op::munmap) ? fail(-1) : posix_io::munmap(a, n);
+  }
+  static int madvise(void* a, std::size_t n, int advice) noexcept {
+    return fault_plan::hit(io_op::madvise) ? fail(-1) : posix_io::madvise(a, n, advice);
   }
   static int socket(int d, int t, int p) noexcept {
     return fault_plan::hit(io_op::socket) ? fail(-1) : posix_io::socket(d, t, p);
