@@ -648,7 +648,7 @@ TEST_CASE("writers killed with SIGKILL at random points: target absent or whole;
     CAPTURE(run);
     // run % 3 == 0: from no target, killed anywhere from the first publish on (absent or whole)
     // run % 3 == 1: killed after the first publish completed (must be present and whole)
-    // run % 3 == 2: over the previous run's version
+    // run % 3 == 2: over the previous run's version, durable
     const int kind = run % 3;
     if (kind == 0) ::unlink(target.c_str());
     int ready[2];
@@ -656,12 +656,17 @@ TEST_CASE("writers killed with SIGKILL at random points: target absent or whole;
     holdfast_test::child writer([&] {
       ::close(ready[0]);
       if (kind != 1) (void)!::write(ready[1], "r", 1);
-      const holdfast::basic_publisher<holdfast::data_only> pub;
-      for (int i = 0;; ++i) {
-        pub.publish(target, make_version(std::to_string(run) + "." + std::to_string(i),
-                                         static_cast<std::size_t>(50000 + i * 4099 % 150000)));
-        if (kind == 1 && i == 0) (void)!::write(ready[1], "r", 1);
-      }
+      auto loop = [&](const auto& pub) {
+        for (int i = 0;; ++i) {
+          pub.publish(target, make_version(std::to_string(run) + "." + std::to_string(i),
+                                           static_cast<std::size_t>(50000 + i * 4099 % 150000)));
+          if (kind == 1 && i == 0) (void)!::write(ready[1], "r", 1);
+        }
+      };
+      // over an old version, durable: killed between the exchange and the unlink of the old
+      // version leaves that version as a temp
+      if (kind == 2) loop(holdfast::basic_publisher<holdfast::durable>());
+      loop(holdfast::basic_publisher<holdfast::data_only>());
     });
     ::close(ready[1]);
     char c;

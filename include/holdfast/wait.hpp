@@ -129,7 +129,8 @@ std::optional<std::string> read_if_exists(const std::string& path) {
 
 /// Waits for files again and again with one kept wait state (for inotify_wait, one inotify
 /// descriptor). Closing an inotify descriptor waits for an RCU grace period (milliseconds), so
-/// a job that waits once per cycle should keep a waiter rather than call await_file.
+/// a job that waits once per cycle should keep a waiter rather than call await_file. One
+/// waiter serves one thread at a time.
 template <class Wait = inotify_wait, class Io = posix_io>
 class basic_file_waiter {
  public:
