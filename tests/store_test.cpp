@@ -29,6 +29,18 @@ using holdfast::testing::io_op;
 
 namespace {
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool sanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool sanitized = true;
+#else
+constexpr bool sanitized = false;
+#endif
+#else
+constexpr bool sanitized = false;
+#endif
+
 void write_file(const std::string& path, const std::string& content) {
   fs::create_directories(fs::path(path).parent_path());
   auto fd = holdfast::open_file(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -423,7 +435,7 @@ TEST_CASE("sync with each system call failing in turn never leaves a partial or 
   holdfast_test::shm_temp_dir dir("syncfault");
   std::string local = dir / "local";
   write_file(local + "/a", std::string(100000, 'a'));
-  write_file(local + "/d/b", std::string(3000000, 'b'));
+  write_file(local + "/d/b", std::string(1200000, 'b'));  // two copy buffers
   write_file(local + "/d/e/c", "c");
   using store_t = holdfast::basic_store<holdfast::basic_local_filesystem<fault_io>>;
 
@@ -479,8 +491,9 @@ TEST_CASE("a copier SIGKILLed at any point of a sync never leaves a partial remo
   holdfast_test::shm_temp_dir dir("synckill");
   std::string local = dir / "local";
   std::mt19937_64 rng(20261121);
+  const std::size_t sizes[] = {1000, 300000, 1200000, 5000, 600000, 20};  // one spans two buffers
   for (int i = 0; i < 6; ++i) {
-    std::string content(static_cast<std::size_t>(1000 + (i * 700000)), static_cast<char>('a' + i));
+    std::string content(sizes[i], static_cast<char>('a' + i));
     write_file(local + "/f" + std::to_string(i) + (i % 2 ? "/x" : ""), content);
   }
   auto expected = snapshot(local);
@@ -494,7 +507,8 @@ TEST_CASE("a copier SIGKILLed at any point of a sync never leaves a partial remo
     total = holdfast_test::kill_io::calls();
   }
   REQUIRE(total > 30);
-  const int trials = 40;
+  // 40 trials in normal builds; sanitizers make each fork and copy slow, so 15 there.
+  const int trials = sanitized ? 15 : 40;
   for (int t = 0; t < trials; ++t) {
     std::string root = dir / ("t" + std::to_string(t));
     std::uint64_t k = std::uniform_int_distribution<std::uint64_t>(1, total)(rng);
