@@ -79,7 +79,7 @@ TEST_CASE("parse_http_url: host, port, path, IPv6, and rejects the rest") {
   }
 }
 
-TEST_CASE("Content-Length body; the request carries Host, Connection: close and its body") {
+TEST_CASE("Content-Length body, the request carries Host, Connection: close and its body") {
   http_server srv(
       [](const seen_request& r) { return reply(200, "echo:" + r.body, "X-Test: Yes  \r\n"); });
   auto ep = parse_http_url(srv.url());
@@ -135,7 +135,7 @@ TEST_CASE("chunked bodies, with extensions and trailers, split at every byte") {
   }
 }
 
-TEST_CASE("a body without framing ends when the connection closes; 204 and HEAD have none") {
+TEST_CASE("a body without framing ends when the connection closes, 204 and HEAD have none") {
   http_server srv([](const seen_request& r) {
     if (r.target == "/close") return reply::raw("HTTP/1.1 200 OK\r\n\r\nuntil the end");
     if (r.target == "/204") return reply::raw("HTTP/1.1 204 No Content\r\n\r\n");
@@ -335,7 +335,7 @@ TEST_CASE("http_stream delivers a long-lived chunked body as it arrives, until t
   }
 }
 
-TEST_CASE("http_stream: a body that ends returns; errors and non-2xx throw") {
+TEST_CASE("http_stream: a body that ends returns, errors and non-2xx throw") {
   http_server srv([](const seen_request& r) {
     if (r.target == "/short") return reply::raw(reply::response(200, "all of it"));
     if (r.target == "/404") return reply(404, "{\"error\":\"no such thing\"}");

@@ -217,7 +217,7 @@ TEST_CASE("a handler installed earlier still runs, in both forms, and is restore
   }
 }
 
-TEST_CASE("two configs watching one signal both see it; the last to stop restores") {
+TEST_CASE("two configs watching one signal both see it, the last to stop restores") {
   scoped_disposition mine(SIGTERM, plain_handler);
   plain_hits = 0;
   holdfast::termination_config<> a, b;
@@ -261,7 +261,7 @@ TEST_CASE("signal_notice<SIGUSR1, SIGTERM> reports which signal came first") {
   static_assert(signal_notice<>::signals[0] == SIGTERM);
 }
 
-TEST_CASE("a signal sent by another process is noticed; SIG_DFL comes back after stop") {
+TEST_CASE("a signal sent by another process is noticed, SIG_DFL comes back after stop") {
   int ready[2];
   REQUIRE(::pipe(ready) == 0);
   holdfast_test::child c([&] {
@@ -290,7 +290,7 @@ TEST_CASE("a signal sent by another process is noticed; SIG_DFL comes back after
   CHECK(r.term_signal == SIGTERM);
 }
 
-TEST_CASE("at most 64 signal notices run at once; the 65th start throws EMFILE") {
+TEST_CASE("at most 64 signal notices run at once, the 65th start throws EMFILE") {
   scoped_disposition ign(SIGUSR2, SIG_IGN);
   std::vector<signal_notice<SIGUSR2>> many(65);
   std::size_t started = 0;
@@ -554,7 +554,7 @@ struct fake_imds {
 };
 }  // namespace
 
-TEST_CASE("aws_spot_notice: IMDSv2 token flow; 404 is no notice; the action time is the deadline") {
+TEST_CASE("aws_spot_notice: IMDSv2 token flow, 404 is no notice, the action time is the deadline") {
   fake_imds imds;
   http_server srv([&](const seen_request& r) { return imds(r); });
   log_lines log;
@@ -607,7 +607,7 @@ TEST_CASE("aws_spot_notice: malformed documents and a refused token are no notic
   CHECK(log.at(0).find("token") != std::string::npos);
 }
 
-TEST_CASE("destroying notices stops every background thread within 100 ms; none is left") {
+TEST_CASE("destroying notices stops every background thread within 100 ms, none is left") {
   auto slow_reply = [](const seen_request&) {
     return reply::delayed(10s, reply::response(200, "TERMINATE_ON_HOST_MAINTENANCE"));
   };
@@ -833,7 +833,7 @@ TEST_CASE("exit_with<code> exits with the code after flushing stdio") {
   CHECK(c143.wait(10s).exit_code == 143);
 }
 
-TEST_CASE("no_exit returns; a callable exit gets the context; config.exit() runs the policy") {
+TEST_CASE("no_exit returns, a callable exit gets the context, config.exit() runs the policy") {
   holdfast_test::child none([] {
     holdfast::termination_config<signal_notice<>, holdfast::no_exit> cfg;
     cfg.exit();
@@ -1061,7 +1061,7 @@ TEST_CASE("metadata URLs come from the SDKs' environment variables, else 169.254
   CHECK(r.exit_code == 0);
 }
 
-TEST_CASE("ISO 8601 times: UTC, fractions, offsets; anything else is a format_error") {
+TEST_CASE("ISO 8601 times: UTC, fractions, offsets, anything else is a format_error") {
   using holdfast::detail::parse_iso8601;
   auto secs = [](std::chrono::system_clock::time_point t) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
