@@ -40,6 +40,7 @@
 #include <sys/stat.h>
 #include <time.h>  // clock_gettime: async-signal-safe time in the handler
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -393,9 +394,11 @@ class polled_notice {
                 "holdfast: polled_notice<F> needs F() or F(const std::atomic<bool>& stopping)");
 
  public:
+  /// Polls `poll` every `interval` (at least 1 ms) once started; failures go to `log`.
   explicit polled_notice(F poll, std::chrono::milliseconds interval = std::chrono::seconds(1),
                          log_fn log = log_to_stderr)
-      : s_(std::make_unique<shared>(std::move(poll), interval, std::move(log))) {}
+      : s_(std::make_unique<shared>(
+            std::move(poll), std::max(interval, std::chrono::milliseconds(1)), std::move(log))) {}
   polled_notice(polled_notice&&) noexcept = default;
   polled_notice& operator=(polled_notice&& o) noexcept {
     if (this != &o) {
