@@ -148,6 +148,28 @@ TEST_CASE("temp names: recognizable pattern, pid inside, cut to 255 bytes") {
   CHECK(name.find("." + std::to_string(::getpid()) + ".") != std::string::npos);
 }
 
+namespace {
+struct missing_einval_choice {  // a Durability policy that does not say what EINVAL means
+  static constexpr holdfast::file_sync file = holdfast::file_sync::full;
+  static constexpr bool sync_parent = true;
+};
+}  // namespace
+
+TEST_CASE("Durability policies are checked at compile time") {
+  static_assert(holdfast::detail::is_durability_policy_v<holdfast::durable>);
+  static_assert(holdfast::detail::is_durability_policy_v<holdfast::durable_tolerate_einval>);
+  static_assert(holdfast::detail::is_durability_policy_v<holdfast::data_only>);
+  static_assert(holdfast::detail::is_durability_policy_v<holdfast::no_sync>);
+  static_assert(!holdfast::detail::is_durability_policy_v<missing_einval_choice>);
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+  static_assert(holdfast::durability_policy<holdfast::durable>);
+  static_assert(!holdfast::durability_policy<missing_einval_choice>);
+#endif
+  CHECK(holdfast::durable::on_directory_einval == holdfast::directory_einval::fail);
+  CHECK(holdfast::durable_tolerate_einval::on_directory_einval ==
+        holdfast::directory_einval::accept);
+}
+
 TEST_CASE("split_path") {
   using holdfast::detail::split_path;
   CHECK(split_path("a") == std::make_pair(std::string("."), std::string("a")));

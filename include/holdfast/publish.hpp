@@ -71,36 +71,47 @@
 HOLDFAST_NAMESPACE_BEGIN
 
 /// How a publisher syncs the temp file before renaming it.
-enum class file_sync { none, data, full };
+enum class file_sync {
+  none,  ///< no sync of the file
+  data,  ///< fdatasync: the data and the metadata needed to read it (size)
+  full   ///< fsync: data and all metadata
+};
 
 /// What a Durability policy does when the directory fsync answers EINVAL.
-enum class directory_einval { fail, accept };
+enum class directory_einval {
+  fail,   ///< an error: the publish is rolled back and holdfast::error(EINVAL, "fsync") thrown
+  accept  ///< counts as done: the filesystem gives no stronger guarantee for the rename
+};
 
 /// Default Durability: fsync the file, fsync the parent directory; EINVAL from it is an error.
 struct durable {
-  static constexpr file_sync file = file_sync::full;
-  static constexpr bool sync_parent = true;
+  static constexpr file_sync file = file_sync::full;  ///< fsync the temp before the rename
+  static constexpr bool sync_parent = true;           ///< fsync the directory after the rename
+  /// EINVAL from the directory fsync is an error.
   static constexpr directory_einval on_directory_einval = directory_einval::fail;
 };
 
 /// As durable, but a directory fsync answering EINVAL (some NFS/FUSE mounts) counts as done.
 struct durable_tolerate_einval {
-  static constexpr file_sync file = file_sync::full;
-  static constexpr bool sync_parent = true;
+  static constexpr file_sync file = file_sync::full;  ///< fsync the temp before the rename
+  static constexpr bool sync_parent = true;           ///< fsync the directory after the rename
+  /// EINVAL from the directory fsync counts as done (the documented NFS/FUSE choice).
   static constexpr directory_einval on_directory_einval = directory_einval::accept;
 };
 
 /// fdatasync of the file only; the rename itself is not synced.
 struct data_only {
-  static constexpr file_sync file = file_sync::data;
-  static constexpr bool sync_parent = false;
+  static constexpr file_sync file = file_sync::data;  ///< fdatasync the temp
+  static constexpr bool sync_parent = false;          ///< the rename is not synced
+  /// Unused (no directory sync); stated because every policy must state it.
   static constexpr directory_einval on_directory_einval = directory_einval::fail;
 };
 
 /// No sync at all: atomic for concurrent readers, not for power loss.
 struct no_sync {
-  static constexpr file_sync file = file_sync::none;
-  static constexpr bool sync_parent = false;
+  static constexpr file_sync file = file_sync::none;  ///< no file sync
+  static constexpr bool sync_parent = false;          ///< no directory sync
+  /// Unused (no directory sync); stated because every policy must state it.
   static constexpr directory_einval on_directory_einval = directory_einval::fail;
 };
 
@@ -138,6 +149,11 @@ constexpr bool check_durability_policy() {
                 "on_directory_einval (what an EINVAL directory fsync means must be a choice)");
   return true;
 }
+
+/// True when D states file, sync_parent and on_directory_einval.
+template <class D>
+inline constexpr bool is_durability_policy_v =
+    detect<dur_file, D>::value&& detect<dur_parent, D>::value&& detect<dur_einval, D>::value;
 
 inline constexpr unsigned rename_noreplace = 1u;  // RENAME_NOREPLACE
 inline constexpr unsigned rename_exchange = 2u;   // RENAME_EXCHANGE
@@ -274,6 +290,12 @@ void remove_tree(const std::string& path) {
 }
 
 }  // namespace detail
+
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+/// C++20 spelling of the Durability policy check.
+template <class D>
+concept durability_policy = detail::is_durability_policy_v<D>;
+#endif
 
 /// True when `name` (a bare file name) has the form of a holdfast temp.
 inline bool is_temp_name(std::string_view name) noexcept {
