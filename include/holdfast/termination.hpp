@@ -15,7 +15,9 @@
 //     clock_gettime, then chains to the handler installed before it (sa_handler or SA_SIGINFO
 //     form). SIG_IGN and SIG_DFL are not chained: a notice takes over the default action of its
 //     signals, so a SIGTERM no longer kills the process while a signal_notice is started (that is
-//     its purpose: the handler saves, then exits through the Exit policy). errno is preserved.
+//     its purpose: the handler saves, then exits through the Exit policy). errno is preserved,
+//     and the handler is installed with SA_RESTART, so the program's blocking calls are not
+//     interrupted with EINTR by a notice.
 //   - Several signal_notices (several configs) on one signal all see each delivery. The previous
 //     disposition is restored when the last of them stops.
 //   - The only global state is the signal-handler slot (a fixed table of 64 listener cells and
