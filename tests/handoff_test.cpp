@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <holdfast/handoff.hpp>
+#include <holdfast/testing/fault_io.hpp>
 #include <limits>
 #include <string>
 #include <thread>
@@ -358,5 +359,54 @@ TEST_CASE("the owner guard removes only the root it created, only in its own pro
       root.release();
     }
     CHECK(is_dir(path));
+  }
+}
+
+TEST_CASE("a failure at every syscall of the handoff leaves no command, ready file or root") {
+  using holdfast::testing::fault;
+  using holdfast::testing::fault_io;
+  using holdfast::testing::fault_plan;
+  using holdfast::testing::io_op;
+  holdfast_test::temp_dir dir("handofffault");
+  struct disarm {
+    ~disarm() { fault_plan::disarm(); }
+  } guard;
+  command c = sample();
+  // the whole exchange: create the root, publish the command, publish a ready file
+  auto protocol = [&] {
+    holdfast::basic_cache_root<fault_io> root(dir.path(), "job");
+    holdfast::publish_command<holdfast::json_codec, holdfast::durable, fault_io>(root.path(), c);
+    holdfast::publish_ready<holdfast::durable, fault_io>(root.path(), 7, c);
+    root.release();  // keep it for the checks
+  };
+  fault_plan::reset_counts();
+  protocol();
+  const auto calls = fault_plan::calls(io_op::any);
+  holdfast::detail::remove_tree<holdfast::posix_io>(dir / "job");
+  REQUIRE(calls > 10);
+  for (std::uint64_t k = 1; k <= calls; ++k) {
+    CAPTURE(k);
+    fault_plan::arm(fault{io_op::any, k, EIO});
+    bool threw = false;
+    try {
+      protocol();
+    } catch (const holdfast::error& e) {
+      threw = true;
+      CHECK(e.operation() == holdfast::testing::to_string(fault_plan::last_failed()));
+    }
+    fault_plan::disarm();
+    if (threw) {
+      // the guard removed the root it had created; nothing half-written was left anywhere
+      CHECK_FALSE(is_dir(dir / "job"));
+    } else {
+      // only a cleanup call after a completed step may fail without an error
+      auto failed = fault_plan::last_failed();
+      CHECK((failed == io_op::unlink || failed == io_op::close));
+      auto cmd = holdfast::await_command(dir / "job", 1s);
+      REQUIRE(cmd);
+      CHECK(*cmd == c);
+      CHECK(holdfast::await_ready(dir / "job", 7, 1s) == c);
+    }
+    holdfast::detail::remove_tree<holdfast::posix_io>(dir / "job");
   }
 }
