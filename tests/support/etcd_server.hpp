@@ -1,10 +1,11 @@
 // tests/support/etcd_server.hpp — a real single-member etcd for a test, on free loopback ports.
 //
-// Starts /usr/bin/etcd (Debian package etcd-server, 3.4) in a fresh temp dir with client and
-// peer URLs on free 127.0.0.1 ports, waits until /health answers true (with a deadline), and on
-// stop() or destruction terminates it (SIGTERM, then SIGKILL) and removes the directory.
-// When etcd is missing the constructor throws, so the test FAILS (never skips): with CI=true
-// the message says CI must install it; otherwise it names the Debian package to install.
+// Starts /usr/bin/etcd (Debian package etcd-server, 3.4) with its data in a fresh directory
+// (on /dev/shm when writable, else the temp dir) and client and peer URLs on free 127.0.0.1 ports,
+// waits until /health answers true (with a deadline), and on stop() or destruction terminates it
+// (SIGTERM, then SIGKILL) and removes the directories. When etcd is missing the constructor throws,
+// so the test FAILS (never skips): with CI=true the message says CI must install it; otherwise it
+// names the Debian package to install.
 #pragma once
 
 #include <fcntl.h>
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <holdfast/detail/http.hpp>
 #include <sstream>
@@ -79,6 +81,11 @@ class etcd_server {
       : dir_("etcd") {
     require_etcd();
     owner_ = ::getpid();
+    // etcd fsyncs its WAL on every write; on tmpfs that costs nothing, so a loaded disk cannot
+    // push a test's requests past their timeouts. Falls back to the temp dir.
+    std::string shm = "/dev/shm/holdfast-etcd-XXXXXX";
+    if (::access("/dev/shm", W_OK) == 0 && ::mkdtemp(shm.data())) shm_ = shm;
+    data_root_ = shm_.empty() ? dir_.path() : shm_;
     std::string last;
     for (int attempt = 0; attempt < 3; ++attempt) {  // a port may be taken between probe and bind
       try {
@@ -89,12 +96,15 @@ class etcd_server {
         kill_now();
       }
     }
+    remove_shm();
     throw std::runtime_error(last);
   }
   etcd_server(const etcd_server&) = delete;
   etcd_server& operator=(const etcd_server&) = delete;
   ~etcd_server() {
-    if (::getpid() == owner_) stop();
+    if (::getpid() != owner_) return;
+    stop();
+    remove_shm();
   }
 
   /// "http://127.0.0.1:PORT", for etcd_options::endpoints.
@@ -137,7 +147,7 @@ class etcd_server {
     while (peer == client_port_) peer = free_loopback_port();
     const std::string client = url();
     const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
-    const std::string data = dir_ / ("data-" + std::to_string(client_port_));
+    const std::string data = data_root_ + "/data-" + std::to_string(client_port_);
     std::vector<std::string> args = {
         etcd_binary(), "--name", "holdfast-test", "--data-dir", data, "--listen-client-urls",
         client, "--advertise-client-urls", client, "--listen-peer-urls", peer_url,
@@ -196,6 +206,13 @@ class etcd_server {
                              log_tail());
   }
 
+  void remove_shm() {
+    if (shm_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(shm_, ec);
+    shm_.clear();
+  }
+
   bool exited() {
     int status = 0;
     return pid_ > 0 && ::waitpid(pid_, &status, WNOHANG) == pid_;
@@ -218,6 +235,8 @@ class etcd_server {
   }
 
   temp_dir dir_;
+  std::string shm_;        // etcd's data directory on tmpfs, when /dev/shm is writable
+  std::string data_root_;  // shm_ or dir_
   pid_t owner_ = 0;
   pid_t pid_ = 0;
   int pidfd_ = -1;
