@@ -60,6 +60,13 @@ void set_mtime(const std::string& path, std::int64_t sec, long nsec) {
   REQUIRE(::utimensat(AT_FDCWD, path.c_str(), ts, 0) == 0);
 }
 
+// Moves a file's mtime an hour back (keeping its nanoseconds).
+void age(const std::string& path) {
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  set_mtime(path, static_cast<std::int64_t>(st.st_mtim.tv_sec) - 3600, st.st_mtim.tv_nsec);
+}
+
 // Every regular file under `root` (relative path -> content) and every directory ("dir/").
 std::map<std::string, std::string> snapshot(const std::string& root,
                                             const std::vector<std::string>& skip_top = {}) {
@@ -342,6 +349,9 @@ TEST_CASE_TEMPLATE("sync mirrors creations, modifications within one second, and
   write_file(local + "/logs/events.1", "event-one");
   write_file(local + "/sub/deeper/c.bin", std::string(3 << 20, 'c'));  // several copy buffers
   ::chmod((local + "/b.txt").c_str(), 0600);
+  // Old mtimes: a file written within a clock tick of a sync is (rightly) copied once more by
+  // the next one; this test checks the other rules.
+  for (const char* f : {"/a.txt", "/b.txt", "/logs/events.1", "/sub/deeper/c.bin"}) age(local + f);
 
   auto r1 = s.sync("run_001", local);
   CHECK(r1.copied ==
@@ -389,6 +399,7 @@ TEST_CASE_TEMPLATE("sync mirrors creations, modifications within one second, and
 
   // A file re-created with old content after its deletion is copied again.
   write_file(local + "/b.txt", "bravo");
+  age(local + "/b.txt");
   CHECK(s.sync("run_001", local, del).copied == std::vector<std::string>{"b.txt"});
   // A file that became a directory, with deletions.
   fs::remove(local + "/a.txt");
@@ -398,6 +409,31 @@ TEST_CASE_TEMPLATE("sync mirrors creations, modifications within one second, and
   CHECK(r7.copied == std::vector<std::string>{"a.txt/inner"});
   CHECK(snapshot(remote) == snapshot(local));
   CHECK(!has_temp(remote));
+}
+
+TEST_CASE("sync catches a same-size rewrite in the same clock tick (racily clean files)") {
+  holdfast_test::temp_dir dir("racy");
+  auto s = holdfast::store::create(dir / "remote");
+  std::string local = dir / "local";
+  std::string remote = s.run_path("r");
+  // Both versions get the very same mtime, to the nanosecond, as two writes within one tick of
+  // the kernel's coarse clock do. Only the sync's own clock can tell them apart.
+  timespec now{};
+  REQUIRE(::clock_gettime(CLOCK_REALTIME, &now) == 0);
+  write_file(local + "/state.json", "{\"loss\": 1.0}");
+  set_mtime(local + "/state.json", now.tv_sec, now.tv_nsec);
+  CHECK(s.sync("r", local).copied == std::vector<std::string>{"state.json"});
+  write_file(local + "/state.json", "{\"loss\": 0.5}");
+  set_mtime(local + "/state.json", now.tv_sec, now.tv_nsec);
+  struct stat st {};
+  REQUIRE(::stat((local + "/state.json").c_str(), &st) == 0);
+  CHECK(st.st_mtim.tv_nsec == now.tv_nsec);
+  CHECK(s.sync("r", local).copied == std::vector<std::string>{"state.json"});
+  CHECK(read_file(remote + "/state.json") == "{\"loss\": 0.5}");
+  // Once the file is older than the window, it counts as unchanged.
+  set_mtime(local + "/state.json", now.tv_sec - 10, now.tv_nsec);
+  CHECK(s.sync("r", local).copied == std::vector<std::string>{"state.json"});  // mtime changed
+  CHECK(s.sync("r", local).unchanged == std::vector<std::string>{"state.json"});
 }
 
 TEST_CASE("sync leaves the checkpoint directory alone, skips links, sweeps stale temps") {

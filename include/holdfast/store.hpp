@@ -21,8 +21,11 @@
 //     or dataset index with '/', "..", or NUL is a holdfast::error (EINVAL) naming it.
 //   - sync() copies each changed file through atomic publishing (temp in the target directory,
 //     then rename): a remote reader, or a copier killed at any point, never leaves a partial file
-//     under a final name. Changes are detected by size, nanosecond mtime and inode against what
-//     this store object last copied, so two writes within one second are both mirrored.
+//     under a final name. Changes are detected by size, nanosecond mtime, inode and mode against
+//     what this store object last copied, so two writes within one second are both mirrored. A
+//     file modified within 20 ms of a sync's scan (two ticks of the coarse clock file times come
+//     from) is copied again at the next sync, so a same-size rewrite in the same tick is not
+//     missed either (git's "racily clean" rule).
 //   - With propagate_deletions, files and directories gone locally are removed remotely (and
 //     stale publish temps swept), so the remote matches the local tree exactly.
 //   - The `checkpoint` directory of a run is left to checkpoint_manager: sync neither copies into
@@ -687,6 +690,11 @@ class basic_store {
     if (!S_ISDIR(lst.st_mode)) throw error(ENOTDIR, "sync", local_dir);
     if (io_type::stat(remote.c_str(), &rst) != 0) throw error(errno, "stat", remote);
 
+    // Racy-git's rule: a file whose mtime is within a clock tick of the scan may be written
+    // again with the same mtime, so it is copied again at the next sync.
+    const std::int64_t scan_start = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count();
     local_tree tree;
     {
       std::string path = local_dir, rel;
@@ -714,7 +722,7 @@ class basic_store {
       auto known = memory.find(rel);
       if (known != memory.end()) {
         ++remembered;
-        if (known->second == sig) {
+        if (known->second == sig && !known->second.racy) {
           result.unchanged.push_back(std::move(rel));
           continue;
         }
@@ -734,6 +742,7 @@ class basic_store {
         }
         continue;
       }
+      sig.racy = sig.mtime_ns + racy_window_ns > scan_start;
       if (known != memory.end()) {
         known->second = sig;
       } else {
@@ -781,6 +790,8 @@ class basic_store {
 
  private:
   static constexpr std::size_t copy_buffer_size = std::size_t{1} << 20;
+  // Two ticks of the slowest kernel clock (HZ=100) for file times.
+  static constexpr std::int64_t racy_window_ns = 20'000'000;
 
   // What identifies a version of a local file.
   struct signature {
@@ -788,6 +799,9 @@ class basic_store {
     std::int64_t mtime_ns;
     std::uint64_t ino;
     mode_t mode;
+    // Modified so close to the scan that a later write could share its mtime (file times come
+    // from the kernel's coarse clock, one tick of 1-10 ms): never trusted as unchanged.
+    bool racy = false;
     bool operator==(const signature& o) const noexcept {
       return size == o.size && mtime_ns == o.mtime_ns && ino == o.ino && mode == o.mode;
     }
