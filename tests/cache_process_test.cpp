@@ -215,7 +215,7 @@ TEST_CASE("a forked child reopens its own descriptor, so flock excludes it from 
     fault_plan::reset_counts();
     CHILD_REQUIRE(cache.put(1, "child"));                // blocks until the parent unlocks
     CHILD_REQUIRE(fault_plan::calls(io_op::open) == 1);  // reopened once
-    CHILD_REQUIRE(cache.lock_handle() != parent_fd);
+    CHILD_REQUIRE(cache.lock_handle() >= 0);  // (the number may be reused; the description is new)
     CHILD_REQUIRE(cache.put(2, "again"));
     CHILD_REQUIRE(fault_plan::calls(io_op::open) == 1);  // and only once
     CHILD_REQUIRE(!cache.owns_file());
@@ -228,7 +228,7 @@ TEST_CASE("a forked child reopens its own descriptor, so flock excludes it from 
   CHECK(done.wait(10000));
   auto r = kid.wait(std::chrono::seconds(10));
   INFO(r.failures);
-  CHECK(r.ok());
+  REQUIRE(r.ok());
   CHECK(*cache.get(1) == "child");
   CHECK(*cache.get(2) == "again");
   CHECK(cache.lock_handle() == parent_fd);  // the parent's descriptor is untouched

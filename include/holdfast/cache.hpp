@@ -18,7 +18,8 @@
 //   - Gets take no lock and make no system call with mmap_read (a view into a mapping reserved
 //     once at open, never remapped), and exactly one pread with pread_read (which maps only the
 //     index). Puts are serialized by flock on a descriptor each process opens itself: a forked
-//     child notices the pid change and reopens, so it never shares the parent's lock.
+//     child notices the fork (a MADV_WIPEONFORK page, no syscall) and reopens, so it never
+//     shares the parent's lock.
 //   - `put` stores once: false when the slot is filled, the cache is frozen, or the size limit
 //     (index + data) would be exceeded. ENOSPC freezes the cache and returns false, with no
 //     exception and the lock released, so other processes go on.
@@ -48,7 +49,8 @@
 
 #include <fcntl.h>     // O_RDWR, O_CREAT, O_EXCL
 #include <sys/file.h>  // LOCK_EX, LOCK_UN
-#include <sys/mman.h>  // PROT_*, MAP_SHARED
+#include <sys/mman.h>  // PROT_*, MAP_SHARED, MADV_WIPEONFORK
+#include <unistd.h>    // sysconf(_SC_PAGESIZE)
 
 #include <atomic>
 #include <chrono>
@@ -115,21 +117,28 @@ struct pread_read {
 
 /// Lock policy for several processes: a process-local mutex plus flock(LOCK_EX) on a lock
 /// descriptor the process opened itself. flock belongs to the open file description, which a
-/// forked child shares with its parent, so on a pid change the lock descriptor is reopened; it is
-/// never mapped, so closing it always releases the lock.
+/// forked child shares with its parent, so a child reopens the descriptor first. The fork is
+/// noticed without a system call: a private page marked MADV_WIPEONFORK reads as zero in a child
+/// (kernels without it: getpid on every lock). The lock descriptor is never mapped, so closing it
+/// always releases the lock.
 struct flock_lock {
   static constexpr bool interprocess = true;
-  /// Takes the lock, (re)opening `lock_fd` on `path` when `opened_by` is not this process;
-  /// throws holdfast::error("open" or "flock", path).
+
+  flock_lock() = default;
+  flock_lock(const flock_lock&) = delete;
+  flock_lock& operator=(const flock_lock&) = delete;
+  ~flock_lock() {
+    if (page_) unmap_(const_cast<unsigned char*>(page_), page_size_);
+  }
+
+  /// Takes the lock, (re)opening `lock_fd` on `path` when it is closed or this is a forked
+  /// child; throws holdfast::error("open" or "flock", path).
   template <class Io>
-  void lock(basic_fd<Io>& lock_fd, pid_t& opened_by, const std::string& path) {
+  void lock(basic_fd<Io>& lock_fd, const std::string& path) {
     mutex_.lock();
     try {
-      pid_t self = Io::getpid();
-      if (self != opened_by || !lock_fd) {
-        lock_fd = open_file<Io>(path, O_RDONLY);  // our copy of the parent's description closes
-        opened_by = self;
-      }
+      if (forked<Io>()) lock_fd.reset();  // our copy of the parent's description
+      if (!lock_fd) lock_fd = open_file<Io>(path, O_RDONLY);
       while (Io::flock(lock_fd.get(), LOCK_EX) != 0)
         if (errno != EINTR) throw error(errno, "flock", path);
     } catch (...) {
@@ -140,16 +149,52 @@ struct flock_lock {
   /// Releases the lock. Should LOCK_UN fail, the lock descriptor is closed (which releases the
   /// lock) and the next lock reopens it.
   template <class Io>
-  void unlock(basic_fd<Io>& lock_fd, pid_t& opened_by) noexcept {
-    if (Io::flock(lock_fd.get(), LOCK_UN) != 0) {
-      lock_fd.reset();
-      opened_by = 0;
-    }
+  void unlock(basic_fd<Io>& lock_fd) noexcept {
+    if (Io::flock(lock_fd.get(), LOCK_UN) != 0) lock_fd.reset();
     mutex_.unlock();
   }
 
  private:
+  // True the first time it is asked in a process forked since the previous call.
+  template <class Io>
+  bool forked() noexcept {
+    if (!armed_) arm<Io>();
+    if (page_) {
+      if (*page_ != 0) return false;
+      *page_ = 1;
+      return true;
+    }
+    pid_t now = Io::getpid();
+    if (now == pid_) return false;
+    pid_ = now;
+    return true;
+  }
+  template <class Io>
+  void arm() noexcept {
+    armed_ = true;
+    pid_ = Io::getpid();
+    long ps = ::sysconf(_SC_PAGESIZE);
+    page_size_ = ps > 0 ? static_cast<std::size_t>(ps) : 4096;
+#ifdef MADV_WIPEONFORK
+    void* p =
+        Io::mmap(nullptr, page_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    if (Io::madvise(p, page_size_, MADV_WIPEONFORK) != 0) {
+      Io::munmap(p, page_size_);
+      return;
+    }
+    page_ = static_cast<volatile unsigned char*>(p);
+    *page_ = 1;
+    unmap_ = &Io::munmap;
+#endif
+  }
+
   std::mutex mutex_;
+  bool armed_ = false;
+  pid_t pid_ = 0;
+  volatile unsigned char* page_ = nullptr;  // 1 in the process that armed it, 0 after a fork
+  std::size_t page_size_ = 0;
+  int (*unmap_)(void*, std::size_t) noexcept = nullptr;
 };
 
 /// Lock policy for one process with several threads: a mutex only.
@@ -157,12 +202,12 @@ struct mutex_lock {
   static constexpr bool interprocess = false;
   /// Takes the mutex.
   template <class Io>
-  void lock(basic_fd<Io>&, pid_t&, const std::string&) {
+  void lock(basic_fd<Io>&, const std::string&) {
     mutex_.lock();
   }
   /// Releases the mutex.
   template <class Io>
-  void unlock(basic_fd<Io>&, pid_t&) noexcept {
+  void unlock(basic_fd<Io>&) noexcept {
     mutex_.unlock();
   }
 
@@ -176,10 +221,10 @@ struct no_lock {
   static constexpr bool interprocess = false;
   /// Does nothing.
   template <class Io>
-  void lock(basic_fd<Io>&, pid_t&, const std::string&) noexcept {}
+  void lock(basic_fd<Io>&, const std::string&) noexcept {}
   /// Does nothing.
   template <class Io>
-  void unlock(basic_fd<Io>&, pid_t&) noexcept {}
+  void unlock(basic_fd<Io>&) noexcept {}
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -329,11 +374,10 @@ template <class T>
 using cache_lock_interprocess = decltype(bool{T::interprocess});
 template <class T>
 using cache_lock_lock = decltype(std::declval<T&>().template lock<posix_io>(
-    std::declval<basic_fd<posix_io>&>(), std::declval<pid_t&>(),
-    std::declval<const std::string&>()));
+    std::declval<basic_fd<posix_io>&>(), std::declval<const std::string&>()));
 template <class T>
-using cache_lock_unlock = decltype(std::declval<T&>().template unlock<posix_io>(
-    std::declval<basic_fd<posix_io>&>(), std::declval<pid_t&>()));
+using cache_lock_unlock =
+    decltype(std::declval<T&>().template unlock<posix_io>(std::declval<basic_fd<posix_io>&>()));
 template <class T>
 using cache_sync_data =
     decltype(T::template after_data<posix_io>(std::declval<const basic_fd<posix_io>&>()));
@@ -357,7 +401,7 @@ using cache_format_crc = decltype(std::uint32_t{T::item_crc(std::uint64_t{}, nul
 template <class T>
 inline constexpr bool is_cache_read_policy_v =
     detail::detect<detail::cache_read_maps_data, T>::value;
-/// True when T is a cache Lock policy (`interprocess`, `lock<Io>(fd, pid)`, `unlock<Io>(fd)`).
+/// True when T is a cache Lock policy (`interprocess`, `lock<Io>(fd, path)`, `unlock<Io>(fd)`).
 template <class T>
 inline constexpr bool is_cache_lock_policy_v =
     detail::detect<detail::cache_lock_interprocess, T>::value&& detail::detect<
@@ -399,14 +443,13 @@ constexpr bool check_cache_policies() {
                 "(use mmap_read or pread_read)");
   static_assert(detect<cache_lock_interprocess, Lock>::value,
                 "holdfast: the cache Lock policy needs static constexpr bool interprocess");
-  static_assert(
-      detect<cache_lock_lock, Lock>::value,
-      "holdfast: the cache Lock policy needs template <class Io> void lock(basic_fd<Io>&, "
-      "pid_t& opened_by, const std::string& path)");
+  static_assert(detect<cache_lock_lock, Lock>::value,
+                "holdfast: the cache Lock policy needs template <class Io> void lock(basic_fd<Io>& "
+                "lock_fd, const std::string& path)");
   static_assert(
       detect<cache_lock_unlock, Lock>::value,
-      "holdfast: the cache Lock policy needs template <class Io> void unlock(basic_fd<Io>&, "
-      "pid_t& opened_by) noexcept");
+      "holdfast: the cache Lock policy needs template <class Io> void unlock(basic_fd<Io>& "
+      "lock_fd) noexcept");
   static_assert(detect<cache_sync_data, Sync>::value,
                 "holdfast: the cache Sync policy needs template <class Io> static void "
                 "after_data(const basic_fd<Io>&)");
@@ -699,7 +742,6 @@ class basic_file_cache {
     basic_fd<Io> fd;
     std::string path;
     basic_fd<Io> lock_fd;   // flock_lock's own descriptor: never mapped, reopened after fork
-    pid_t lock_pid = 0;     // the process that opened lock_fd
     pid_t creator_pid = 0;  // the process whose object removes the file
     bool owner = false;
     bool writable = false;
@@ -724,10 +766,8 @@ class basic_file_cache {
   };
 
   struct lock_guard {
-    explicit lock_guard(state& st) : s(st) {
-      s.lock.template lock<Io>(s.lock_fd, s.lock_pid, s.path);
-    }
-    ~lock_guard() { s.lock.template unlock<Io>(s.lock_fd, s.lock_pid); }
+    explicit lock_guard(state& st) : s(st) { s.lock.template lock<Io>(s.lock_fd, s.path); }
+    ~lock_guard() { s.lock.template unlock<Io>(s.lock_fd); }
     lock_guard(const lock_guard&) = delete;
     lock_guard& operator=(const lock_guard&) = delete;
     state& s;
