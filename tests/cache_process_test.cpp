@@ -235,6 +235,33 @@ TEST_CASE("a forked child reopens its own descriptor, so flock excludes it from 
   CHECK(cache.put(3, "parent again"));
 }
 
+TEST_CASE("without MADV_WIPEONFORK a fork is noticed by getpid, and the child still reopens") {
+  holdfast_test::temp_dir dir("cache");
+  using cache_t = hf::basic_file_cache<hf::pread_read, hf::flock_lock, hf::sync_never,
+                                       hf::pfio_format, fault_io>;
+  cache_t cache(hf::create_cache, 4, in(dir));
+  {
+    disarm_on_exit guard;
+    fault_plan::arm(fault{io_op::madvise, 1, EINVAL});  // as on a kernel older than 4.14
+    REQUIRE(cache.put(0, "parent"));
+    CHECK(fault_plan::failures() == 1);
+  }
+  holdfast_test::child kid([&] {
+    fault_plan::reset_counts();
+    CHILD_REQUIRE(cache.put(1, "child"));
+    CHILD_REQUIRE(fault_plan::calls(io_op::open) == 1);
+    CHILD_REQUIRE(cache.put(2, "child"));
+    CHILD_REQUIRE(fault_plan::calls(io_op::open) == 1);
+  });
+  auto r = kid.wait(std::chrono::seconds(10));
+  INFO(r.failures);
+  CHECK(r.ok());
+  fault_plan::reset_counts();
+  CHECK(cache.put(3, "parent"));
+  CHECK(fault_plan::calls(io_op::open) == 0);  // the parent keeps its descriptor
+  CHECK(*cache.get(1) == "child");
+}
+
 TEST_CASE("only the creating process's object removes the temp file") {
   holdfast_test::temp_dir dir("cache");
   std::optional<hf::multiprocess_file_cache> cache;
