@@ -423,6 +423,52 @@ TEST_CASE("save with each system call failing in turn keeps a complete latest") 
   run(remote_t::create("/x"), "remote");
 }
 
+TEST_CASE("the start-up sweep with each system call failing in turn, then a clean restart") {
+  holdfast_test::shm_temp_dir dir("sweepfault");
+  using S = local_store<fault_io>;
+  auto s = S::create(dir.path());
+  auto w = [](const std::string& p, std::int64_t step) { write_checkpoint<fault_io>(p, step); };
+  auto leave_leftovers = [&](const std::string& id) {
+    checkpoint_manager<S> m(s, id, {2});
+    m.save(1, w);
+    m.save(2, w);
+    std::string d = m.directory();
+    write_plain(d + "/.staging-step-3-999-1/weights.bin", "half");
+    write_plain(d + "/.deleting-step-0-999-2/sub/x", "y");
+    write_plain(d + "/.holdfast-tmp.999.0123456789abcdef.latest", "partial");
+    fs::create_directories(d + "/step-3");
+    write_plain(d + "/latest",
+                "holdfast-checkpoints 1\nlatest step-2\nkeep step-2\ndelete step-1\n");
+    return d;
+  };
+  std::uint64_t total = 0;
+  {
+    leave_leftovers("count");
+    fault_plan::reset_counts();
+    checkpoint_manager<S> m(s, "count", {2});
+    total = fault_plan::calls(io_op::any);
+  }
+  REQUIRE(total > 15);
+  for (std::uint64_t k = 1; k <= total; ++k) {
+    CAPTURE(k);
+    std::string id = "k" + std::to_string(k);
+    std::string d = leave_leftovers(id);
+    fault_plan::arm(fault{io_op::any, k, EIO});
+    try {
+      checkpoint_manager<S> m(s, id, {2});
+    } catch (const holdfast::error& e) {
+      CHECK(e.errnum() == EIO);
+    }
+    fault_plan::disarm();
+    checkpoint_manager<S> after(s, id, {2});
+    CHECK(entries(d) == std::set<std::string>{"latest", "step-2"});
+    REQUIRE(after.latest());
+    CHECK(after.latest()->step == 2);
+    CHECK(complete(after.latest()->path, 2));
+    CHECK(read_file(d + "/latest") == "holdfast-checkpoints 1\nlatest step-2\nkeep step-2\n");
+  }
+}
+
 namespace {
 
 // One crash trial: a child saves continuously (with retention deleting behind it) and dies by

@@ -247,7 +247,8 @@ class checkpoint_manager {
   /// committed whole, then the pointer names it and retention runs. Returns the checkpoint.
   template <class Writer>
   checkpoint_info save(std::int64_t step, Writer&& writer) {
-    if (step < 0) throw error(EINVAL, "checkpoint save", dir_, "negative step");
+    if (step < 0)
+      throw error(EINVAL, "checkpoint save", dir_, "negative step " + std::to_string(step));
     std::optional<detail::checkpoint_pointer> old = read_pointer();
     std::string name = fresh_name(step, old);
     std::string target = detail::store_join(dir_, name);
