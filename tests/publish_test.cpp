@@ -355,7 +355,7 @@ void fail_each_call(int errnum, Reset reset, Op op, Check check) {
 template <class D, class Io = fault_io>
 void fault_sweep_file(const char* label) {
   CAPTURE(label);
-  holdfast_test::temp_dir dir("fault");
+  fast_temp_dir dir;  // what a failure leaves, not power loss: tmpfs keeps the loop quick
   const holdfast::basic_publisher<D, Io> pub;
   const std::string target = dir / "t";
   const std::string fresh = dir / "fresh";
@@ -427,7 +427,7 @@ void fault_sweep_file(const char* label) {
 template <class D>
 void fault_sweep_directory(const char* label) {
   CAPTURE(label);
-  holdfast_test::temp_dir dir("faultdir");
+  fast_temp_dir dir;
   const holdfast::basic_publisher<D, fault_io> pub;
   bool ok = false;
   auto stage = [&] {
