@@ -95,7 +95,7 @@ TEST_CASE("basic_fd owns, moves, releases and reports close errors") {
   CHECK(e.path() == dir / "a");
 }
 
-TEST_CASE("open_file names the path; open_file_if_exists treats ENOENT as a value") {
+TEST_CASE("open_file names the path, open_file_if_exists treats ENOENT as a value") {
   holdfast_test::temp_dir dir("io");
   try {
     holdfast::open_file(dir / "missing", O_RDONLY);
