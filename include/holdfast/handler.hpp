@@ -396,11 +396,18 @@ class preemption_handler {
   }
 
   void exit_process() {
-    // Join the watcher first: an exit that runs static destructors must not race it. The notice
-    // stays started (a second SIGTERM must not kill the process before the Exit policy runs).
-    stop_watcher();
+    using exit_type = typename Config::exit_type;
+    // The watcher is asked to stop (not joined: it may be inside a store call for up to one
+    // watch interval, and the exit should not wait for it); it touches only this handler, which
+    // outlives any exit. If the Exit policy returns (no_exit semantics), join and restart it.
+    // The notice stays started: a second SIGTERM must not kill the process before the Exit
+    // policy runs.
+    request_watcher_stop();
     config_.exit(exit_context{config_.noticed_at(), last_save_duration_});
-    start_watcher();  // the Exit policy returned: go on
+    if constexpr (exit_returns<exit_type>::value) {
+      stop_watcher();
+      start_watcher();
+    }
   }
 
   // This worker's step threw: publish it (best effort: the step's exception is what the
@@ -459,12 +466,16 @@ class preemption_handler {
     watcher_ = std::thread([this] { watch(); });
   }
 
-  void stop_watcher() noexcept {
+  void request_watcher_stop() noexcept {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
     }
     cv_.notify_all();
+  }
+
+  void stop_watcher() noexcept {
+    request_watcher_stop();
     if (watcher_.joinable()) watcher_.join();
   }
 
