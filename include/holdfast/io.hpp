@@ -55,6 +55,7 @@ struct posix_io {
   static ssize_t pwrite(int fd, const void* buf, std::size_t n, off_t off) noexcept {
     return ::pwrite(fd, buf, n, off);
   }
+  static off_t lseek(int fd, off_t off, int whence) noexcept { return ::lseek(fd, off, whence); }
   static int fsync(int fd) noexcept { return ::fsync(fd); }
   static int fdatasync(int fd) noexcept { return ::fdatasync(fd); }
   static int fchmod(int fd, mode_t mode) noexcept { return ::fchmod(fd, mode); }

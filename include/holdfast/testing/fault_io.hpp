@@ -61,6 +61,7 @@ enum class io_op : unsigned {
   inotify_init1,
   inotify_add_watch,
   madvise,
+  lseek,
   count_
 };
 
@@ -103,7 +104,8 @@ inline const char* to_string(io_op op) noexcept {
                                       "getaddrinfo",
                                       "inotify_init1",
                                       "inotify_add_watch",
-                                      "madvise"};
+                                      "madvise",
+                                      "lseek"};
   auto i = static_cast<unsigned>(op);
   return i < static_cast<unsigned>(io_op::count_) ? names[i] : "?";
 }
@@ -233,6 +235,9 @@ struct fault_io : posix_io {
   static ssize_t recv(int fd, void* b, std::size_t n, int f) noexcept {
     if (fault_plan::hit(io_op::recv) && !shorten(n)) return fail(ssize_t{-1});
     return posix_io::recv(fd, b, n, f);
+  }
+  static off_t lseek(int fd, off_t off, int whence) noexcept {
+    return fault_plan::hit(io_op::lseek) ? fail(off_t{-1}) : posix_io::lseek(fd, off, whence);
   }
   static int fsync(int fd) noexcept {
     return fault_plan::hit(io_op::fsync) ? fail(-1) : posix_io::fsync(fd);
