@@ -361,7 +361,7 @@ TEST_CASE("threads: a step error wakes peers blocked in an agreement") {
   }
 }
 
-TEST_CASE("threads: restart restores and resumes; the total work is exact") {
+TEST_CASE("threads: restart restores and resumes, the total work is exact") {
   job j(4);
   scenario sc;
   sc.noticed = {3};
