@@ -114,11 +114,11 @@ TEST_CASE("etcd_kv: a hung server (SIGSTOP) times out each call within its reque
   etcd_kv kv(options_for({server.url()}, 500ms, 600ms), ns0);
   etcd_kv patient(options_for({server.url()}, 2000ms, 10000ms), ns0);  // for set-up and checks
   patient.put("k", "v");
-  REQUIRE(::kill(server.pid(), SIGSTOP) == 0);
+  server.freeze();
   struct resume {
-    pid_t pid;
-    ~resume() { ::kill(pid, SIGCONT); }
-  } resume_on_exit{server.pid()};
+    holdfast_test::etcd_server& s;
+    ~resume() { s.thaw(); }
+  } resume_on_exit{server};
   for (int i = 0; i < 2; ++i) {
     auto t0 = clk::now();
     auto e = i == 0 ? error_from([&] { kv.insert("k2", "v"); })
@@ -129,7 +129,7 @@ TEST_CASE("etcd_kv: a hung server (SIGSTOP) times out each call within its reque
     CHECK(ms >= 550);
     CHECK(ms <= 600 * 11 / 10);
   }
-  ::kill(server.pid(), SIGCONT);
+  server.thaw();
   CHECK(patient.try_get("k") == std::optional<std::string>("v"));  // and it recovers
 }
 
@@ -301,12 +301,12 @@ TEST_CASE("etcd_kv lease: destruction stops the keep-alive promptly and revoke d
     o.lease_ttl = 1s;
     o.request_timeout = 5000ms;
     std::optional<etcd_kv> kv(std::in_place, o, ns0);
-    REQUIRE(::kill(server.pid(), SIGSTOP) == 0);
+    server.freeze();
     std::this_thread::sleep_for(500ms);  // past one keep-alive period (ttl / 3)
     auto t0 = clk::now();
     kv.reset();
     auto ms = ms_since(t0);
-    ::kill(server.pid(), SIGCONT);
+    server.thaw();
     CHECK(ms < 300);
   }
 }

@@ -131,6 +131,21 @@ class etcd_server {
     pid_ = 0;
   }
 
+  /// Freezes etcd with SIGSTOP and returns once it is stopped (kill alone returns before the
+  /// stop takes effect, and a request sent at once could still be served): a hung server.
+  void freeze() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGSTOP);
+    siginfo_t si{};
+    while (::waitid(P_PID, static_cast<id_t>(pid_), &si, WSTOPPED | WEXITED | WNOWAIT) != 0 &&
+           errno == EINTR) {
+    }
+  }
+  /// Resumes a frozen etcd (SIGCONT).
+  void thaw() {
+    if (pid_ > 0) ::kill(pid_, SIGCONT);
+  }
+
   /// The last `max_bytes` of etcd's log, for failure messages.
   std::string log_tail(std::size_t max_bytes = 2000) const {
     std::ifstream in(dir_ / "etcd.log");
