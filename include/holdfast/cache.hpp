@@ -667,7 +667,7 @@ class basic_file_cache {
     auto e = load_entry(i);
     if (!e) return std::nullopt;
     if constexpr (Read::maps_data) {
-      std::string_view v(map_ + (e->size ? e->offset : 0), to_size(e->size));
+      std::string_view v(data_ptr(*e), to_size(e->size));
       verify(i, *e, v.data());
       return v;
     } else {
@@ -687,7 +687,7 @@ class basic_file_cache {
     auto e = load_entry(i);
     if (!e) return false;
     if constexpr (Read::maps_data) {
-      const char* p = map_ + e->offset;
+      const char* p = data_ptr(*e);
       verify(i, *e, p);
       out.resize(to_size(e->size));
       if (e->size) std::memcpy(out.data(), p, to_size(e->size));
@@ -790,6 +790,10 @@ class basic_file_cache {
 
   char* entry_ptr(std::uint64_t i) const noexcept {
     return map_ + Format::header_size + to_size(i) * Format::entry_size;
+  }
+  // mmap_read: where an item's bytes are (a zero-byte item's offset is never dereferenced).
+  const char* data_ptr(const cache_entry& e) const noexcept {
+    return map_ + (e.size ? to_size(e.offset) : 0);
   }
   // Copies the fields every get reads into the handle (one indirection less per get).
   void cache_hot_fields() noexcept {
@@ -1054,7 +1058,7 @@ class basic_file_cache {
       auto e = load_entry(i);
       if (!e || !Format::checksummed) continue;
       if constexpr (Read::maps_data) {
-        verify(i, *e, map_ + e->offset);
+        verify(i, *e, data_ptr(*e));
       } else {
         std::string tmp;
         read_into(i, *e, tmp);
