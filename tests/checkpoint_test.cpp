@@ -549,7 +549,7 @@ void crash_trials(const std::string& root, int runs, std::uint64_t seed) {
 TEST_CASE("SIGKILL at random points of save and retention: latest() is always complete") {
   // 100 runs per commit mode in normal builds; sanitizers slow each fork, so 25 there.
   const int runs = sanitized ? 25 : 100;
-  holdfast_test::temp_dir dir("crash");
+  holdfast_test::shm_temp_dir dir("crash");  // process death, not power loss: tmpfs is enough
   SUBCASE("rename mode") {
     crash_trials<local_store<holdfast_test::kill_io>>(dir / "local", runs, 7);
   }
