@@ -14,8 +14,9 @@
 //
 // Guarantees:
 //   - Construction restores the latest checkpoint and resumes total_run_calls() from its step.
-//   - Steady state (no notice, no claim): run() costs one relaxed atomic load plus two clock reads
-//     for the running mean of step time; no store traffic, no lock, no allocation.
+//   - Steady state (no notice, no claim): run() costs one relaxed atomic load plus one clock read
+//     and two additions for the running mean of step time; no store traffic, no lock, no
+//     allocation.
 //   - One background thread per handler (the watcher): it forwards this worker's notice and
 //     blocks on the one store key that can start or end an agreement (claim, final claim, or the
 //     error key) in slices of `handler_options::watch_interval`. The destructor stops and joins
@@ -187,14 +188,13 @@ class preemption_handler {
       st = consult();
       if (st == run_status::stopped) return st;
     }
-    const auto t0 = Clock::now();
     try {
       std::invoke(std::forward<F>(step), std::forward<Args>(args)...);
     } catch (...) {
       publish_error();
       throw;
     }
-    note_step(Clock::now() - t0);
+    stamp();
     ++counter_;
     return st;
   }
@@ -202,9 +202,7 @@ class preemption_handler {
   /// For loops that run several steps per call: counts one call, checks for an agreed
   /// checkpoint, and keeps the step-time estimate (the interval between calls).
   run_status save_checkpoint_if_preempted() {
-    const auto now = Clock::now();
-    if (last_call_) note_step(now - *last_call_);
-    last_call_ = now;
+    stamp();
     run_status st = run_status::ran;
     if (attention_.load(std::memory_order_relaxed)) {
       st = consult();
@@ -218,10 +216,12 @@ class preemption_handler {
   std::int64_t total_run_calls() const noexcept { return counter_; }
   /// The step restored at construction, if any.
   std::optional<std::int64_t> restored_step() const noexcept { return restored_; }
-  /// The running mean of step time (zero before the first step).
+  /// The running mean of step time: the interval between consecutive steps (run() or
+  /// save_checkpoint_if_preempted() calls), leaving out intervals that contained an agreement or
+  /// a save. Zero before two steps.
   typename Clock::duration mean_step_time() const noexcept {
-    return std::chrono::duration_cast<typename Clock::duration>(
-        std::chrono::duration<double, typename Clock::period>(mean_));
+    return steps_timed_ ? step_time_sum_ / static_cast<typename Clock::rep>(steps_timed_)
+                        : Clock::duration::zero();
   }
   /// The protocol's state (read from the training thread).
   agreement_state state() const noexcept { return machine_.state(); }
@@ -283,9 +283,16 @@ class preemption_handler {
     return m;
   }
 
-  void note_step(typename Clock::duration d) noexcept {
-    ++steps_timed_;
-    mean_ += (static_cast<double>(d.count()) - mean_) / static_cast<double>(steps_timed_);
+  // One clock read per step: the interval since the previous one counts as a step time, unless
+  // the protocol worked in between (consult() clears stamped_).
+  void stamp() noexcept {
+    const auto t = Clock::now();
+    if (stamped_) {
+      step_time_sum_ += t - last_stamp_;
+      ++steps_timed_;
+    }
+    last_stamp_ = t;
+    stamped_ = true;
   }
 
   // The slow path: feed what the watcher saw, then ask the machine until it decides.
@@ -330,6 +337,7 @@ class preemption_handler {
       break;
     }
     if (busy) overhead_ += Clock::now() - started;
+    if (busy || st != run_status::ran) stamped_ = false;  // not a step time
     if (st == run_status::stopped) overhead_ = {};
     after_consult();
     return st;
@@ -485,7 +493,8 @@ class preemption_handler {
       watch_target t = target_;
       bool want_error = !error_seen_;
       lock.unlock();
-      bool news = forward_notice();
+      if (forward_notice()) attention_.store(true, std::memory_order_relaxed);
+      bool news = false;
       std::string key;
       bool is_error_key = false;
       if (t.key && !t.reported) {
@@ -555,8 +564,9 @@ class preemption_handler {
   std::optional<std::int64_t> restored_;
   std::int64_t counter_ = 0;
   std::uint64_t steps_timed_ = 0;
-  double mean_ = 0;  // in Clock ticks
-  std::optional<time_point> last_call_;
+  typename Clock::duration step_time_sum_{};
+  time_point last_stamp_{};
+  bool stamped_ = false;
   bool notice_started_ = false;
   std::chrono::nanoseconds last_save_duration_{0};
   typename Clock::duration overhead_{};  // agreeing + saving in this round's first phase

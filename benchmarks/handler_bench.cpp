@@ -1,0 +1,322 @@
+// Preemption handler: the per-step cost of run() against a bare loop calling the same step, and
+// the time from a notice until every worker has saved (4 and 16 workers; threads over
+// in_process_kv, processes over filesystem_kv and etcd_kv) against the floor of telling every
+// worker through the same store (the noticed worker inserts one key, the others wake from a
+// blocked get and save: no agreement). Also prints the store operations per worker per
+// agreement, counted with counting_kv (lines starting with "# handler").
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <holdfast/handler.hpp>
+#include <holdfast/kv/etcd.hpp>
+#include <holdfast/kv/filesystem.hpp>
+#include <holdfast/kv/in_process.hpp>
+#include <holdfast/wait.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "../tests/support/child.hpp"
+#include "../tests/support/etcd_server.hpp"
+#include "../tests/support/temp_dir.hpp"
+#include "bench.hpp"
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now().time_since_epoch())
+      .count();
+}
+
+std::uint64_t next_id() {
+  static std::uint64_t id = 0;
+  return ++id;
+}
+
+template <class T>
+inline void keep(T& v) {
+  asm volatile("" : "+r"(v) : : "memory");  // the step's work is not optimized away
+}
+
+// A notice for threads: a flag, polled by the real polled_notice.
+struct flag_poll {
+  const std::atomic<bool>* flag;
+  bool operator()() const { return flag->load(); }
+};
+using flag_config =
+    holdfast::termination_config<holdfast::polled_notice<flag_poll>, holdfast::no_exit>;
+
+// A Checkpointer that records when it saved (the disk is not what these cases measure).
+struct stamp_checkpoints {
+  std::atomic<std::int64_t>* saved_at;
+  void save(std::int64_t) { saved_at->store(now_ns()); }
+  std::optional<std::int64_t> restore() { return std::nullopt; }
+};
+
+// ---- per-step overhead -----------------------------------------------------------------------
+
+template <int Work>
+void step_work(std::uint64_t& x) {
+  for (int i = 0; i < Work; ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    keep(x);
+  }
+}
+
+template <int Work>
+double run_loop(std::size_t n) {
+  std::atomic<bool> flag{false};
+  std::atomic<std::int64_t> saved{0};
+  holdfast::in_process_kv kv(holdfast::kv_namespace("bench", next_id()));
+  holdfast::handler_options o;
+  o.watch_interval = 20ms;
+  holdfast::preemption_handler<flag_config, holdfast::in_process_kv, stamp_checkpoints> h(
+      flag_config(holdfast::polled_notice<flag_poll>(flag_poll{&flag}, 1s)), kv, {0, 1, "r"},
+      stamp_checkpoints{&saved}, o);
+  std::uint64_t x = 1;
+  auto t0 = clk::now();
+  for (std::size_t i = 0; i < n; ++i) h.run([&x] { step_work<Work>(x); });
+  auto t1 = clk::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count();
+}
+
+template <int Work>
+double bare_loop(std::size_t n) {
+  std::uint64_t x = 1;
+  auto step = [&x] { step_work<Work>(x); };
+  auto t0 = clk::now();
+  for (std::size_t i = 0; i < n; ++i) step();
+  auto t1 = clk::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count();
+}
+
+bench::registrar run_empty{
+    {"handler/run/step=1 mul-add", run_loop<1>, "bare loop/step=1 mul-add", bare_loop<1>}};
+bench::registrar run_1k{{"handler/run/step=1000 mul-add", run_loop<1000>,
+                         "bare loop/step=1000 mul-add", bare_loop<1000>}};
+
+// ---- notice → all saved, threads over in_process_kv -------------------------------------------
+
+const bench::config agreement_cfg{1, 7, 1, 0};
+
+using counted_kv = holdfast::counting_kv<holdfast::in_process_kv>;
+
+// W workers train (steps of 100 µs); task 0 is noticed; returns ns from the notice until the
+// last save. Prints the store operations per worker once per W.
+double threads_notice_to_saved(int w) {
+  counted_kv kv(holdfast::in_process_kv(holdfast::kv_namespace("bench", next_id())));
+  std::vector<std::unique_ptr<std::atomic<bool>>> flags;
+  std::vector<std::unique_ptr<std::atomic<std::int64_t>>> saved;
+  for (int t = 0; t < w; ++t) {
+    flags.push_back(std::make_unique<std::atomic<bool>>(false));
+    saved.push_back(std::make_unique<std::atomic<std::int64_t>>(0));
+  }
+  std::atomic<int> running{0};
+  std::vector<std::thread> th;
+  for (int t = 0; t < w; ++t)
+    th.emplace_back([&, t] {
+      holdfast::handler_options o;
+      o.watch_interval = 5ms;
+      holdfast::preemption_handler<flag_config, counted_kv, stamp_checkpoints> h(
+          flag_config(holdfast::polled_notice<flag_poll>(
+              flag_poll{flags[static_cast<std::size_t>(t)].get()}, 1ms)),
+          kv, {t, w, "r"}, stamp_checkpoints{saved[static_cast<std::size_t>(t)].get()}, o);
+      bool counted = false;
+      while (h.total_run_calls() < 1000000) {
+        if (h.run([] { std::this_thread::sleep_for(100us); }) == holdfast::run_status::stopped)
+          break;
+        if (!counted && h.total_run_calls() >= 5) {
+          counted = true;
+          ++running;
+        }
+      }
+    });
+  while (running.load() < w) std::this_thread::sleep_for(1ms);
+  auto before = kv.counts();
+  const std::int64_t t0 = now_ns();
+  flags[0]->store(true);
+  for (auto& x : th) x.join();
+  std::int64_t last = 0;
+  for (auto& s : saved) last = std::max(last, s->load());
+  auto c = kv.counts();
+  static std::vector<int> printed;
+  if (std::find(printed.begin(), printed.end(), w) == printed.end()) {
+    printed.push_back(w);
+    auto per = [&](std::uint64_t a, std::uint64_t b) { return static_cast<double>(a - b) / w; };
+    std::printf(
+        "# handler: %2d workers, store ops per worker per agreement: insert %.2f put %.2f "
+        "list %.2f try_get %.2f | blocking get %.2f (step waits + watcher slices)\n",
+        w, per(c.insert, before.insert), per(c.put, before.put), per(c.list, before.list),
+        per(c.try_get, before.try_get), per(c.get, before.get));
+  }
+  return static_cast<double>(last - t0);
+}
+
+// The floor: task 0's flag → insert "stop" → the others, blocked in get, save.
+double threads_broadcast(int w) {
+  holdfast::in_process_kv kv(holdfast::kv_namespace("bench", next_id()));
+  std::vector<std::atomic<std::int64_t>> saved(static_cast<std::size_t>(w));
+  std::atomic<bool> flag{false};
+  std::atomic<int> running{0};
+  std::vector<std::thread> th;
+  for (int t = 0; t < w; ++t)
+    th.emplace_back([&, t] {
+      ++running;
+      if (t == 0) {
+        while (!flag.load()) std::this_thread::sleep_for(100us);
+        kv.insert("stop", "0");
+      } else {
+        (void)kv.get("stop", 10s);
+      }
+      saved[static_cast<std::size_t>(t)].store(now_ns());
+    });
+  while (running.load() < w) std::this_thread::sleep_for(1ms);
+  const std::int64_t t0 = now_ns();
+  flag.store(true);
+  for (auto& x : th) x.join();
+  std::int64_t last = 0;
+  for (auto& s : saved) last = std::max(last, s.load());
+  return static_cast<double>(last - t0);
+}
+
+bench::registrar threads4{{"handler/notice->saved/threads/in_process/4",
+                           [](std::size_t) { return threads_notice_to_saved(4); },
+                           "bare broadcast/threads/in_process/4",
+                           [](std::size_t) { return threads_broadcast(4); }, agreement_cfg}};
+bench::registrar threads16{{"handler/notice->saved/threads/in_process/16",
+                            [](std::size_t) { return threads_notice_to_saved(16); },
+                            "bare broadcast/threads/in_process/16",
+                            [](std::size_t) { return threads_broadcast(16); }, agreement_cfg}};
+
+// ---- notice → all saved, processes -----------------------------------------------------------
+
+holdfast_test::etcd_server* etcd() {
+  static std::unique_ptr<holdfast_test::etcd_server> s = [] {
+    try {
+      return std::make_unique<holdfast_test::etcd_server>();
+    } catch (const std::exception& e) {
+      std::printf("# handler: no etcd (%s): etcd cases report 0\n", e.what());
+      return std::unique_ptr<holdfast_test::etcd_server>();
+    }
+  }();
+  return s.get();
+}
+
+struct fs_backend {
+  holdfast_test::temp_dir dir{"handler-bench"};
+  holdfast::filesystem_kv make(const holdfast::kv_namespace& ns) const {
+    return holdfast::filesystem_kv(dir.path(), ns);
+  }
+  static std::chrono::milliseconds watch() { return 20ms; }
+};
+struct etcd_backend {
+  std::string url = etcd() ? etcd()->url() : "";
+  holdfast::etcd_kv make(const holdfast::kv_namespace& ns) const {
+    holdfast::etcd_options o;
+    o.endpoints = {url};
+    return holdfast::etcd_kv(o, ns);
+  }
+  static std::chrono::milliseconds watch() { return 50ms; }
+};
+
+std::int64_t read_ns(const std::string& path) {
+  std::ifstream in(path);
+  std::int64_t v = 0;
+  in >> v;
+  return v;
+}
+void write_ns(const std::string& path, std::int64_t v) { std::ofstream(path) << v; }
+
+// W forked workers (signal_notice, no_exit); SIGTERM to task 0 once all run; ns until the last
+// save (steady_clock is system-wide). `handler` false: the bare broadcast.
+template <class Backend>
+double processes_notice_to_saved(int w, bool handler) {
+  Backend be;
+  holdfast_test::temp_dir dir("handler-bench-proc");
+  holdfast::kv_namespace ns("bench" + std::to_string(next_id()), "0");
+  std::vector<holdfast_test::child> kids;
+  for (int t = 0; t < w; ++t)
+    kids.emplace_back([&, t] {
+      ::signal(SIGTERM, SIG_DFL);
+      auto kv = be.make(ns);
+      std::string ready = dir / ("ready-" + std::to_string(t));
+      std::string out = dir / ("saved-" + std::to_string(t));
+      if (!handler) {
+        if (t == 0) {
+          sigset_t set;
+          sigemptyset(&set);
+          sigaddset(&set, SIGTERM);
+          sigprocmask(SIG_BLOCK, &set, nullptr);
+          write_ns(ready, 1);
+          int sig = 0;
+          sigwait(&set, &sig);
+          kv.insert("stop", "0");
+        } else {
+          write_ns(ready, 1);
+          (void)kv.get("stop", 20s);
+        }
+        write_ns(out, now_ns());
+        std::_Exit(0);
+      }
+      std::atomic<std::int64_t> saved{0};
+      holdfast::handler_options o;
+      o.watch_interval = Backend::watch();
+      using cfg = holdfast::termination_config<holdfast::signal_notice<SIGTERM>, holdfast::no_exit>;
+      holdfast::preemption_handler<cfg, decltype(kv), stamp_checkpoints> h(
+          cfg(), kv, {t, w, "r"}, stamp_checkpoints{&saved}, o);
+      while (h.total_run_calls() < 1000000) {
+        if (h.run([] { std::this_thread::sleep_for(1ms); }) == holdfast::run_status::stopped) break;
+        if (h.total_run_calls() == 5) write_ns(ready, 1);
+      }
+      write_ns(out, saved.load());
+      std::_Exit(0);
+    });
+  for (int t = 0; t < w; ++t)
+    if (!holdfast::await_file(dir / ("ready-" + std::to_string(t)), 30s)) return -1;
+  const std::int64_t t0 = now_ns();
+  kids[0].kill(SIGTERM);
+  std::int64_t last = 0;
+  for (int t = 0; t < w; ++t) {
+    auto r = kids[static_cast<std::size_t>(t)].wait(30s);
+    if (!r.ok()) return -1;
+    last = std::max(last, read_ns(dir / ("saved-" + std::to_string(t))));
+  }
+  return static_cast<double>(last - t0);
+}
+
+template <class Backend>
+void register_processes(const char* name) {
+  for (int w : {4, 16}) {
+    std::string s = std::string(name) + "/" + std::to_string(w);
+    bench::registry().push_back({"handler/notice->saved/processes/" + s,
+                                 [w](std::size_t) {
+                                   if (std::is_same_v<Backend, etcd_backend> && !etcd()) return 0.0;
+                                   return processes_notice_to_saved<Backend>(w, true);
+                                 },
+                                 "bare broadcast/processes/" + s,
+                                 [w](std::size_t) {
+                                   if (std::is_same_v<Backend, etcd_backend> && !etcd()) return 0.0;
+                                   return processes_notice_to_saved<Backend>(w, false);
+                                 },
+                                 bench::config{1, 5, 1, 0}});
+  }
+}
+
+[[maybe_unused]] const bool registered = [] {
+  register_processes<fs_backend>("filesystem");
+  register_processes<etcd_backend>("etcd");
+  return true;
+}();
+
+}  // namespace
