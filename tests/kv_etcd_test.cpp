@@ -295,6 +295,10 @@ TEST_CASE("etcd_kv lease: destruction stops the keep-alive promptly and revoke d
     kv.revoke_lease();
     CHECK_FALSE(kv.lease_alive());
     CHECK_FALSE(observer.try_get("revoked").has_value());
+    kv.revoke_lease();  // idempotent
+    CHECK(kv.lease_id() == 0);
+    kv.put("after-revoke", "v");  // writes go on, without a lease
+    CHECK(observer.try_get("after-revoke") == std::optional<std::string>("v"));
   }
 
   {  // a keep-alive in flight to a hung server does not hold up destruction

@@ -111,7 +111,7 @@ class etcd_client {
   ~etcd_client() { stop_keepalive(); }
 
   const etcd_options& options() const noexcept { return opts_; }
-  std::int64_t lease_id() const noexcept { return lease_id_; }
+  std::int64_t lease_id() const noexcept { return lease_id_.load(); }
   bool lease_alive() const noexcept { return lease_alive_.load(); }
 
   /// POSTs `body` to `target` and returns the parsed JSON reply; `op` and `key` name the
@@ -157,13 +157,15 @@ class etcd_client {
     });
   }
 
-  /// Revokes the lease now (etcd deletes every key attached to it) and stops the keep-alives.
+  /// Revokes the lease now (etcd deletes every key attached to it) and stops the keep-alives;
+  /// later writes carry no lease. Does nothing without a lease or when already revoked.
   void revoke_lease() {
-    if (lease_id_ == 0) return;
+    const std::int64_t id = lease_id_.load();
+    if (id == 0) return;
     stop_keepalive();
-    call("/v3/lease/revoke", "{\"ID\":\"" + std::to_string(lease_id_) + "\"}", "etcd lease revoke",
-         "");
+    call("/v3/lease/revoke", "{\"ID\":\"" + std::to_string(id) + "\"}", "etcd lease revoke", "");
     lease_alive_ = false;
+    lease_id_ = 0;
   }
 
  private:
@@ -221,7 +223,8 @@ class etcd_client {
         call("/v3/lease/grant", "{\"TTL\":" + std::to_string(opts_.lease_ttl.count()) + "}",
              "etcd lease grant", "");
     lease_id_ = etcd_int(r.find("ID"));
-    if (lease_id_ == 0) throw error(EPROTO, "etcd lease grant", "", "reply without a lease ID");
+    if (lease_id_.load() == 0)
+      throw error(EPROTO, "etcd lease grant", "", "reply without a lease ID");
     lease_alive_ = true;
     keepalive_ = std::thread([this] { keepalive_loop(); });
   }
@@ -229,7 +232,7 @@ class etcd_client {
   void keepalive_loop() {
     const auto period = std::max<std::chrono::milliseconds>(
         std::chrono::milliseconds(100), std::chrono::milliseconds(opts_.lease_ttl) / 3);
-    const std::string body = "{\"ID\":\"" + std::to_string(lease_id_) + "\"}";
+    const std::string body = "{\"ID\":\"" + std::to_string(lease_id_.load()) + "\"}";
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       if (stop_cv_.wait_for(lock, period, [this] { return stopping_; })) return;
@@ -259,7 +262,7 @@ class etcd_client {
   etcd_options opts_;
   std::vector<http_endpoint> endpoints_;
   mutable std::atomic<std::size_t> current_{0};
-  std::int64_t lease_id_ = 0;
+  std::atomic<std::int64_t> lease_id_{0};
   std::atomic<bool> lease_alive_{false};
   std::mutex mutex_;
   std::condition_variable stop_cv_;
@@ -288,7 +291,8 @@ class basic_etcd_kv {
   std::int64_t lease_id() const noexcept { return client_->lease_id(); }
   /// False once etcd reported the lease gone (expired); true while kept alive.
   bool lease_alive() const noexcept { return client_->lease_alive(); }
-  /// Revokes the lease: etcd deletes every key this client wrote, at once.
+  /// Revokes the lease: etcd deletes every key this client wrote, at once; later writes carry
+  /// no lease. Idempotent.
   void revoke_lease() { client_->revoke_lease(); }
   /// The full etcd key of `key`: "<prefix>/<run>/<incarnation>/<key>".
   std::string etcd_key(const std::string& key) const { return root_ + key; }
@@ -411,8 +415,8 @@ class basic_etcd_kv {
   std::string put_body(const std::string& quoted_key, std::string_view value) const {
     std::string body =
         "{\"key\":" + quoted_key + ",\"value\":" + detail::json_quote(detail::base64_encode(value));
-    if (client_->lease_id() != 0)
-      body += ",\"lease\":\"" + std::to_string(client_->lease_id()) + "\"";
+    if (const std::int64_t lease = client_->lease_id(); lease != 0)
+      body += ",\"lease\":\"" + std::to_string(lease) + "\"";
     return body + "}";
   }
 
