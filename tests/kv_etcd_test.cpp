@@ -209,6 +209,39 @@ TEST_CASE("etcd_kv: get is one range and one watch from revision + 1 (no polling
   CHECK(fake.request_count() == 4);
 }
 
+TEST_CASE("etcd_kv: get skips delete events and ranges again after a cancelled watch") {
+  std::atomic<int> ranges{0};
+  std::atomic<bool> compacted{true};
+  const std::string created = R"({"result":{"header":{"revision":"5"},"created":true}})"
+                              "\n";
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request& r) {
+    if (r.target == "/v3/kv/range") {
+      if (++ranges == 2 && compacted)  // the second range finds the key
+        return reply(200,
+                     R"({"header":{"revision":"12"},"kvs":[{"key":"eA==","value":"YWZ0ZXI="}]})");
+      return reply(200, R"({"header":{"revision":"5"}})");
+    }
+    if (compacted)  // created, then cancelled (compaction): the server ends the stream
+      return reply::raw(reply::chunked_head() + reply::chunk(created) +
+                        reply::chunk(R"({"result":{"canceled":true,"compact_revision":"9"}})"
+                                     "\n") +
+                        reply::last_chunk());
+    return reply::raw(
+               reply::chunked_head() + reply::chunk(created) +
+               reply::chunk(R"({"result":{"events":[{"type":"DELETE","kv":{"key":"eA=="}}]}})"
+                            "\n") +
+               reply::chunk(R"({"result":{"events":[{"kv":{"key":"eA==","value":"cHV0"}}]}})"
+                            "\n"))
+        .keep_open();
+  });
+  etcd_kv kv(options_for({fake.url()}), ns0);
+  CHECK(kv.get("x", 3s) == std::optional<std::string>("after"));
+  CHECK(fake.request_count() == 3);  // range, watch (cancelled), range
+  compacted = false;
+  CHECK(kv.get("x", 3s) == std::optional<std::string>("put"));  // the DELETE event is skipped
+  CHECK(fake.request_count() == 5);
+}
+
 TEST_CASE("etcd_kv: failover past a refused and a silent endpoint, sticking to the good one") {
   holdfast_test::etcd_server server;
   holdfast_test::blackhole silent;
