@@ -508,6 +508,11 @@ TEST_CASE("kv_counts names every kind") {
   CHECK(c.reads() == 4);
   CHECK(c.writes() == 2);
   CHECK(c.total() == 6);
+  // constructed in place; inner() reaches the wrapped store without counting
+  holdfast::counting_kv<holdfast::in_process_kv> counted(std::in_place, kv_namespace("a", 0));
+  counted.inner().put("k", "v");
+  CHECK(counted.get("k", 0ms) == std::optional<std::string>("v"));
+  CHECK(counted.counts().total() == 1);
 }
 
 TEST_CASE("filesystem_kv names: one escaped file per key, round-trips, foreign files ignored") {
