@@ -124,9 +124,11 @@ class kv_namespace {
   /// "run/incarnation": the path every key of this namespace lives under.
   std::string path() const { return run_ + "/" + incarnation_; }
 
+  /// Same run id and incarnation.
   friend bool operator==(const kv_namespace& a, const kv_namespace& b) {
     return a.run_ == b.run_ && a.incarnation_ == b.incarnation_;
   }
+  /// Not the same namespace.
   friend bool operator!=(const kv_namespace& a, const kv_namespace& b) { return !(a == b); }
 
  private:
@@ -270,11 +272,13 @@ struct kv_counts {
     }
     return s + "failed=" + std::to_string(failed) + " total=" + std::to_string(total());
   }
+  /// Every counter equal.
   friend bool operator==(const kv_counts& a, const kv_counts& b) {
     return a.insert == b.insert && a.put == b.put && a.try_get == b.try_get && a.get == b.get &&
            a.list == b.list && a.erase == b.erase && a.erase_prefix == b.erase_prefix &&
            a.failed == b.failed;
   }
+  /// Some counter differs.
   friend bool operator!=(const kv_counts& a, const kv_counts& b) { return !(a == b); }
 };
 

@@ -101,6 +101,7 @@ inline std::int64_t etcd_int(const json_value* v, std::int64_t fallback = 0) {
 template <class Io>
 class etcd_client {
  public:
+  /// Parses the endpoints and, with a lease TTL, grants the lease and starts the keep-alives.
   explicit etcd_client(etcd_options opts) : opts_(std::move(opts)) {
     if (opts_.endpoints.empty()) throw error(EINVAL, "etcd connect", "", "no endpoints configured");
     for (const auto& url : opts_.endpoints) endpoints_.push_back(parse_http_url(url));
@@ -110,8 +111,11 @@ class etcd_client {
   etcd_client& operator=(const etcd_client&) = delete;
   ~etcd_client() { stop_keepalive(); }
 
+  /// The options it was made with.
   const etcd_options& options() const noexcept { return opts_; }
+  /// The lease attached to writes, or 0.
   std::int64_t lease_id() const noexcept { return lease_id_.load(); }
+  /// False once the lease expired or was revoked.
   bool lease_alive() const noexcept { return lease_alive_.load(); }
 
   /// POSTs `body` to `target` and returns the parsed JSON reply; `op` and `key` name the
