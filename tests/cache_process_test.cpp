@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <holdfast/cache.hpp>
 #include <holdfast/testing/fault_io.hpp>
 #include <map>
@@ -260,6 +261,38 @@ TEST_CASE("without MADV_WIPEONFORK a fork is noticed by getpid, and the child st
   CHECK(cache.put(3, "parent"));
   CHECK(fault_plan::calls(io_op::open) == 0);  // the parent keeps its descriptor
   CHECK(*cache.get(1) == "child");
+}
+
+// Runs twice: as the test (creates a cache, execs this binary on this test case only) and, in
+// the exec'ed copy, as the worker (HOLDFAST_CACHE_WORKER set), which attaches by path and length.
+TEST_CASE("an exec'ed worker attaches to the live cache by path and length") {
+  if (const char* path = std::getenv("HOLDFAST_CACHE_WORKER")) {
+    auto c = hf::multiprocess_file_cache::attach(path, 16);
+    CHECK_FALSE(c.owns_file());
+    REQUIRE(c.get(1).has_value());
+    CHECK(*c.get(1) == "from the parent");
+    CHECK(c.put(5, "from the exec'ed worker"));
+    CHECK_FALSE(c.put(1, "again"));
+    return;
+  }
+  holdfast_test::temp_dir dir("cache");
+  hf::multiprocess_file_cache cache(hf::create_cache, 16, in(dir));
+  REQUIRE(cache.put(1, "from the parent"));
+  holdfast_test::child worker([&] {
+    ::setenv("HOLDFAST_CACHE_WORKER", cache.path().c_str(), 1);
+    char self[] = "/proc/self/exe";
+    char filter[] = "--test-case=an exec'ed worker attaches*";
+    char quiet[] = "--no-intro";
+    char* argv[] = {self, filter, quiet, nullptr};
+    ::execv(self, argv);
+    const bool exec_failed = true;  // execv returns only on failure
+    CHILD_REQUIRE(!exec_failed);
+  });
+  auto r = worker.wait(std::chrono::seconds(30));
+  INFO(r.failures);
+  CHECK(r.exit_code == 0);  // doctest exits non-zero when a worker assertion failed
+  REQUIRE(cache.get(5).has_value());
+  CHECK(*cache.get(5) == "from the exec'ed worker");
 }
 
 TEST_CASE("only the creating process's object removes the temp file") {
