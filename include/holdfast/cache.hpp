@@ -105,10 +105,12 @@ inline constexpr preload_cache_t preload_cache{};
 
 /// Read policy: map the whole file once; get returns a zero-copy std::string_view.
 struct mmap_read {
+  /// get returns a view into the mapping.
   static constexpr bool maps_data = true;
 };
 /// Read policy: map only the index; get does one pread into an owned buffer (cache_bytes).
 struct pread_read {
+  /// get returns an owned copy read with pread.
   static constexpr bool maps_data = false;
 };
 
@@ -122,6 +124,7 @@ struct pread_read {
 /// (kernels without it: getpid on every lock). The lock descriptor is never mapped, so closing it
 /// always releases the lock.
 struct flock_lock {
+  /// Serializes puts across processes.
   static constexpr bool interprocess = true;
 
   flock_lock() = default;
@@ -199,6 +202,7 @@ struct flock_lock {
 
 /// Lock policy for one process with several threads: a mutex only.
 struct mutex_lock {
+  /// Serializes puts within one process only.
   static constexpr bool interprocess = false;
   /// Takes the mutex.
   template <class Io>
@@ -218,6 +222,7 @@ struct mutex_lock {
 /// Lock policy that costs nothing (as spdlog's null_mutex): one thread puts, or nobody
 /// (preloaded files).
 struct no_lock {
+  /// Serializes puts within one process only.
   static constexpr bool interprocess = false;
   /// Does nothing.
   template <class Io>
@@ -301,10 +306,15 @@ inline std::uint32_t get_le32(const char* p) noexcept {
 /// pfio's file, byte for byte: no header; entry i at 16 * i is (uint64 offset, int64 length),
 /// little-endian; (0, -1) is an empty slot; data from 16 * length on.
 struct pfio_format {
+  /// The format's name (for tools and messages).
   static constexpr const char* name = "pfio";
+  /// Bytes before the index.
   static constexpr std::size_t header_size = 0;
+  /// Bytes per index entry.
   static constexpr std::size_t entry_size = 16;
+  /// Whether the file records its own length.
   static constexpr bool stores_length = false;
+  /// Whether items carry a checksum.
   static constexpr bool checksummed = false;
   /// The header bytes for a new file (none).
   static std::string encode_header(std::uint64_t) { return {}; }
@@ -321,15 +331,23 @@ struct pfio_format {
 ///           saves writers an lseek per put.
 ///   entry:  u64 offset, i64 length (-1 = empty), u32 CRC32C(le64(slot) + data), u32 zero.
 struct checked_format {
+  /// The format's name (for tools and messages).
   static constexpr const char* name = "checked";
+  /// Bytes before the index.
   static constexpr std::size_t header_size = 48;
+  /// Bytes per index entry.
   static constexpr std::size_t entry_size = 24;
+  /// Whether the file records its own length.
   static constexpr bool stores_length = true;
+  /// Whether items carry a checksum.
   static constexpr bool checksummed = true;
+  /// The first 8 bytes of every checked file.
   static constexpr char magic[8] = {'H', 'F', 'C', 'A', 'C', 'H', 'E', '\n'};
+  /// The format version this header writes and reads.
   static constexpr std::uint32_t version = 1;
   /// Offset of the state word (bit 0: sealed) inside the header.
   static constexpr std::size_t state_offset = 28;
+  /// The state bit preserve() sets: puts from every process return false.
   static constexpr std::uint32_t sealed = 1;
   /// Offset of the end-of-data word inside the header.
   static constexpr std::size_t end_offset = 32;
