@@ -80,7 +80,8 @@ struct scenario {
   milliseconds watch{5};
   int throw_task = -1;
   std::int64_t throw_at = -1;
-  int dead_task = -1;  // stops calling run() at dead_at, without a notice
+  int throw_after_us = 0;  // the throwing step runs this long first
+  int dead_task = -1;      // stops calling run() at dead_at, without a notice
   std::int64_t dead_at = -1;
   bool save_override = false;
   std::string run_id = "run";
@@ -149,8 +150,10 @@ void worker(job& j, int task, const scenario& sc, outcome& out) {
       auto t0 = std::chrono::steady_clock::now();
       try {
         out.last = h.run([&] {
-          if (task == sc.throw_task && h.total_run_calls() == sc.throw_at)
+          if (task == sc.throw_task && h.total_run_calls() == sc.throw_at) {
+            busy(sc.throw_after_us);
             throw std::runtime_error("nan loss");
+          }
           ++out.st.acc;
           busy(us);
         });
@@ -347,10 +350,11 @@ TEST_CASE("threads: a step error wakes peers blocked in an agreement") {
   job j(3);
   scenario sc;
   sc.n = 3;
-  sc.step_us = {100, 100, 20000};
-  sc.throw_task = 2;  // the slow worker throws before it could ack
+  sc.step_us = {100, 100, 100};
+  sc.throw_task = 2;  // inside its step when the notice comes: it throws before it could ack
   sc.throw_at = 3;
-  sc.notice_at = 2;
+  sc.throw_after_us = 100000;
+  sc.notice_at = 3;
   sc.noticed = {0};
   sc.ack_timeout = 5000ms;
   auto out = run_job(j, sc);
