@@ -524,6 +524,30 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
   });
 }
 
+TEST_CASE("threads: destruction in the grace countdown and after the final agreement") {
+  const int before = holdfast_test::thread_count();
+  for (auto until :
+       {holdfast::agreement_state::grace, holdfast::agreement_state::final_published}) {
+    job j(1);
+    outcome o;
+    scenario sc;
+    sc.n = 1;
+    sc.grace = 300ms;
+    {
+      handler_t h(make_config(j, 0, sc, &o), j.kv, {0, 1, "g"},
+                  holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
+      j.flags[0]->store(true);
+      auto deadline = std::chrono::steady_clock::now() + 5s;
+      while (h.state() != until && std::chrono::steady_clock::now() < deadline) {
+        h.run([] { busy(1000); });
+      }
+      CHECK(h.state() == until);
+    }
+    CHECK(holdfast_test::thread_count() == before);
+    CHECK(o.st.saves == 1);  // the first save only: destroyed before the final one
+  }
+}
+
 TEST_CASE("threads: store operations per worker per agreement do not grow with workers") {
   std::map<int, double> per_worker;
   for (int n : {2, 4, 8}) {

@@ -141,11 +141,67 @@ typename Clock::time_point to_clock(std::chrono::system_clock::time_point t) {
 
 }  // namespace detail
 
+namespace detail {
+template <class T>
+using ckpt_save = decltype(std::declval<T&>().save(std::int64_t{}));
+template <class T>
+using ckpt_restore = std::enable_if_t<
+    std::is_convertible_v<decltype(std::declval<T&>().restore()), std::optional<std::int64_t>>>;
+template <class T>
+using cfg_exit_type = typename T::exit_type;
+template <class T>
+using cfg_notice = decltype(bool{std::declval<const T&>().noticed()},
+                            std::optional<std::chrono::steady_clock::time_point>{
+                                std::declval<const T&>().noticed_at()},
+                            std::optional<std::chrono::system_clock::time_point>{
+                                std::declval<const T&>().announced_deadline()});
+template <class T>
+using cfg_start_stop = decltype(std::declval<T&>().start(), std::declval<T&>().stop());
+template <class T>
+using cfg_grace = decltype(std::chrono::milliseconds{std::declval<const T&>().grace_period()});
+template <class T>
+using cfg_save_override = decltype(bool{std::declval<const T&>().has_save_override()},
+                                   std::declval<const T&>().save_override()(std::int64_t{}));
+template <class T>
+using cfg_exit = decltype(std::declval<T&>().exit(std::declval<const exit_context&>()));
+}  // namespace detail
+
+/// Checks a Checkpointer policy at compile time; each static_assert names the missing member.
+template <class C>
+constexpr bool check_checkpointer() {
+  static_assert(detail::detect<detail::ckpt_save, C>::value,
+                "holdfast: a Checkpointer needs save(std::int64_t step)");
+  static_assert(detail::detect<detail::ckpt_restore, C>::value,
+                "holdfast: a Checkpointer needs restore() returning std::optional<std::int64_t>");
+  return true;
+}
+
+/// Checks a termination Config (termination_config or a preset) at compile time.
+template <class C>
+constexpr bool check_termination_config() {
+  static_assert(detail::detect<detail::cfg_exit_type, C>::value,
+                "holdfast: a termination config needs a member type exit_type");
+  static_assert(detail::detect<detail::cfg_start_stop, C>::value,
+                "holdfast: a termination config needs start() and stop()");
+  static_assert(detail::detect<detail::cfg_notice, C>::value,
+                "holdfast: a termination config needs noticed(), noticed_at() and "
+                "announced_deadline()");
+  static_assert(detail::detect<detail::cfg_grace, C>::value,
+                "holdfast: a termination config needs grace_period() (milliseconds)");
+  static_assert(detail::detect<detail::cfg_save_override, C>::value,
+                "holdfast: a termination config needs has_save_override() and save_override()");
+  static_assert(detail::detect<detail::cfg_exit, C>::value,
+                "holdfast: a termination config needs exit(const exit_context&)");
+  return true;
+}
+
 /// The preemption checkpoint handler; see the top of handler.hpp.
 template <class Config, class Kv, class Checkpointer = checkpoint_manager<>,
           class Clock = std::chrono::steady_clock>
 class preemption_handler {
   static_assert(check_kv_store<Kv>());
+  static_assert(check_checkpointer<Checkpointer>());
+  static_assert(check_termination_config<Config>());
 
  public:
   using config_type = Config;                          ///< the termination config
