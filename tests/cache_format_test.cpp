@@ -110,6 +110,22 @@ TEST_CASE("crc32c matches the standard check values") {
   for (std::size_t cut : {0u, 1u, 7u, 8u, 9u, 333u, 999u, 1000u})
     CHECK(hf::detail::crc32c_extend(crc32c(big.data(), cut), big.data() + cut, 1000 - cut) ==
           whole);
+  // the three-stream hardware loop (3 KiB and more) against the software loop, at and around
+  // its block boundaries and at unaligned starts
+  std::string data(70000, '\0');
+  std::uint32_t x = 12345;
+  for (auto& ch : data) {
+    x = x * 1103515245u + 12345u;
+    ch = static_cast<char>(x >> 16);
+  }
+  for (std::size_t n : {3071u, 3072u, 3073u, 3080u, 6143u, 6144u, 6145u, 9999u, 65536u, 69990u})
+    for (std::size_t off : {0u, 1u, 3u, 8u}) {
+      CAPTURE(n);
+      CAPTURE(off);
+      auto p = reinterpret_cast<const unsigned char*>(data.data()) + off;
+      CHECK(crc32c(p, n) == ~hf::detail::crc32c_software(~0u, p, n));
+      CHECK(hf::detail::crc32c_extend(crc32c(p, n / 3), p + n / 3, n - n / 3) == crc32c(p, n));
+    }
 }
 
 TEST_CASE("pfio_format golden bytes: explicit (0, -1) empties, little-endian Qq entries") {

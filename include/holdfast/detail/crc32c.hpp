@@ -8,7 +8,8 @@
 //     0x82F63B78, initial value and final xor 0xFFFFFFFF.
 //   - crc32c_extend(crc32c(a), b) == crc32c(a + b), so a checksum can be built piecewise.
 //   - The result does not depend on the machine: x86-64 with SSE4.2 uses the crc32 instruction
-//     (chosen at run time), every other machine uses a table-driven slice-by-8 loop.
+//     (chosen at run time; three interleaved streams for 3 KiB and more), every other machine
+//     uses a table-driven slice-by-8 loop.
 // Caveats:
 //   - A CRC detects accidental corruption, not tampering.
 #pragma once
@@ -61,11 +62,55 @@ inline std::uint32_t crc32c_software(std::uint32_t crc, const unsigned char* p,
 }
 
 #ifdef HOLDFAST_CRC32C_X86
+/// Bytes per stream in the three-way interleaved loop (the crc32 instruction has a latency of 3
+/// and a throughput of 1, so three independent streams run about three times as fast).
+inline constexpr std::size_t crc32c_block = 1024;
+
+/// Tables that advance a raw CRC register over `zeros` zero bytes: shift(v) = T0[v & 0xFF] ^
+/// T1[v >> 8 & 0xFF] ^ T2[v >> 16 & 0xFF] ^ T3[v >> 24] (the update is linear in the register).
+struct crc32c_shift {
+  std::array<std::array<std::uint32_t, 256>, 4> t{};
+  std::uint32_t operator()(std::uint32_t v) const noexcept {
+    return t[0][v & 0xFFu] ^ t[1][(v >> 8) & 0xFFu] ^ t[2][(v >> 16) & 0xFFu] ^ t[3][v >> 24];
+  }
+};
+
+__attribute__((target("sse4.2"))) inline crc32c_shift crc32c_make_shift(std::size_t zeros) {
+  crc32c_shift s;
+  for (std::uint32_t k = 0; k < 4; ++k)
+    for (std::uint32_t b = 0; b < 256; ++b) {
+      std::uint64_t c = std::uint64_t{b} << (8 * k);
+      for (std::size_t i = 0; i < zeros / 8; ++i) c = _mm_crc32_u64(c, 0);
+      s.t[k][b] = static_cast<std::uint32_t>(c);
+    }
+  return s;
+}
+
 /// Hardware CRC32C (SSE4.2) on the raw register value; only called when the CPU has it.
 __attribute__((target("sse4.2"))) inline std::uint32_t crc32c_sse42(std::uint32_t crc,
                                                                     const unsigned char* p,
                                                                     std::size_t n) noexcept {
   std::uint64_t c = crc;
+  if (n >= 3 * crc32c_block) {
+    static const crc32c_shift by_one = crc32c_make_shift(crc32c_block);
+    static const crc32c_shift by_two = crc32c_make_shift(2 * crc32c_block);
+    while (n >= 3 * crc32c_block) {
+      std::uint64_t c1 = 0, c2 = 0;
+      for (std::size_t k = 0; k < crc32c_block; k += 8) {
+        std::uint64_t w0, w1, w2;
+        std::memcpy(&w0, p + k, 8);
+        std::memcpy(&w1, p + crc32c_block + k, 8);
+        std::memcpy(&w2, p + 2 * crc32c_block + k, 8);
+        c = _mm_crc32_u64(c, w0);
+        c1 = _mm_crc32_u64(c1, w1);
+        c2 = _mm_crc32_u64(c2, w2);
+      }
+      c = by_two(static_cast<std::uint32_t>(c)) ^ by_one(static_cast<std::uint32_t>(c1)) ^
+          static_cast<std::uint32_t>(c2);
+      p += 3 * crc32c_block;
+      n -= 3 * crc32c_block;
+    }
+  }
   while (n >= 8) {
     std::uint64_t word;
     std::memcpy(&word, p, 8);
