@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -84,7 +85,7 @@ class etcd_server {
     // etcd fsyncs its WAL on every write; on tmpfs that costs nothing, so a loaded disk cannot
     // push a test's requests past their timeouts. Falls back to the temp dir.
     std::string shm = "/dev/shm/holdfast-etcd-XXXXXX";
-    if (::access("/dev/shm", W_OK) == 0 && ::mkdtemp(shm.data())) shm_ = shm;
+    if (shm_has_room() && ::mkdtemp(shm.data())) shm_ = shm;
     data_root_ = shm_.empty() ? dir_.path() : shm_;
     std::string last;
     for (int attempt = 0; attempt < 3; ++attempt) {  // a port may be taken between probe and bind
@@ -219,6 +220,14 @@ class etcd_server {
     throw std::runtime_error("etcd at " + url() + " not healthy within " +
                              std::to_string(timeout.count()) + " ms (" + last + "); log:\n" +
                              log_tail());
+  }
+
+  // etcd preallocates a 64 MiB WAL segment: use /dev/shm only when it is writable and roomy
+  // (a container's default /dev/shm is 64 MiB).
+  static bool shm_has_room() {
+    struct statvfs st {};
+    if (::access("/dev/shm", W_OK) != 0 || ::statvfs("/dev/shm", &st) != 0) return false;
+    return static_cast<unsigned long long>(st.f_bavail) * st.f_frsize >= (1ull << 30);
   }
 
   void remove_shm() {
