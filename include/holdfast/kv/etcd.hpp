@@ -27,6 +27,8 @@
 //     proxy.
 //   - An insert that times out after etcd applied it is not retried; the key then exists and a
 //     retry returns false. Requests are not retried on other endpoints after they were sent.
+//   - get's own timeout bounds the wait for the key, not a request: against a hung server its
+//     range fails with ETIMEDOUT after request_timeout, even when the get's timeout is shorter.
 //   - The lease is not revoked on destruction (other workers may still need the keys); call
 //     revoke_lease() to delete this client's keys at once.
 #pragma once
