@@ -5,6 +5,25 @@
 // coordination store, and an artifact store. Include this, or only the component you need.
 #pragma once
 
+// foundation
+#include "version.hpp"
 #include "error.hpp"
 #include "io.hpp"
-#include "version.hpp"
+// atomic publishing, waiting, handoff between jobs
+#include "publish.hpp"
+#include "wait.hpp"
+#include "handoff.hpp"
+// the file cache
+#include "cache.hpp"
+// termination configs
+#include "termination.hpp"
+// coordination stores and step agreement
+#include "kv.hpp"
+#include "kv/in_process.hpp"
+#include "kv/filesystem.hpp"
+#include "kv/etcd.hpp"
+#include "agreement.hpp"
+#include "handler.hpp"
+// artifact store
+#include "store.hpp"
+#include "checkpoint.hpp"
