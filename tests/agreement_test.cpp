@@ -91,16 +91,21 @@ bool perform(step_agreement& a, const step_agreement::instruction& in, fake_kv& 
   return false;
 }
 
-// Runs the exchange for one step and returns the verdict.
+// Lets the watcher side do its store work, then asks the training side; when that started the
+// final phase (grace), the watcher side runs again and the training side is asked again.
+void drain(step_agreement& a, fake_kv& kv, std::int64_t counter, clk::time_point now) {
+  for (int i = 0; i < 100; ++i)
+    if (!perform(a, a.protocol_next(counter, now), kv)) return;
+  FAIL("exchange did not end");
+}
 step_agreement::instruction decide(step_agreement& a, fake_kv& kv, std::int64_t counter,
                                    clk::time_point now,
                                    clk::duration mean = clk::duration::zero()) {
-  for (int i = 0; i < 100; ++i) {
-    auto in = a.next(counter, now, mean);
-    if (!perform(a, in, kv)) return in;
-  }
-  FAIL("exchange did not end");
-  return {};
+  drain(a, kv, counter, now);
+  auto v = a.decide(counter, now, mean);
+  if (a.state() != agreement_state::final_noticed) return v;
+  drain(a, kv, counter, now);
+  return a.decide(counter, now, mean);
 }
 
 }  // namespace
@@ -111,7 +116,7 @@ TEST_CASE("idle: proceeds with no store traffic and needs no attention") {
   CHECK_FALSE(a.needs_attention());
   CHECK(a.watch_key() == agreement_key::claim);
   for (int c = 0; c < 5; ++c) {
-    auto in = a.next(c, t0);
+    auto in = a.decide(c, t0);
     CHECK(in.kind == op::decide);
     CHECK(in.action == agreement_action::proceed);
   }
@@ -139,7 +144,7 @@ TEST_CASE("one worker: notice → claim → ack → list → step published → 
   CHECK(a.state() == agreement_state::noticed);
   CHECK(a.needs_attention());
 
-  auto in = a.next(5, t0);
+  auto in = a.protocol_next(5, t0);
   CHECK(in.kind == op::insert);
   CHECK(key_of(in) == "run/r0/claim");
   CHECK(in.value == "0");
@@ -147,18 +152,18 @@ TEST_CASE("one worker: notice → claim → ack → list → step published → 
   CHECK(a.state() == agreement_state::claimed);
   CHECK(a.claimant());
 
-  in = a.next(5, t0);
+  in = a.protocol_next(5, t0);
   CHECK(in.kind == op::put);
   CHECK(key_of(in) == "run/r0/ack/0");
   CHECK(in.value == "5");
   a.on_put();
   CHECK(a.state() == agreement_state::acked);
 
-  in = a.next(5, t0);
+  in = a.protocol_next(5, t0);
   CHECK(in.kind == op::list);
   CHECK(key_of(in) == "run/r0/ack/");
   a.on_list({{"run/r0/ack/0", "5"}});
-  in = a.next(5, t0);
+  in = a.protocol_next(5, t0);
   CHECK(in.kind == op::insert);
   CHECK(key_of(in) == "run/r0/step");
   CHECK(in.value == "6");  // max + 1
@@ -166,21 +171,21 @@ TEST_CASE("one worker: notice → claim → ack → list → step published → 
   CHECK(a.state() == agreement_state::step_published);
   CHECK(a.agreed_step() == 6);
 
-  in = a.next(5, t0);
+  in = a.decide(5, t0);
   CHECK(in.kind == op::decide);
   CHECK(in.action == agreement_action::proceed);
-  in = a.next(6, t0);
+  in = a.decide(6, t0);
   CHECK(in.action == agreement_action::save_then_exit);
   CHECK(in.step == 6);
   CHECK(a.state() == agreement_state::exiting);
   CHECK_FALSE(a.needs_attention());
-  CHECK(a.next(7, t0).action == agreement_action::proceed);
+  CHECK(a.decide(7, t0).action == agreement_action::proceed);
 }
 
 TEST_CASE("lost claim and a claim seen by the watcher both make a follower") {
   step_agreement a(cfg(1, 2));
   a.on_notice(t0);
-  auto in = a.next(3, t0);
+  auto in = a.protocol_next(3, t0);
   CHECK(in.kind == op::insert);
   a.on_insert(false);
   CHECK(a.state() == agreement_state::claimed);
@@ -197,17 +202,17 @@ TEST_CASE("lost claim and a claim seen by the watcher both make a follower") {
   c.on_notice(t0);
   c.on_claim_seen(0);
   CHECK(c.state() == agreement_state::claimed);
-  CHECK(c.next(2, t0).kind == op::put);
+  CHECK(c.protocol_next(2, t0).kind == op::put);
 }
 
 TEST_CASE("incomplete acks: wait for the step until the deadline, then a step or a timeout") {
   step_agreement a(cfg(0, 3));
   a.on_claim_seen(0);
-  a.next(4, t0);
+  a.protocol_next(4, t0);
   a.on_put();
-  CHECK(a.next(4, t0).kind == op::list);
+  CHECK(a.protocol_next(4, t0).kind == op::list);
   a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/2", "9"}});
-  auto in = a.next(4, t0 + milliseconds(10));
+  auto in = a.protocol_next(4, t0 + milliseconds(10));
   CHECK(in.kind == op::wait);
   CHECK(key_of(in) == "run/r0/step");
   CHECK(in.deadline == t0 + milliseconds(1000));  // acked at t0 + ack_timeout
@@ -216,36 +221,36 @@ TEST_CASE("incomplete acks: wait for the step until the deadline, then a step or
     a.on_value(std::string("10"));
     CHECK(a.state() == agreement_state::step_published);
     CHECK(a.agreed_step() == 10);
-    CHECK(a.next(9, t0).action == agreement_action::proceed);
-    CHECK(a.next(10, t0).action == agreement_action::save_then_exit);
+    CHECK(a.decide(9, t0).action == agreement_action::proceed);
+    CHECK(a.decide(10, t0).action == agreement_action::save_then_exit);
   }
   SUBCASE("the deadline passes and task 1 never acked") {
     a.on_value(std::nullopt);
-    in = a.next(4, t0 + milliseconds(1000));
+    in = a.protocol_next(4, t0 + milliseconds(1000));
     CHECK(in.kind == op::list);
     a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/2", "9"}});
     CHECK(a.state() == agreement_state::failed);
     CHECK(a.failure().kind == agreement_failure::timeout);
     CHECK(a.failure().missing_tasks == std::vector<int>{1});
-    CHECK(a.next(4, t0).action == agreement_action::fail);  // sticky
-    CHECK(a.next(5, t0).action == agreement_action::fail);
+    CHECK(a.decide(4, t0).action == agreement_action::fail);  // sticky
+    CHECK(a.decide(5, t0).action == agreement_action::fail);
   }
   SUBCASE("the deadline passes but the last ack landed meanwhile: the step is computed here") {
     a.on_value(std::nullopt);
-    a.next(4, t0 + milliseconds(1000));
+    a.protocol_next(4, t0 + milliseconds(1000));
     a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/1", "2"}, {"run/r0/ack/2", "9"}});
-    in = a.next(4, t0);
+    in = a.protocol_next(4, t0);
     CHECK(in.kind == op::insert);
     CHECK(in.value == "10");
     a.on_insert(false);  // someone else inserted it first: read it
-    in = a.next(4, t0);
+    in = a.protocol_next(4, t0);
     CHECK(in.kind == op::wait);
     a.on_value(std::string("10"));
     CHECK(a.agreed_step() == 10);
   }
   SUBCASE("an aborted step names the peer's error") {
     a.on_value(std::string("abort"));
-    in = a.next(4, t0);
+    in = a.protocol_next(4, t0);
     CHECK(in.kind == op::try_get);
     CHECK(key_of(in) == "run/error");
     a.on_value(step_agreement::encode_error(1, "std::runtime_error", "nan\nloss"));
@@ -257,15 +262,39 @@ TEST_CASE("incomplete acks: wait for the step until the deadline, then a step or
   }
 }
 
+TEST_CASE("training side: proceeds up to its published counter, then waits for the step") {
+  step_agreement a(cfg(0, 2));
+  a.on_claim_seen(0);
+  CHECK(a.wants_counter());
+  CHECK(a.decide(5, t0).action == agreement_action::proceed);  // the ack will carry >= 5
+  auto in = a.protocol_next(5, t0);
+  CHECK(in.kind == op::put);
+  CHECK(in.value == "5");
+  CHECK_FALSE(a.wants_counter());
+  CHECK(a.published_counter() == 5);
+  CHECK(a.decide(5, t0).action == agreement_action::proceed);  // below the step (>= 6)
+  CHECK(a.decide(6, t0).action == agreement_action::wait);     // might be the step: wait
+  a.on_put();
+  CHECK(a.protocol_next(6, t0).kind == op::list);
+  a.on_list({{"run/r0/ack/0", "5"}, {"run/r0/ack/1", "9"}});
+  in = a.protocol_next(6, t0);
+  CHECK(in.value == "10");
+  CHECK(a.decide(6, t0).action == agreement_action::wait);  // still not published
+  a.on_insert(true);
+  CHECK(a.decide(6, t0).action == agreement_action::proceed);
+  CHECK(a.decide(9, t0).action == agreement_action::proceed);
+  CHECK(a.decide(10, t0).action == agreement_action::save_then_exit);
+}
+
 TEST_CASE("the agreed step is max of the counters + 1, whatever the skew") {
   for (int me = 0; me < 3; ++me) {
     step_agreement a(cfg(me, 3));
     a.on_claim_seen(0);
-    a.next(1000, t0);
+    a.protocol_next(1000, t0);
     a.on_put();
-    a.next(1000, t0);
+    a.protocol_next(1000, t0);
     a.on_list({{"run/r0/ack/0", "3"}, {"run/r0/ack/1", "1000"}, {"run/r0/ack/2", "17"}});
-    auto in = a.next(1000, t0);
+    auto in = a.protocol_next(1000, t0);
     CHECK(in.value == "1001");
   }
 }
@@ -273,11 +302,11 @@ TEST_CASE("the agreed step is max of the counters + 1, whatever the skew") {
 TEST_CASE("a malformed ack or a foreign task id counts as missing") {
   step_agreement a(cfg(0, 2));
   a.on_claim_seen(0);
-  a.next(1, t0);
+  a.protocol_next(1, t0);
   a.on_put();
-  a.next(1, t0);
+  a.protocol_next(1, t0);
   a.on_list({{"run/r0/ack/0", "1"}, {"run/r0/ack/1", "x"}, {"run/r0/ack/7", "3"}});
-  CHECK(a.next(1, t0).kind == op::wait);
+  CHECK(a.protocol_next(1, t0).kind == op::wait);
 }
 
 TEST_CASE("grace path: save then continue, final claim at end − 6 × mean step, final save") {
@@ -298,13 +327,14 @@ TEST_CASE("grace path: save then continue, final claim at end − 6 × mean step
   const auto mean = milliseconds(50);  // buffer 300 ms: final claim after t0 + 700 ms
   CHECK(decide(a, kv, 12, t0 + milliseconds(600), mean).action == agreement_action::proceed);
   CHECK(a.state() == agreement_state::grace);
-  in = a.next(13, t0 + milliseconds(701), mean);
+  CHECK(a.decide(13, t0 + milliseconds(701), mean).action == agreement_action::proceed);
+  CHECK(a.state() == agreement_state::final_noticed);
+  in = a.protocol_next(13, t0 + milliseconds(701));
   CHECK(in.kind == op::insert);
   CHECK(key_of(in) == "run/r0/final");
-  CHECK(a.state() == agreement_state::final_noticed);
   a.on_insert(true);
   CHECK(a.state() == agreement_state::final_claimed);
-  in = a.next(13, t0 + milliseconds(701), mean);
+  in = a.protocol_next(13, t0 + milliseconds(701));
   CHECK(key_of(in) == "run/r0/final_ack/0");
   CHECK(perform(a, in, kv));
   CHECK(a.state() == agreement_state::final_acked);
@@ -380,7 +410,7 @@ TEST_CASE("no_exit: save, re-arm into the next round, and agree again") {
   CHECK(a.state() == agreement_state::idle);
   a.on_notice(t0 + milliseconds(5));  // a new one
   CHECK(a.state() == agreement_state::noticed);
-  in = a.next(7, t0 + milliseconds(5));
+  in = a.protocol_next(7, t0 + milliseconds(5));
   CHECK(key_of(in) == "run/r1/claim");
   CHECK(perform(a, in, kv));
   decide(a, kv, 7, t0 + milliseconds(5));
@@ -412,9 +442,9 @@ TEST_CASE("a local error publishes the error and aborts both rounds' step keys, 
   CHECK(a.needs_attention());
   std::vector<std::string> inserted;
   for (;;) {
-    auto in = a.next(3, t0);
+    auto in = a.protocol_next(3, t0);
     if (in.kind == op::decide) {
-      CHECK(in.action == agreement_action::fail);
+      CHECK(a.decide(3, t0).action == agreement_action::fail);
       break;
     }
     CHECK(in.kind == op::insert);
@@ -439,7 +469,7 @@ TEST_CASE("a peer's error seen by the watcher fails the machine in any state") {
     if (start == 2) a.on_claim_seen(0);
     a.on_error_seen(step_agreement::encode_error(1, "E", "m"));
     CHECK(a.state() == agreement_state::failed);
-    auto in = a.next(0, t0);
+    auto in = a.decide(0, t0);
     CHECK(in.action == agreement_action::fail);
     CHECK(a.failure().kind == agreement_failure::peer);
     CHECK(a.failure().task == 1);
@@ -452,18 +482,18 @@ TEST_CASE("a peer's error seen by the watcher fails the machine in any state") {
 TEST_CASE("results arriving after a failure or stop are ignored") {
   step_agreement a(cfg(0, 2));
   a.on_notice(t0);
-  CHECK(a.next(0, t0).kind == op::insert);
+  CHECK(a.protocol_next(0, t0).kind == op::insert);
   a.on_error_seen(step_agreement::encode_error(1, "E", "m"));
   a.on_insert(true);  // no throw
   CHECK(a.state() == agreement_state::failed);
 
   step_agreement b(cfg(0, 2));
   b.on_claim_seen(0);
-  CHECK(b.next(0, t0).kind == op::put);
+  CHECK(b.protocol_next(0, t0).kind == op::put);
   b.on_stop();
   b.on_put();
   CHECK(b.state() == agreement_state::stopped);
-  CHECK(b.next(0, t0).action == agreement_action::proceed);
+  CHECK(b.decide(0, t0).action == agreement_action::proceed);
   CHECK_FALSE(b.needs_attention());
 }
 
@@ -471,8 +501,8 @@ TEST_CASE("misuse is a logic_error, not a silent wrong answer") {
   step_agreement a(cfg(0, 2));
   CHECK_THROWS_AS(a.on_put(), std::logic_error);
   a.on_notice(t0);
-  a.next(0, t0);                                     // insert claim issued
-  CHECK_THROWS_AS(a.next(0, t0), std::logic_error);  // its result was never reported
+  a.protocol_next(0, t0);                                     // insert claim issued
+  CHECK_THROWS_AS(a.protocol_next(0, t0), std::logic_error);  // its result was never reported
 }
 
 TEST_CASE("stop is safe in every state") {
@@ -480,13 +510,13 @@ TEST_CASE("stop is safe in every state") {
     step_agreement a(cfg(0, 1, milliseconds(10)));
     fake_kv kv;
     if (k >= 1) a.on_notice(t0);
-    if (k >= 2) a.next(0, t0);  // claim in flight
+    if (k >= 2) a.protocol_next(0, t0);  // claim in flight
     if (k >= 3) a.on_insert(true);
     if (k >= 4) decide(a, kv, 0, t0);
     if (k >= 5) decide(a, kv, 1, t0);
     a.on_stop();
     CHECK(a.state() == agreement_state::stopped);
-    CHECK(a.next(0, t0).action == agreement_action::proceed);
+    CHECK(a.decide(0, t0).action == agreement_action::proceed);
   }
 }
 
@@ -500,7 +530,8 @@ struct sim_worker {
   std::optional<step_agreement::instruction> parked;  // a wait whose key is absent
   std::vector<std::int64_t> saves;
   bool exited = false;
-  int skew = 1;  // this worker runs one step every `skew` ticks
+  int skew = 1;          // this worker runs one step every `skew` ticks
+  bool running = false;  // a step is under way (the counter moves when it ends)
 };
 
 struct sim_result {
@@ -519,7 +550,7 @@ sim_result simulate(int n, const std::vector<std::pair<int, int>>& notices,
     auto c = cfg(i, n);
     c.ack_timeout = milliseconds(100000);
     w.push_back(sim_worker{
-        step_agreement(c), 0, std::nullopt, {}, false, skews[static_cast<std::size_t>(i)]});
+        step_agreement(c), 0, std::nullopt, {}, false, skews[static_cast<std::size_t>(i)], false});
   }
   sim_result r;
   for (int tick = 0; tick < max_ticks; ++tick) {
@@ -536,15 +567,17 @@ sim_result simulate(int n, const std::vector<std::pair<int, int>>& notices,
       auto& x = w[i];
       if (x.exited) continue;
       if (claimed && rng() % 3 == 0) x.sm.on_claim_seen(0);
-      if (tick % x.skew) continue;
+      // the watcher side: every tick, whatever the training side is doing
       if (x.parked) {
         auto v = kv.try_get(key_of(*x.parked));
-        if (!v && now < x.parked->deadline) continue;  // still blocked in its wait
-        x.parked.reset();
-        x.sm.on_value(v);
+        if (v || now >= x.parked->deadline) {
+          x.parked.reset();
+          x.sm.on_value(v);
+        }
       }
-      for (;;) {
-        auto in = x.sm.next(x.counter, now);
+      while (!x.parked) {
+        auto in = x.sm.protocol_next(x.counter, now);  // the counter of the step under way
+        if (in.kind == op::decide) break;
         if (in.kind == op::wait && !kv.try_get(key_of(in))) {
           x.parked = in;
           break;
@@ -555,18 +588,25 @@ sim_result simulate(int n, const std::vector<std::pair<int, int>>& notices,
           x.sm.on_insert(ok);
           continue;
         }
-        if (perform(x.sm, in, kv)) continue;
-        if (in.action == agreement_action::save_then_exit) {
-          x.saves.push_back(in.step);
-          x.exited = true;
-        } else if (in.action == agreement_action::fail) {
-          r.failed = true;
-          x.exited = true;
-        } else {
-          ++x.counter;
-        }
-        break;
+        perform(x.sm, in, kv);
       }
+      // the training side: one step every `skew` ticks (a step may be stuck for a while)
+      if (tick % x.skew) continue;
+      if (x.running) {
+        ++x.counter;
+        x.running = false;
+      }
+      auto in = x.sm.decide(x.counter, now);
+      if (in.action == agreement_action::save_then_exit) {
+        x.saves.push_back(in.step);
+        if (in.step != x.sm.agreed_step()) r.failed = true;  // never past the agreed step
+        x.exited = true;
+      } else if (in.action == agreement_action::fail) {
+        r.failed = true;
+        x.exited = true;
+      } else if (in.action == agreement_action::proceed) {
+        x.running = true;
+      }  // wait: stays at this boundary
     }
   }
   for (auto& x : w) {

@@ -82,6 +82,7 @@ struct scenario {
   int throw_task = -1;
   std::int64_t throw_at = -1;
   bool save_override = false;
+  bool coupled = false;  // each step is a barrier through the store (a gradient exchange)
   std::string incarnation = "0";
 };
 
@@ -127,6 +128,7 @@ void worker_main(const Backend& be, const job& j, int task, const scenario& sc, 
     cfg.set_save_override(
         [&](std::int64_t s) { append_line(st.log, "override " + std::to_string(s)); });
   auto kv = be.make_kv(holdfast::kv_namespace(j.run, sc.incarnation));
+  auto grads = be.make_kv(holdfast::kv_namespace(j.run, "grads-" + sc.incarnation));
   holdfast::handler_options o;
   o.ack_timeout = sc.ack_timeout;
   o.watch_interval = Backend::watch();
@@ -147,6 +149,14 @@ void worker_main(const Backend& be, const job& j, int task, const scenario& sc, 
       h.run([&] {
         if (task == sc.throw_task && h.total_run_calls() == sc.throw_at)
           throw std::runtime_error("nan loss");
+        if (sc.coupled) {  // wait for every worker's gradient of this step
+          const std::string k = std::to_string(h.total_run_calls());
+          grads.put(k + "/" + std::to_string(task), "g");
+          auto until = std::chrono::steady_clock::now() + 20s;
+          while (grads.list(k).size() < static_cast<std::size_t>(sc.n) &&
+                 std::chrono::steady_clock::now() < until)
+            (void)grads.get(k + "/never", 2ms);
+        }
         ++st.acc;
         if (h.total_run_calls() == start + sc.ready_at) append_line(j.ready(task), "ready");
         std::this_thread::sleep_for(std::chrono::microseconds(us));
@@ -328,6 +338,15 @@ TEST_CASE_TEMPLATE_DEFINE("processes", Backend, processes_suite) {
       CHECK(std::count(noticed.begin(), noticed.end(), std::stoi(*claim)) == 1);
       CHECK(kv.list("holdfast/run").size() == 6);  // claim, 4 acks, step
     }
+  }
+
+  SUBCASE("steps coupled by a barrier through the store: one notice, one step, no timeout") {
+    job j;
+    scenario sc;
+    sc.coupled = true;
+    sc.step_us = {500, 500, 500, 500};
+    auto r = run_job(be, j, sc, {1});
+    check_agreed_exit(r, 42);
   }
 
   SUBCASE("grace path: exactly two saves, exit before the grace period ends") {

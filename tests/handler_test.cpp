@@ -347,11 +347,12 @@ TEST_CASE("threads: a step error is raised on every worker") {
 }
 
 TEST_CASE("threads: a step error wakes peers blocked in an agreement") {
-  job j(3);
+  job j(4);
   scenario sc;
-  sc.n = 3;
-  sc.step_us = {100, 100, 100};
-  sc.throw_task = 2;  // inside its step when the notice comes: it throws before it could ack
+  sc.step_us = {100, 100, 100, 100};
+  sc.dead_task = 3;  // never acks: the agreement cannot complete, peers block at the boundary
+  sc.dead_at = 1;
+  sc.throw_task = 2;  // inside its step when the notice comes; throws 100 ms later
   sc.throw_at = 3;
   sc.throw_after_us = 100000;
   sc.notice_at = 3;
@@ -362,6 +363,55 @@ TEST_CASE("threads: a step error wakes peers blocked in an agreement") {
   for (int t : {0, 1}) {
     CHECK(out[static_cast<std::size_t>(t)].error == "peer 2 std::runtime_error nan loss");
     CHECK(out[static_cast<std::size_t>(t)].error_ms < 2000);  // not the 5 s ack timeout
+  }
+}
+
+TEST_CASE("threads: a worker stuck inside a step still acks (steps coupled by a collective)") {
+  // Each step is a barrier through the store: step k of every worker waits for every worker's
+  // "arrived" key of step k, as a gradient all-reduce would. A worker blocked there cannot reach
+  // a step boundary, so its watcher must ack for it.
+  for (int target : {0, 2}) {
+    job j(3);
+    std::vector<outcome> out(3);
+    std::vector<std::thread> th;
+    for (int t = 0; t < 3; ++t)
+      th.emplace_back([&, t] {
+        auto& o = out[static_cast<std::size_t>(t)];
+        scenario sc;
+        sc.n = 3;
+        try {
+          handler_t h(make_config(j, t, sc, &o), j.kv, {t, 3, "sync"},
+                      holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+          while (h.total_run_calls() < 100000) {
+            const std::int64_t k = h.total_run_calls();
+            auto st = h.run([&] {
+              j.kv.put("grad/" + std::to_string(k) + "/" + std::to_string(t), "g");
+              auto deadline = std::chrono::steady_clock::now() + 10s;
+              while (j.kv.list("grad/" + std::to_string(k)).size() < 3 &&
+                     std::chrono::steady_clock::now() < deadline)
+                (void)j.kv.get("grad/" + std::to_string(k) + "/never", 1ms);
+              ++o.st.acc;
+            });
+            j.b.set(t, h.total_run_calls());
+            if (st == run_status::stopped) break;
+          }
+          o.counter = h.total_run_calls();
+          o.finished = true;
+        } catch (const std::exception& e) {
+          o.error = e.what();
+        }
+        j.b.set(t, std::numeric_limits<std::int64_t>::max());
+      });
+    REQUIRE(j.b.wait_all(10, 10s));
+    j.flags[static_cast<std::size_t>(target)]->store(true);
+    for (auto& x : th) x.join();
+    auto steps = first_saves(out);
+    CHECK(steps.size() == 1);
+    for (auto& o : out) {
+      CHECK(o.error == "");
+      CHECK(o.st.saves == 1);
+      CHECK(o.finished);
+    }
   }
 }
 

@@ -2,70 +2,80 @@
 // step, whether to go on, checkpoint, or checkpoint and exit, so that every worker of a job
 // checkpoints at one agreed step after any of them is told its machine is going away.
 //
-// The machine does no I/O, starts no thread and reads no clock. Its driver (preemption_handler in
-// handler.hpp, or a test) feeds it events — this worker's notice, what a background watcher saw
-// in the coordination store — and asks `next(run_counter, now, mean_step)` what to do. The answer
-// is either a verdict for this step (proceed, save, save then exit, save then continue through
-// the grace period, fail) or one key-value operation the driver must perform and report back
-// (insert, put, try_get, wait, list). All protocol logic lives here; the driver only maps key
-// ids to strings and calls the store.
+// The machine does no I/O, starts no thread and reads no clock. It is driven from two sides
+// (preemption_handler in handler.hpp, or a test), one at a time (the handler holds a mutex):
+//   - the watcher (a background thread) feeds events — this worker's notice, what it saw in the
+//     coordination store — and asks `protocol_next(counter, now)` for the next store operation
+//     (insert, put, try_get, wait, list), performs it and reports the result. The watcher, not
+//     the training thread, claims, acks, lists the acks and publishes the step, so a worker
+//     blocked inside a step (a collective waiting for a peer) still takes part.
+//   - the training thread asks `decide(counter, now, mean_step)` before each step: proceed,
+//     wait (the step is not known yet), save, save then exit, save then continue through the
+//     grace period, or fail.
+// All protocol logic lives here; the drivers only map key ids to strings and call the store.
 //
 // Protocol of one round (keys relative to the run scope, see agreement_key_name):
 //   r<N>/claim          insert-once by the first noticed worker (value: its task id)
-//   r<N>/ack/<task>     every worker, once it knows of the claim, puts its run counter
+//   r<N>/ack/<task>     every worker's watcher, once it knows of the claim, raises its training
+//                       thread's attention and puts the run counter read in the same atomic
+//                       operation (so the training thread stops at the next boundary at most)
 //   r<N>/step           the worker whose list of ack/ shows every task inserts max(counters) + 1
-//                       (XLA's rule: any skew is tolerated, because every worker stops at the
-//                       ack until the step is known, so nobody has passed it)
+//                       (XLA's rule: any skew is tolerated; no worker is past its published
+//                       counter + 1 <= the step)
 //   r<N>/final, r<N>/final_ack/<task>, r<N>/final_step
 //                       the same three keys for the second save of the grace path
 //   error               insert-once by a worker whose step threw ("task\ntype\nmessage");
 //                       it also inserts "abort" into the step and claim keys of its round and
 //                       the next, so peers blocked on any of them wake up and read the error
 //
-// Transition table (phase "first" unless noted; "final" states mirror them for the second save):
+// Transitions (W: watcher side, protocol_next / results; T: training side, decide). The final
+// phase (final_noticed, final_claimed, final_acked, final_published) mirrors the first.
 //
-//   state            | event / next() answer                       | next state
-//   -----------------+---------------------------------------------+--------------------------
-//   idle             | on_notice (new)                             | noticed
-//   idle             | on_claim_seen(round)                        | claimed (follower)
-//   idle             | next → proceed                              | idle
-//   noticed          | next → insert claim=<task>                  | noticed (awaiting result)
-//   noticed          | on_insert(true)                             | claimed (claimant)
-//   noticed          | on_insert(false) / on_claim_seen            | claimed (follower)
-//   claimed          | next → put ack/<task>=<counter>             | claimed (awaiting)
-//   claimed          | on_put                                      | acked (deadline = now+timeout)
-//   acked            | next → list ack/                            | acked (awaiting)
-//   acked            | on_list: every task present                 | acked: next → insert step
-//   acked            | on_insert(step) true                        | step_published
-//   acked            | on_insert(step) false / list incomplete     | acked: next → wait step
-//   acked            | on_value(step = S)                          | step_published (S)
-//   acked            | on_value("abort")                           | acked: next → try_get error
-//   acked            | on_value(error payload)                     | failed (peer error)
-//   acked            | on_value(nullopt) (deadline passed)         | acked: next → list ack/
-//   acked            | on_list after deadline: tasks missing       | failed (timeout, missing ids)
-//   step_published   | next(counter < S) → proceed                 | step_published
-//   step_published   | next(counter ≥ S), grace > 0 → save_then_continue | grace
-//   step_published   | next(counter ≥ S), no grace, exits → save_then_exit | exiting
-//   step_published   | next(counter ≥ S), no grace, no exit → save | idle, round + 1 (re-armed)
-//   grace            | next, noticed here, now > end − 6 × mean − overhead | final_noticed (→
-//   insert final) grace            | next otherwise → proceed                    | grace grace |
-//   on_final_seen(round)                        | final_claimed final_*          | as noticed /
-//   claimed / acked above          | final_published (S2) final_published  | next(counter ≥ S2) →
-//   save_then_exit         | exiting final_published  | next(counter ≥ S2), no exit → save | idle,
-//   round + 1 (re-armed) exiting          | next → proceed (driver exits or calls rearm)| exiting
-//   any but stopped  | on_error_seen(payload of another task)      | failed (peer error)
-//   any but stopped  | on_local_error → insert error, aborts       | failed (local)
-//   failed           | next → fail (sticky)                        | failed
-//   any              | on_stop                                     | stopped (inert)
+//   state          | event or answer                                  | next state
+//   ---------------+--------------------------------------------------+------------------------
+//   idle           | on_notice (a new one)                            | noticed
+//   idle           | on_claim_seen(round)                             | claimed (follower)
+//   idle           | T: proceed                                       | idle
+//   noticed        | W: insert claim = task                           | (awaiting result)
+//   noticed        | on_insert(true)                                  | claimed (claimant)
+//   noticed        | on_insert(false), or on_claim_seen first         | claimed (follower)
+//   claimed        | W: put ack/<task> = counter                      | (awaiting result)
+//   claimed        | on_put                                           | acked, deadline set
+//   acked          | W: list ack/                                     | (awaiting result)
+//   acked          | on_list, every task present                      | W: insert step = max + 1
+//   acked          | on_insert(step) true                             | step_published
+//   acked          | on_insert(step) false, or list incomplete        | W: wait step (deadline)
+//   acked          | on_value(step = S)                               | step_published (S)
+//   acked          | on_value("abort")                                | W: try_get error
+//   acked          | on_value(error payload)                          | failed (peer)
+//   acked          | on_value(nullopt): the deadline passed           | W: list ack/ again
+//   acked          | on_list after the deadline, tasks missing        | failed (timeout)
+//   noticed..acked | T: counter <= published counter (or none yet)    | proceed
+//   noticed..acked | T: counter > published counter                   | wait
+//   step_published | T: counter < S                                   | proceed
+//   step_published | T: counter >= S, grace > 0                       | save_then_continue, grace
+//   step_published | T: counter >= S, no grace, exits                 | save_then_exit, exiting
+//   step_published | T: counter >= S, no grace, no exit               | save, idle (round + 1)
+//   grace          | T: noticed here, now > end - 6 mean - 2 overhead | final_noticed, proceed
+//   grace          | T: otherwise                                     | proceed
+//   grace          | on_final_seen(round)                             | final_claimed
+//   final_published| T: counter >= S2, exits (no exit)                | save_then_exit (save)
+//   exiting        | T: proceed (the driver exits, or calls rearm)    | exiting
+//   any            | on_error_seen(payload of another task)           | failed (peer)
+//   any            | on_local_error: W inserts error and aborts       | failed (local)
+//   failed         | T: fail (sticky)                                 | failed
+//   any            | on_stop                                          | stopped (inert)
 //
 // "end" is notice time + grace period, or the notice's announced deadline when that is earlier;
-// 6 × mean step time is TF's 3 × 2 × step-time buffer; "overhead" (note_overhead) is what the
-// first agreement and save took, reserved twice so the second one also fits with a margin. Only a
-// worker that was noticed itself computes it (clocks of different machines are never compared).
+// 6 x mean step time is TF's 3 x 2 x step-time buffer; "overhead" (note_overhead) is what the
+// first agreement and save took, reserved twice so the second one also fits with a margin. Only
+// a worker that was noticed itself computes it (clocks of different machines are never compared).
 //
 // Guarantees:
 //   - Exactly one claim per round (insert-once), one agreed step per phase: every worker that
 //     lists a complete ack set computes the same max + 1, and insert-once keeps the first.
+//   - No worker passes the agreed step: it is above every published counter, and decide()
+//     answers wait once the counter passed this worker's published one, until the step is known.
 //   - Constant store traffic per worker per agreement, independent of the number of workers:
 //     claim insert (noticed workers), one put, one list, at most one insert and one wait.
 //   - No unbounded wait: the only blocking instruction (wait) carries the deadline
@@ -73,8 +83,6 @@
 //     task ids (holdfast::agreement_timeout in the handler).
 //   - Re-armable: after a save without exit (or rearm()), the next round uses fresh keys.
 // Caveats:
-//   - The ack timeout must exceed the longest step plus the watcher's latency: a worker only
-//     acks at its next step boundary.
 //   - If every noticed worker dies during the grace countdown, nobody publishes the final step
 //     and the survivors train on until the scheduler kills them.
 #pragma once
@@ -113,6 +121,7 @@ enum class agreement_state : unsigned char {
 /// A verdict for one step.
 enum class agreement_action : unsigned char {
   proceed,             ///< run the step
+  wait,                ///< do not run it yet: the agreed step is not known (block until it is)
   save,                ///< checkpoint at this step, then return to the caller (no exit; re-armed)
   save_then_exit,      ///< checkpoint at this step, then exit through the Exit policy
   save_then_continue,  ///< first save of the grace path: checkpoint, then keep training
@@ -249,8 +258,8 @@ class basic_step_agreement {
     fail_with_payload(payload);
   }
 
-  /// This worker's step threw: the following next() calls emit the inserts that publish the
-  /// error and put "abort" into the step and claim keys of this round and the next (so a peer
+  /// This worker's step threw: the following protocol_next() calls emit the inserts that publish
+  /// the error and put "abort" into the step and claim keys of this round and the next (so a peer
   /// blocked on any of them wakes), then answer fail (kind local).
   void on_local_error(const std::string& type_name, const std::string& message) {
     if (state_ == agreement_state::stopped) return;
@@ -300,6 +309,7 @@ class basic_step_agreement {
     state_ = agreement_state::idle;
     awaiting_ = await::none;
     claimant_ = false;
+    my_counter_ = -1;
     step_[0] = step_[1] = -1;
   }
 
@@ -388,26 +398,22 @@ class basic_step_agreement {
     }
   }
 
-  // ---- the question asked before each step ---------------------------------------------------
+  // ---- the two questions: the watcher's and the training thread's ---------------------------
 
-  /// What to do before the step with run counter `counter` at time `now`, given the running mean
-  /// step time. Store instructions must be performed and reported (on_insert, on_put, on_value,
-  /// on_list) before calling next() again; a decide instruction ends the exchange for this step.
-  instruction next(std::int64_t counter, time_point now, duration mean_step = duration::zero()) {
+  /// The watcher's question: the next store operation of the protocol, or a decide instruction
+  /// (action proceed) when there is none now. `counter` is the run counter the watcher read at
+  /// the moment it raised the training thread's attention (see wants_counter()): the ack carries
+  /// it. Each store instruction's result must be reported (on_insert, on_put, on_value, on_list)
+  /// before asking again.
+  instruction protocol_next(std::int64_t counter, time_point now) {
     now_ = now;
     if (!outbox_.empty()) {
       instruction in = std::move(outbox_.front());
       outbox_.erase(outbox_.begin());
       return in;
     }
-    expect(!is_waiting_for_result(), "next() before the previous instruction's result");
+    expect(!is_waiting_for_result(), "protocol_next() before the previous result");
     switch (state_) {
-      case agreement_state::idle:
-      case agreement_state::exiting:
-      case agreement_state::stopped:
-        return decide(agreement_action::proceed);
-      case agreement_state::failed:
-        return decide(agreement_action::fail);
       case agreement_state::noticed:
       case agreement_state::final_noticed:
         awaiting_ = await::claim;
@@ -420,6 +426,40 @@ class basic_step_agreement {
       case agreement_state::acked:
       case agreement_state::final_acked:
         return next_in_acked(now);
+      default:
+        return verdict(agreement_action::proceed);
+    }
+  }
+
+  /// True when protocol_next() will publish this worker's ack: the watcher must then read the
+  /// run counter atomically with raising the training thread's attention, and pass it.
+  bool wants_counter() const noexcept {
+    return (state_ == agreement_state::claimed || state_ == agreement_state::final_claimed) &&
+           awaiting_ == await::none && outbox_.empty();
+  }
+
+  /// The training thread's question, before the step with run counter `counter` at time `now`,
+  /// given the running mean step time: proceed, wait (the agreed step is not known yet and this
+  /// step may be past it: block until the watcher reports), save, save then exit, save then
+  /// continue, or fail. A step is never past the agreed step: the agreed step is above every
+  /// published counter, and a worker only waits once its counter passed its published one.
+  instruction decide(std::int64_t counter, time_point now, duration mean_step = duration::zero()) {
+    now_ = now;
+    switch (state_) {
+      case agreement_state::idle:
+      case agreement_state::exiting:
+      case agreement_state::stopped:
+        return verdict(agreement_action::proceed);
+      case agreement_state::failed:
+        return verdict(agreement_action::fail);
+      case agreement_state::noticed:
+      case agreement_state::claimed:
+      case agreement_state::acked:
+      case agreement_state::final_noticed:
+      case agreement_state::final_claimed:
+      case agreement_state::final_acked:
+        if (my_counter_ >= 0 && counter > my_counter_) return verdict(agreement_action::wait);
+        return verdict(agreement_action::proceed);
       case agreement_state::step_published:
       case agreement_state::final_published:
         return next_in_published(counter);
@@ -427,17 +467,12 @@ class basic_step_agreement {
         if (notice_) {
           time_point end = *notice_ + cfg_.grace;
           if (deadline_ && *deadline_ < end) end = *deadline_;
-          if (now > end - 6 * mean_step - 2 * overhead_) {
-            state_ = agreement_state::final_noticed;
-            awaiting_ = await::claim;
-            return make(instruction::op::insert, agreement_key::final_claim, -1,
-                        std::to_string(cfg_.task));
-          }
+          if (now > end - 6 * mean_step - 2 * overhead_) state_ = agreement_state::final_noticed;
         }
-        return decide(agreement_action::proceed);
+        return verdict(agreement_action::proceed);
       }
     }
-    return decide(agreement_action::proceed);
+    return verdict(agreement_action::proceed);
   }
 
   // ---- queries -------------------------------------------------------------------------------
@@ -450,13 +485,13 @@ class basic_step_agreement {
   bool claimant() const noexcept { return claimant_; }
   /// The agreed step of the first (0) or final (1) save of this round, or -1.
   std::int64_t agreed_step(int which = 0) const noexcept { return step_[which ? 1 : 0]; }
-  /// The counter this worker published in its last ack.
+  /// The counter this worker published in its ack of the current phase, or -1.
   std::int64_t published_counter() const noexcept { return my_counter_; }
   /// What failed (kind none unless state() == failed).
   const agreement_failure_info& failure() const noexcept { return failure_; }
   /// The configuration.
   const config& settings() const noexcept { return cfg_; }
-  /// Whether next() must be asked before every step (false only in steady state: idle with no
+  /// Whether decide() must be asked before every step (false only in steady state: idle with no
   /// notice, exiting or stopped).
   bool needs_attention() const noexcept {
     return !(state_ == agreement_state::idle || state_ == agreement_state::exiting ||
@@ -569,7 +604,7 @@ class basic_step_agreement {
     in.value = std::move(value);
     return in;
   }
-  static instruction decide(agreement_action a, std::int64_t step = -1) {
+  static instruction verdict(agreement_action a, std::int64_t step = -1) {
     instruction in;
     in.action = a;
     in.step = step;
@@ -600,23 +635,24 @@ class basic_step_agreement {
         break;
     }
     expect(false, "state in acked");
-    return decide(agreement_action::proceed);
+    return verdict(agreement_action::proceed);
   }
 
   instruction next_in_published(std::int64_t counter) {
     int p = phase();
     std::int64_t s = step_[p];
-    if (counter < s) return decide(agreement_action::proceed);
+    if (counter < s) return verdict(agreement_action::proceed);
     if (p == 0 && cfg_.grace > duration::zero()) {
       state_ = agreement_state::grace;
-      return decide(agreement_action::save_then_continue, counter);
+      my_counter_ = -1;  // the final phase publishes a new one
+      return verdict(agreement_action::save_then_continue, counter);
     }
     if (cfg_.exit_after_save) {
       state_ = agreement_state::exiting;
-      return decide(agreement_action::save_then_exit, counter);
+      return verdict(agreement_action::save_then_exit, counter);
     }
     rearm();
-    return decide(agreement_action::save, counter);
+    return verdict(agreement_action::save, counter);
   }
 
   void publish_step(std::int64_t s) {

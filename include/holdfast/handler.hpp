@@ -222,8 +222,7 @@ class preemption_handler {
         error_key_(agreement_key_name(scope_, agreement_key::error, 0)),
         machine_(machine_config(cluster_, config_, options_)) {
     restored_ = checkpointer_.restore();
-    counter_ = restored_.value_or(0);
-    publish_watch_target();
+    word_.store(static_cast<std::uint64_t>(restored_.value_or(0)) << 1);
     config_.start();
     notice_started_ = true;
     start_watcher();
@@ -240,7 +239,7 @@ class preemption_handler {
   template <class F, class... Args>
   run_status run(F&& step, Args&&... args) {
     run_status st = run_status::ran;
-    if (attention_.load(std::memory_order_relaxed)) {
+    if (word_.load(std::memory_order_relaxed) & attention_bit) {
       st = consult();
       if (st == run_status::stopped) return st;
     }
@@ -251,7 +250,7 @@ class preemption_handler {
       throw;
     }
     stamp();
-    ++counter_;
+    word_.fetch_add(counter_one, std::memory_order_relaxed);
     return st;
   }
 
@@ -260,35 +259,41 @@ class preemption_handler {
   run_status save_checkpoint_if_preempted() {
     stamp();
     run_status st = run_status::ran;
-    if (attention_.load(std::memory_order_relaxed)) {
+    if (word_.load(std::memory_order_relaxed) & attention_bit) {
       st = consult();
       if (st == run_status::stopped) return st;
     }
-    ++counter_;
+    word_.fetch_add(counter_one, std::memory_order_relaxed);
     return st;
   }
 
   /// Steps run so far, including those restored from the checkpoint.
-  std::int64_t total_run_calls() const noexcept { return counter_; }
+  std::int64_t total_run_calls() const noexcept {
+    return static_cast<std::int64_t>(word_.load(std::memory_order_relaxed) >> 1);
+  }
   /// The step restored at construction, if any.
   std::optional<std::int64_t> restored_step() const noexcept { return restored_; }
   /// The running mean of step time: the interval between consecutive steps (run() or
-  /// save_checkpoint_if_preempted() calls), leaving out intervals that contained an agreement or
-  /// a save. Zero before two steps.
+  /// save_checkpoint_if_preempted() calls), leaving out intervals that contained a wait for an
+  /// agreement or a save. Zero before two steps.
   typename Clock::duration mean_step_time() const noexcept {
     return steps_timed_ ? step_time_sum_ / static_cast<typename Clock::rep>(steps_timed_)
                         : Clock::duration::zero();
   }
-  /// The protocol's state (read from the training thread).
-  agreement_state state() const noexcept { return machine_.state(); }
-  /// The protocol (read from the training thread).
-  const agreement_type& agreement() const noexcept { return machine_; }
+  /// The protocol's state.
+  agreement_state state() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return machine_.state();
+  }
+  /// A copy of the protocol (for inspection).
+  agreement_type agreement() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return machine_;
+  }
   /// The checkpointer.
   Checkpointer& checkpointer() noexcept { return checkpointer_; }
   /// The termination config.
   Config& config() noexcept { return config_; }
-  /// The store.
-  Kv& kv() noexcept { return kv_; }
   /// The cluster info.
   const cluster_info& cluster() const noexcept { return cluster_; }
   /// The key prefix of this handler: "holdfast/<run_id>/".
@@ -297,8 +302,12 @@ class preemption_handler {
   /// Stops the watcher and the notice policy; the handler then only runs steps. Idempotent.
   void shutdown() noexcept {
     stop_watcher();
-    machine_.on_stop();
-    attention_.store(false, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      machine_.on_stop();
+    }
+    word_.fetch_and(~attention_bit, std::memory_order_relaxed);
+    train_cv_.notify_all();
     if (notice_started_) {
       notice_started_ = false;
       config_.stop();
@@ -310,17 +319,13 @@ class preemption_handler {
   using instruction = typename agreement_type::instruction;
   using op = typename instruction::op;
 
-  struct watch_target {
-    std::uint64_t round = 0;
-    std::optional<agreement_key> key;
-    bool reported = false;
-  };
-  struct mailbox {
-    std::optional<time_point> notice;
-    std::optional<time_point> deadline;
-    std::optional<std::pair<std::uint64_t, agreement_key>> trigger;
-    std::optional<std::string> error;
-  };
+  // word_ = run counter << 1 | attention. The training thread adds counter_one per step (an
+  // atomic add, so a concurrent fetch_or of the watcher is never lost); the watcher raises
+  // attention with fetch_or, which also reads the counter at that instant: the training thread
+  // then sees the bit at its next step boundary at the latest, so the counter the watcher
+  // publishes in its ack is never more than one step behind.
+  static constexpr std::uint64_t attention_bit = 1;
+  static constexpr std::uint64_t counter_one = 2;
 
   static const std::string& checked_run_id(const std::string& id) {
     if (id.empty() || id.find('/') != std::string::npos || !is_valid_key(id))
@@ -340,7 +345,7 @@ class preemption_handler {
   }
 
   // One clock read per step: the interval since the previous one counts as a step time, unless
-  // the protocol worked in between (consult() clears stamped_).
+  // the protocol held the step up in between (consult() clears stamped_).
   void stamp() noexcept {
     const auto t = Clock::now();
     if (stamped_) {
@@ -351,103 +356,85 @@ class preemption_handler {
     stamped_ = true;
   }
 
-  // The slow path: feed what the watcher saw, then ask the machine until it decides.
-  run_status consult() {
-    attention_.store(false, std::memory_order_relaxed);
-    deliver_mailbox();
-    const auto started = Clock::now();
-    bool busy = false;  // this call talked to the store: its time counts as overhead
-    run_status st = run_status::ran;
-    for (;;) {
-      instruction in = machine_.next(counter_, Clock::now(), mean_step_time());
-      if (in.kind != op::decide) {
-        perform(in);
-        busy = true;
-        continue;
-      }
-      switch (in.action) {
-        case agreement_action::proceed:
-          break;
-        case agreement_action::save_then_continue:
-          save(in.step);
-          // What the first agreement and save cost: the final claim leaves room for as much.
-          overhead_ += Clock::now() - started;
-          machine_.note_overhead(overhead_);
-          busy = false;
-          st = run_status::saved;
-          break;
-        case agreement_action::save:  // no exit: the machine re-armed itself
-          save(in.step);
-          st = run_status::stopped;
-          break;
-        case agreement_action::save_then_exit:
-          save(in.step);
-          exit_process();  // returns only when the Exit policy did not end the process
-          machine_.rearm();
-          st = run_status::stopped;
-          break;
-        case agreement_action::fail:
-          after_consult();
-          raise();
-      }
-      break;
-    }
-    if (busy) overhead_ += Clock::now() - started;
-    if (busy || st != run_status::ran) stamped_ = false;  // not a step time
-    if (st == run_status::stopped) overhead_ = {};
-    after_consult();
-    return st;
+  void raise_attention_locked() noexcept {
+    if (machine_.needs_attention()) word_.fetch_or(attention_bit, std::memory_order_relaxed);
   }
 
-  void after_consult() {
-    publish_watch_target();
-    if (machine_.needs_attention()) attention_.store(true, std::memory_order_relaxed);
+  // The training thread's slow path: ask the machine; wait while it says so (the watcher is
+  // agreeing); save and maybe exit when it says so.
+  run_status consult() {
+    word_.fetch_and(~attention_bit, std::memory_order_relaxed);
+    const auto started = Clock::now();
+    const std::int64_t counter = total_run_calls();
+    std::unique_lock<std::mutex> lock(mutex_);
+    bool held = false;  // this boundary waited or saved: not a step time, but overhead
+    const auto cap = started + 2 * options_.ack_timeout + std::chrono::seconds(5);
+    instruction in;
+    for (;;) {
+      in = machine_.decide(counter, Clock::now(), mean_step_time());
+      if (in.action != agreement_action::wait) break;
+      held = true;
+      if (Clock::now() > cap) {  // a safety net: the watcher fails the agreement long before
+        machine_.on_stop();
+        throw agreement_timeout(agreement_key_name(scope_, agreement_key::ack, machine_.round()),
+                                {});
+      }
+      train_cv_.wait_for(lock, options_.watch_interval);
+    }
+    watch_cv_.notify_all();  // the grace countdown may have handed the watcher a final claim
+    run_status st = run_status::ran;
+    switch (in.action) {
+      case agreement_action::proceed:
+      case agreement_action::wait:
+        break;
+      case agreement_action::fail:
+        raise_attention_locked();
+        raise();
+      case agreement_action::save_then_continue:
+        lock.unlock();
+        save(in.step);
+        overhead_ += Clock::now() - started;  // the final claim leaves room for as much again
+        lock.lock();
+        // + one watch interval: the watcher may be in a blocking get when the final claim is due
+        machine_.note_overhead(overhead_ + std::chrono::duration_cast<typename Clock::duration>(
+                                               options_.watch_interval));
+        held = false;
+        stamped_ = false;
+        st = run_status::saved;
+        break;
+      case agreement_action::save:  // no exit: the machine re-armed itself
+        lock.unlock();
+        save(in.step);
+        lock.lock();
+        st = run_status::stopped;
+        break;
+      case agreement_action::save_then_exit:
+        lock.unlock();
+        save(in.step);
+        exit_process();  // returns only when the Exit policy did not end the process
+        lock.lock();
+        machine_.rearm();
+        st = run_status::stopped;
+        break;
+    }
+    if (held) {
+      overhead_ += Clock::now() - started;
+      stamped_ = false;
+    }
+    if (st == run_status::stopped) {
+      overhead_ = {};
+      stamped_ = false;
+    }
+    raise_attention_locked();
+    watch_cv_.notify_all();
+    return st;
   }
 
   [[noreturn]] void raise() {
     const agreement_failure_info& f = machine_.failure();
-    switch (f.kind) {
-      case agreement_failure::timeout:
-        throw agreement_timeout(agreement_key_name(scope_, f.key, f.round), f.missing_tasks);
-      case agreement_failure::peer:
-      case agreement_failure::local:
-      case agreement_failure::none:
-        break;
-    }
+    if (f.kind == agreement_failure::timeout)
+      throw agreement_timeout(agreement_key_name(scope_, f.key, f.round), f.missing_tasks);
     throw peer_error(f.task, f.type_name, f.message);
-  }
-
-  void perform(const instruction& in) {
-    const std::string key = agreement_key_name(scope_, in.key, in.round, in.task);
-    try {
-      switch (in.kind) {
-        case op::insert:
-          machine_.on_insert(kv_.insert(key, in.value));
-          break;
-        case op::put:
-          kv_.put(key, in.value);
-          machine_.on_put();
-          break;
-        case op::try_get:
-          machine_.on_value(kv_.try_get(key));
-          break;
-        case op::wait: {
-          using dur = typename Clock::duration;
-          dur left = std::max<dur>(in.deadline - Clock::now(), dur::zero());
-          machine_.on_value(kv_.get(key, std::chrono::ceil<std::chrono::milliseconds>(left)));
-          break;
-        }
-        case op::list:
-          machine_.on_list(kv_.list(key));
-          break;
-        case op::decide:
-          break;
-      }
-    } catch (...) {
-      machine_.on_stop();  // the store failed mid-protocol: no half-done agreement goes on
-      publish_watch_target();
-      throw;
-    }
   }
 
   void save(std::int64_t step) {
@@ -478,64 +465,40 @@ class preemption_handler {
   // caller gets), so peers raise peer_error.
   void publish_error() noexcept {
     try {
+      std::unique_lock<std::mutex> lock(mutex_);
       machine_.on_local_error(detail::current_exception_type_name(),
                               detail::current_exception_message());
       for (;;) {
-        instruction in = machine_.next(counter_, Clock::now(), mean_step_time());
-        if (in.kind == op::decide) break;
-        const std::string key = agreement_key_name(scope_, in.key, in.round, in.task);
+        instruction in = machine_.protocol_next(total_run_calls(), Clock::now());
+        if (in.kind != op::insert) break;
+        lock.unlock();
+        bool created = false;
         try {
-          (void)kv_.insert(key, in.value);
+          created = kv_.insert(agreement_key_name(scope_, in.key, in.round, in.task), in.value);
         } catch (...) {
         }
+        lock.lock();
+        machine_.on_insert(created);
       }
-      after_consult();
+      raise_attention_locked();
     } catch (...) {
     }
-  }
-
-  void deliver_mailbox() {
-    mailbox m;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      m = std::move(mailbox_);
-      mailbox_ = mailbox{};
-    }
-    if (m.error) machine_.on_error_seen(*m.error);
-    if (m.notice) machine_.on_notice(*m.notice, m.deadline);
-    if (m.trigger) {
-      if (m.trigger->second == agreement_key::claim) machine_.on_claim_seen(m.trigger->first);
-      if (m.trigger->second == agreement_key::final_claim) machine_.on_final_seen(m.trigger->first);
-    }
-  }
-
-  void publish_watch_target() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto key = machine_.watch_key();
-    if (target_.round != machine_.round() || target_.key != key) {
-      target_.round = machine_.round();
-      target_.key = key;
-      target_.reported = false;
-    }
-    cv_.notify_all();
+    train_cv_.notify_all();
   }
 
   // ---- the watcher thread ----------------------------------------------------------------------
 
   void start_watcher() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = false;
-    }
+    stop_.store(false);
     watcher_ = std::thread([this] { watch(); });
   }
 
   void request_watcher_stop() noexcept {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
+      stop_.store(true);
     }
-    cv_.notify_all();
+    watch_cv_.notify_all();
   }
 
   void stop_watcher() noexcept {
@@ -545,68 +508,131 @@ class preemption_handler {
 
   void watch() noexcept {
     std::unique_lock<std::mutex> lock(mutex_);
-    while (!stop_) {
-      watch_target t = target_;
-      bool want_error = !error_seen_;
+    while (!stop_.load()) {
       lock.unlock();
-      if (forward_notice()) attention_.store(true, std::memory_order_relaxed);
-      bool news = false;
-      std::string key;
-      bool is_error_key = false;
-      if (t.key && !t.reported) {
-        key = agreement_key_name(scope_, *t.key, t.round);
-      } else if (want_error) {
-        key = error_key_;
-        is_error_key = true;
-      }
-      std::optional<std::string> value;
-      std::optional<std::string> error_value;
-      bool failed = false;
-      if (!key.empty()) {
-        try {
-          value = kv_.get(key, options_.watch_interval);
-          if (value && !is_error_key && *value == agreement_type::abort_value)
-            error_value = kv_.try_get(error_key_).value_or(std::string());
-        } catch (...) {
-          failed = true;  // the store is down: try again after a slice
-        }
-      }
+      forward_notice();
       lock.lock();
-      if (value) {
-        if (is_error_key) {
-          mailbox_.error = *value;
-          error_seen_ = true;
-        } else if (error_value) {
-          mailbox_.error = *error_value;
-          error_seen_ = true;
-        } else if (target_.round == t.round && target_.key == t.key) {
-          mailbox_.trigger = std::make_pair(t.round, *t.key);
-          target_.reported = true;
-        }
-        news = true;
-      }
-      if (news) attention_.store(true, std::memory_order_relaxed);
-      if (key.empty() || failed) {
-        cv_.wait_for(lock, options_.watch_interval, [&] {
-          return stop_ || (target_.key && !target_.reported &&
-                           !(target_.round == t.round && target_.key == t.key));
-        });
+      try {
+        if (!protocol_step(lock)) wait_for_trigger(lock);
+      } catch (...) {
+        // The store failed: the agreement cannot go on. Stop it (run() goes on without it) and
+        // keep watching for a peer's error after a pause.
+        machine_.on_stop();
+        word_.fetch_and(~attention_bit, std::memory_order_relaxed);
+        train_cv_.notify_all();
+        watch_cv_.wait_for(lock, options_.watch_interval, [&] { return stop_.load(); });
       }
     }
   }
 
-  // Forwards a new notice into the mailbox; true when there was one.
-  bool forward_notice() {
-    if (!config_.noticed()) return false;
+  // Performs the machine's next store operation, if it has one (lock held on entry and exit,
+  // released around the store call). Returns false when there was nothing to do.
+  bool protocol_step(std::unique_lock<std::mutex>& lock) {
+    std::int64_t counter = 0;
+    if (machine_.wants_counter())  // the ack: raise attention and read the counter at once
+      counter =
+          static_cast<std::int64_t>(word_.fetch_or(attention_bit, std::memory_order_relaxed) >> 1);
+    instruction in = machine_.protocol_next(counter, Clock::now());
+    if (in.kind == op::decide) return false;
+    const std::string key = agreement_key_name(scope_, in.key, in.round, in.task);
+    lock.unlock();
+    switch (in.kind) {
+      case op::insert: {
+        bool created = kv_.insert(key, in.value);
+        lock.lock();
+        machine_.on_insert(created);
+        break;
+      }
+      case op::put:
+        kv_.put(key, in.value);
+        lock.lock();
+        machine_.on_put();
+        break;
+      case op::try_get: {
+        auto v = kv_.try_get(key);
+        lock.lock();
+        machine_.on_value(v);
+        break;
+      }
+      case op::wait: {
+        auto v = wait_for_key(key, in.deadline);
+        lock.lock();
+        if (stop_.load()) return true;  // abandoned: shutting down
+        machine_.on_value(v);
+        break;
+      }
+      case op::list: {
+        auto v = kv_.list(key);
+        lock.lock();
+        machine_.on_list(v);
+        break;
+      }
+      case op::decide:
+        lock.lock();
+        break;
+    }
+    raise_attention_locked();
+    train_cv_.notify_all();
+    return true;
+  }
+
+  // A blocking get until `deadline`, in slices so a shutdown is never held up longer than one.
+  std::optional<std::string> wait_for_key(const std::string& key, time_point deadline) {
+    for (;;) {
+      auto left = std::max<typename Clock::duration>(deadline - Clock::now(), {});
+      auto slice = std::min<std::chrono::milliseconds>(
+          std::chrono::ceil<std::chrono::milliseconds>(left), options_.watch_interval);
+      auto v = kv_.get(key, slice);
+      if (v || stop_.load() || Clock::now() >= deadline) return v;
+    }
+  }
+
+  // Blocks for one slice on the key that can start or end an agreement now (a claim, a final
+  // claim, or the error key), and feeds what it saw to the machine.
+  void wait_for_trigger(std::unique_lock<std::mutex>& lock) {
+    const std::uint64_t round = machine_.round();
+    const std::optional<agreement_key> trigger = machine_.watch_key();
+    std::string key;
+    if (trigger)
+      key = agreement_key_name(scope_, *trigger, round);
+    else if (!error_seen_)
+      key = error_key_;
+    if (key.empty()) {
+      watch_cv_.wait_for(lock, options_.watch_interval);
+      return;
+    }
+    lock.unlock();
+    auto v = kv_.get(key, options_.watch_interval);
+    std::optional<std::string> error_payload;
+    if (v && !trigger) error_payload = v;
+    if (v && trigger && *v == agreement_type::abort_value)
+      error_payload = kv_.try_get(error_key_).value_or(std::string());
+    lock.lock();
+    if (error_payload) {
+      error_seen_ = true;
+      machine_.on_error_seen(*error_payload);
+    } else if (v && *trigger == agreement_key::claim) {
+      machine_.on_claim_seen(round);
+    } else if (v && *trigger == agreement_key::final_claim) {
+      machine_.on_final_seen(round);
+    }
+    if (v) {
+      raise_attention_locked();
+      train_cv_.notify_all();
+    }
+  }
+
+  // Feeds a new notice to the machine.
+  void forward_notice() {
+    if (!config_.noticed()) return;
     auto at = config_.noticed_at();
-    if (!at || (last_notice_ && *last_notice_ == *at)) return false;
+    if (!at || (last_notice_ && *last_notice_ == *at)) return;
     last_notice_ = *at;
     std::optional<time_point> deadline;
     if (auto d = config_.announced_deadline()) deadline = detail::to_clock<Clock>(*d);
     std::lock_guard<std::mutex> lock(mutex_);
-    mailbox_.notice = detail::to_clock<Clock>(*at);
-    mailbox_.deadline = deadline;
-    return true;
+    machine_.on_notice(detail::to_clock<Clock>(*at), deadline);
+    raise_attention_locked();
   }
 
   Config config_;
@@ -616,24 +642,24 @@ class preemption_handler {
   handler_options options_;
   std::string scope_;
   std::string error_key_;
-  agreement_type machine_;  // training thread only
   std::optional<std::int64_t> restored_;
-  std::int64_t counter_ = 0;
+  bool notice_started_ = false;
+
+  // training thread only
   std::uint64_t steps_timed_ = 0;
   typename Clock::duration step_time_sum_{};
   time_point last_stamp_{};
   bool stamped_ = false;
-  bool notice_started_ = false;
   std::chrono::nanoseconds last_save_duration_{0};
-  typename Clock::duration overhead_{};  // agreeing + saving in this round's first phase
+  typename Clock::duration overhead_{};  // waiting + saving in this round's first phase
 
-  std::atomic<bool> attention_{false};
-  std::mutex mutex_;  // guards what follows (shared with the watcher)
-  std::condition_variable cv_;
-  bool stop_ = false;
-  watch_target target_;
-  mailbox mailbox_;
+  std::atomic<std::uint64_t> word_{0};  // run counter << 1 | attention
+  mutable std::mutex mutex_;            // guards machine_ and error_seen_
+  agreement_type machine_;
   bool error_seen_ = false;
+  std::condition_variable watch_cv_;  // wakes the watcher (work, stop)
+  std::condition_variable train_cv_;  // wakes a training thread waiting for the step
+  std::atomic<bool> stop_{false};
   std::optional<std::chrono::steady_clock::time_point> last_notice_;  // watcher thread only
   std::thread watcher_;
 };
