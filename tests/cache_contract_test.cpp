@@ -175,7 +175,7 @@ TEST_CASE_TEMPLATE_DEFINE(
   }
 }
 
-TEST_CASE_TEMPLATE_DEFINE("cache contract: preserve hard-links and freezes; preload reads it back",
+TEST_CASE_TEMPLATE_DEFINE("cache contract: preserve hard-links and freezes, preload reads it back",
                           Cache, contract_preserve) {
   holdfast_test::temp_dir dir("cache");
   std::string kept = dir / "kept.cache";

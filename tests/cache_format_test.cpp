@@ -475,7 +475,7 @@ std::uint64_t mapped_bytes(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("mappings: pread_read maps only the index; mmap_read reserves once and never remaps") {
+TEST_CASE("mappings: pread_read maps only the index, mmap_read reserves once and never remaps") {
   holdfast_test::temp_dir dir("cache");
   struct disarm {
     ~disarm() { fault_plan::disarm(); }

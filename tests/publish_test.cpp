@@ -656,7 +656,7 @@ TEST_CASE("publish_once among 8 forked processes: exactly one wins") {
   CHECK(temps_in(dir.path()).empty());
 }
 
-TEST_CASE("writers killed with SIGKILL at random points: target absent or whole; sweep cleans") {
+TEST_CASE("writers killed with SIGKILL at random points: target absent or whole, sweep cleans") {
   holdfast_test::temp_dir dir("kill");
   const std::string target = dir / "ckpt";
   write_plain(dir / "keep.txt", "not a temp");
