@@ -1,4 +1,4 @@
-// tour_publish — the README's tour of publish.hpp (built and run by CTest, checked against
+// tour_publish — the README's tour of this part (built and run by CTest, checked against
 // README.md).
 #include <holdfast/handoff.hpp>
 #include <holdfast/publish.hpp>

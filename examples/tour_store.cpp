@@ -1,4 +1,4 @@
-// tour_store — the README's tour of store.hpp (built and run by CTest, checked against README.md).
+// tour_store — the README's tour of this part (built and run by CTest, checked against README.md).
 #include <holdfast/checkpoint.hpp>
 #include <holdfast/store.hpp>
 
