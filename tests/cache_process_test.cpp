@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/sanitizers.hpp"
 #include "support/temp_dir.hpp"
 
 namespace hf = holdfast;
@@ -28,17 +29,7 @@ using hf::testing::io_op;
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool sanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool sanitized = true;
-#else
-constexpr bool sanitized = false;
-#endif
-#else
-constexpr bool sanitized = false;
-#endif
+using holdfast_test::sanitized;
 
 // The stress counts of the issue; scaled down under sanitizers only (they run ~10x slower).
 constexpr std::uint64_t total_ops = sanitized ? 20000 : 100000;

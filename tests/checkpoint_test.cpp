@@ -19,6 +19,7 @@
 
 #include "support/child.hpp"
 #include "support/kill_io.hpp"
+#include "support/sanitizers.hpp"
 #include "support/shm_temp_dir.hpp"
 #include "support/temp_dir.hpp"
 
@@ -32,17 +33,7 @@ using holdfast::testing::io_op;
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool sanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool sanitized = true;
-#else
-constexpr bool sanitized = false;
-#endif
-#else
-constexpr bool sanitized = false;
-#endif
+using holdfast_test::sanitized;
 
 std::string read_file(const std::string& path) {
   auto fd = holdfast::open_file(path, O_RDONLY);

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "support/child.hpp"
+#include "support/sanitizers.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -165,11 +166,8 @@ TEST_CASE("filesystem_kv: creates its root with missing parents, and reports wha
 }
 
 TEST_CASE("filesystem_kv: a writer SIGKILLed at random points leaves whole values only") {
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-  constexpr int kRuns = 10;  // scaled down under sanitizers (slow fork + exec of the runtime)
-#else
-  constexpr int kRuns = 40;
-#endif
+  // Scaled down under sanitizers (slow fork + exec of the runtime).
+  constexpr int kRuns = holdfast_test::sanitized ? 10 : 40;
   holdfast_test::temp_dir dir("kvkill");
   holdfast::filesystem_kv kv(dir.path(), kv_namespace("run", 0));
   const std::string a(64 * 1024, 'a'), b(64 * 1024, 'b');

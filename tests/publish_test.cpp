@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/sanitizers.hpp"
 #include "support/temp_dir.hpp"
 
 using holdfast::testing::fault;
@@ -31,17 +32,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool sanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool sanitized = true;
-#else
-constexpr bool sanitized = false;
-#endif
-#else
-constexpr bool sanitized = false;
-#endif
+using holdfast_test::sanitized;
 
 struct disarm_on_exit {
   ~disarm_on_exit() { fault_plan::disarm(); }
