@@ -18,6 +18,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace holdfast_test {
@@ -38,6 +39,20 @@ inline int thread_count() {
     while (dirent* e = ::readdir(d))
       if (e->d_name[0] != '.') ++n;
     ::closedir(d);
+  }
+  return n;
+}
+
+/// thread_count() once it equals `expected`, or its last value after `deadline`: a joined thread
+/// leaves /proc/self/task a moment after join() returns (the kernel reaps it after the futex
+/// wake), so a check right after a join must wait for the count, with a deadline.
+inline int settled_thread_count(int expected,
+                                std::chrono::milliseconds deadline = std::chrono::seconds(2)) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  int n = thread_count();
+  while (n != expected && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    n = thread_count();
   }
   return n;
 }
