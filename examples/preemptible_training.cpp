@@ -443,15 +443,22 @@ void print_agreement(const Kv& kv) {
   if (auto e = get("error"); !e.empty())
     timeline("store: worker %s published an error; every other worker raises it",
              e.substr(0, e.find('\n')).c_str());
-  for (int r = 0; !get("r" + std::to_string(r) + "/claim").empty(); ++r) {
-    const std::string round = "r" + std::to_string(r) + "/";
+  for (int r = 0;; ++r) {
+    std::string round = "r";  // appends: GCC 12 -Wrestrict misfires on "r" + string&&
+    round += std::to_string(r);
+    round += '/';
+    if (get(round + "claim").empty()) break;
     for (const char* phase : {"", "final_"}) {
       std::string claim = get(round + (*phase ? "final" : "claim"));
       if (claim.empty() || claim == "abort") continue;
       std::string acks;
       for (const auto& [key, value] : keys) {
         auto pos = key.find(round + phase + "ack/");
-        if (pos != std::string::npos) acks += " " + key.substr(key.rfind('/') + 1) + "@" + value;
+        if (pos == std::string::npos) continue;
+        acks += ' ';  // appends, not operator+: GCC 12 -Wrestrict misfires on " " + string&&
+        acks += key.substr(key.rfind('/') + 1);
+        acks += '@';
+        acks += value;
       }
       timeline("store: %s: worker %s claimed; acks (task@run counter):%s; agreed step %s = max + 1",
                *phase ? "final save" : "checkpoint", claim.c_str(), acks.c_str(),
