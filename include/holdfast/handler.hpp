@@ -14,13 +14,16 @@
 //
 // Guarantees:
 //   - Construction restores the latest checkpoint and resumes total_run_calls() from its step.
-//   - Steady state (no notice, no claim): run() costs one relaxed atomic load plus one clock read
-//     and two additions for the running mean of step time; no store traffic, no lock, no
-//     allocation.
-//   - One background thread per handler (the watcher): it forwards this worker's notice and
-//     blocks on the one store key that can start or end an agreement (claim, final claim, or the
-//     error key) in slices of `handler_options::watch_interval`. The destructor stops and joins
-//     it; destruction is safe in every state, including after a failed agreement.
+//   - Steady state (no notice, no claim): run() costs one relaxed atomic load, one atomic add
+//     (the run counter the watcher reads) and one clock read plus two additions for the running
+//     mean of step time; no store traffic, no lock, no allocation.
+//   - One background thread per handler (the watcher). It forwards this worker's notice, blocks
+//     on the one store key that can start an agreement (claim, final claim, or the error key) in
+//     slices of `handler_options::watch_interval`, and runs the protocol itself: it claims,
+//     acks with the run counter, lists the acks and publishes the step. So a worker blocked
+//     inside a step (a collective waiting for a peer) still takes part; its training thread
+//     stops at its next step boundary at the latest and waits only until the step is known.
+//     The destructor stops and joins the watcher; destruction is safe in every state.
 //   - Per agreement each worker makes a constant number of store operations (see agreement.hpp),
 //     whatever the number of workers; waiting for the others is one blocking get with a deadline.
 //   - A worker that never acks (dead without notice) makes the others throw
@@ -30,12 +33,17 @@
 //   - Saving: the Config's save override when it has one (then the Checkpointer never saves),
 //     else Checkpointer::save(step). Then the Exit policy runs; when it returns (no_exit) run()
 //     returns run_status::stopped, the step is not run, and the handler is re-armed.
+//   - Grace path: the final claim is made once now > end - 6 x mean step time (TF's rule)
+//     - 2 x (what the first agreement and save took + one watch interval), so the second
+//     agreement and save also end before the grace period does.
 //   - Signal handlers are the notice policy's business; this file installs none.
 // Caveats:
 //   - run() and save_checkpoint_if_preempted() must be called from one thread.
-//   - ack_timeout must exceed the longest step: a worker acks only at its next step boundary.
-//   - A store failure during an agreement is thrown from run() and ends agreement for this
-//     handler (it then trains on without protocol); construct a new one to try again.
+//   - A notice is seen within one watch interval (default 100 ms): the watcher looks at the
+//     notice between its blocking gets. Smaller intervals mean more store requests (etcd: a
+//     range and a watch per interval per worker).
+//   - A store failure stops the agreement for this handler (it then trains on without it);
+//     construct a new one to try again.
 //   - The step's return value is not forwarded: capture results in the step callable.
 #pragma once
 
