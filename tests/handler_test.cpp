@@ -598,6 +598,51 @@ TEST_CASE("threads: destruction in the grace countdown and after the final agree
   }
 }
 
+namespace {
+// The real in_process_kv, with put failing (EIO) while `fail_puts` is set.
+struct failing_kv {
+  holdfast::in_process_kv inner;
+  std::shared_ptr<std::atomic<bool>> fail_puts = std::make_shared<std::atomic<bool>>(false);
+  bool insert(const std::string& k, std::string_view v) { return inner.insert(k, v); }
+  void put(const std::string& k, std::string_view v) {
+    if (fail_puts->load()) throw holdfast::error(EIO, "kv put", k);
+    inner.put(k, v);
+  }
+  std::optional<std::string> try_get(const std::string& k) { return inner.try_get(k); }
+  std::optional<std::string> get(const std::string& k, std::chrono::milliseconds t) {
+    return inner.get(k, t);
+  }
+  holdfast::kv_pairs list(const std::string& p) { return inner.list(p); }
+  bool erase(const std::string& k) { return inner.erase(k); }
+  std::size_t erase_prefix(const std::string& p) { return inner.erase_prefix(p); }
+};
+}  // namespace
+
+TEST_CASE("threads: a store failure mid-agreement is thrown from run(), then training goes on") {
+  job j(1);
+  outcome o;
+  scenario sc;
+  sc.n = 1;
+  failing_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("f", "0"))};
+  kv.fail_puts->store(true);
+  holdfast::preemption_handler<config_t, failing_kv> h(
+      make_config(j, 0, sc, &o), kv, {0, 1, "f"},
+      holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
+  j.flags[0]->store(true);
+  bool thrown = false;
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (!thrown && std::chrono::steady_clock::now() < deadline) {
+    try {
+      h.run([] { busy(500); });
+    } catch (const holdfast::error& e) {
+      thrown = e.errnum() == EIO && e.path() == "holdfast/f/r0/ack/0";
+    }
+  }
+  CHECK(thrown);
+  for (int i = 0; i < 10; ++i) CHECK(h.run([] {}) == run_status::ran);  // no agreement now
+  CHECK(o.st.saves == 0);
+}
+
 TEST_CASE("threads: store operations per worker per agreement do not grow with workers") {
   std::map<int, double> per_worker;
   for (int n : {2, 4, 8}) {

@@ -42,8 +42,9 @@
 //   - A notice is seen within one watch interval (default 100 ms): the watcher looks at the
 //     notice between its blocking gets. Smaller intervals mean more store requests (etcd: a
 //     range and a watch per interval per worker).
-//   - A store failure stops the agreement for this handler (it then trains on without it);
-//     construct a new one to try again.
+//   - A store failure during an agreement is thrown (holdfast::error naming the key) from the
+//     next run(); the handler then trains on without agreeing: construct a new one to try
+//     again. A failure while merely watching (store unreachable for a while) is retried.
 //   - The step's return value is not forwarded: capture results in the step callable.
 #pragma once
 
@@ -375,6 +376,11 @@ class preemption_handler {
     const auto started = Clock::now();
     const std::int64_t counter = total_run_calls();
     std::unique_lock<std::mutex> lock(mutex_);
+    if (store_error_) {  // the watcher's store call failed mid-agreement: report it once
+      std::exception_ptr e = std::exchange(store_error_, nullptr);
+      lock.unlock();
+      std::rethrow_exception(e);
+    }
     bool held = false;  // this boundary waited or saved: not a step time, but overhead
     const auto cap = started + 2 * options_.ack_timeout + std::chrono::seconds(5);
     instruction in;
@@ -520,14 +526,25 @@ class preemption_handler {
       lock.unlock();
       forward_notice();
       lock.lock();
+      bool worked = false;
       try {
-        if (!protocol_step(lock)) wait_for_trigger(lock);
+        worked = protocol_step(lock);
       } catch (...) {
-        // The store failed: the agreement cannot go on. Stop it (run() goes on without it) and
-        // keep watching for a peer's error after a pause.
+        // The store failed mid-agreement: the agreement cannot go on. The next run() throws the
+        // error; the handler then trains on without agreeing.
+        if (!lock.owns_lock()) lock.lock();
+        store_error_ = std::current_exception();
         machine_.on_stop();
-        word_.fetch_and(~attention_bit, std::memory_order_relaxed);
+        word_.fetch_or(attention_bit, std::memory_order_relaxed);
         train_cv_.notify_all();
+        continue;
+      }
+      if (worked) continue;
+      try {
+        wait_for_trigger(lock);
+      } catch (...) {
+        // Watching failed (the store is unreachable for now): try again after a pause.
+        if (!lock.owns_lock()) lock.lock();
         watch_cv_.wait_for(lock, options_.watch_interval, [&] { return stop_.load(); });
       }
     }
@@ -665,6 +682,7 @@ class preemption_handler {
   mutable std::mutex mutex_;            // guards machine_ and error_seen_
   agreement_type machine_;
   bool error_seen_ = false;
+  std::exception_ptr store_error_;    // a store failure of the watcher, for the next run()
   std::condition_variable watch_cv_;  // wakes the watcher (work, stop)
   std::condition_variable train_cv_;  // wakes a training thread waiting for the step
   std::atomic<bool> stop_{false};
