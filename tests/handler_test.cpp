@@ -313,6 +313,39 @@ TEST_CASE("threads: grace path → exactly two saves, before the grace period en
   CHECK(ms > 300);         // it did train through most of the grace period
 }
 
+TEST_CASE("threads: save_checkpoint_if_preempted serves loops of several steps per call") {
+  job j(3);
+  std::vector<outcome> out(3);
+  std::vector<std::int64_t> mean_us(3);
+  std::vector<std::thread> th;
+  for (int t = 0; t < 3; ++t)
+    th.emplace_back([&, t] {
+      auto& o = out[static_cast<std::size_t>(t)];
+      scenario sc;
+      sc.n = 3;
+      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 3, "loop"},
+                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      while (h.total_run_calls() < 100000) {
+        for (int k = 0; k < 4; ++k) busy(250);  // four steps of a custom loop
+        o.st.acc = h.total_run_calls() + 1;     // the state a save at the next call holds
+        if (h.save_checkpoint_if_preempted() == run_status::stopped) break;
+        j.b.set(t, h.total_run_calls());
+      }
+      o.counter = h.total_run_calls();
+      mean_us[static_cast<std::size_t>(t)] =
+          std::chrono::duration_cast<std::chrono::microseconds>(h.mean_step_time()).count();
+      j.b.set(t, std::numeric_limits<std::int64_t>::max());
+    });
+  REQUIRE(j.b.wait_all(10, 10s));
+  j.flags[1]->store(true);
+  for (auto& x : th) x.join();
+  CHECK(first_saves(out).size() == 1);
+  for (int t = 0; t < 3; ++t) {
+    CHECK(out[static_cast<std::size_t>(t)].st.saves == 1);
+    CHECK(mean_us[static_cast<std::size_t>(t)] >= 900);  // the estimate is kept (4 x 250 us)
+  }
+}
+
 TEST_CASE("threads: a save override replaces the default save") {
   job j(4);
   scenario sc;

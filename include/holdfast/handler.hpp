@@ -46,6 +46,9 @@
 //     next run(); the handler then trains on without agreeing: construct a new one to try
 //     again. A failure while merely watching (store unreachable for a while) is retried.
 //   - The step's return value is not forwarded: capture results in the step callable.
+//   - Re-arming in the same handler (after a no_exit save) sees a new notice only when the
+//     source reports a later noticed_at(); sources that latch their first notice (signal_notice,
+//     polled_notice) need a new handler with a fresh config and run id (an in-process restart).
 #pragma once
 
 #include <algorithm>
