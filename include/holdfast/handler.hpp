@@ -3,8 +3,8 @@
 // step and exits (or, with a grace period, keeps training and checkpoints once more before the
 // deadline), and a restarted job resumes exactly where it stopped.
 //
-//   holdfast::preemption_handler<holdfast::generic, holdfast::filesystem_kv> h(
-//       holdfast::generic{}, kv, {task, num_tasks, "run-7"}, std::move(checkpoints));
+//   holdfast::preemption_handler<holdfast::presets::generic, holdfast::filesystem_kv> h(
+//       holdfast::presets::generic{}, kv, {task, num_tasks, "run-7"}, std::move(checkpoints));
 //   while (h.total_run_calls() < steps) h.run(train_step, batch);
 //
 // It joins four policies: a termination Config (termination.hpp: where notices come from, how to
