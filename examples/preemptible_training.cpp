@@ -513,24 +513,34 @@ int driver_main(options o) {
         ok ? "PASS" : "FAIL", reported, o.workers - 1, victim);
     return ok ? 0 : 1;
   }
-  for (auto& w : ws)
-    if (w.exit_code != 42) {
-      std::printf("\nverdict: FAIL — worker %d exited with %d, not 42\n", w.task, w.exit_code);
-      return 1;
-    }
-
-  // Incarnation 2: the scheduler restarts every worker; they restore and finish.
-  std::printf("\n");
-  timeline("driver: every worker saved and exited with 42; restarting them (incarnation 2)");
-  ws.clear();
-  for (int t = 0; t < o.workers; ++t) ws.push_back(spawn(o, t, 2));
-  supervise(ws, [](worker_proc&) {});
-  for (auto& w : ws)
-    if (w.exit_code != 0) {
-      std::printf("\nverdict: FAIL — worker %d exited with %d after the restart\n", w.task,
-                  w.exit_code);
-      return 1;
-    }
+  // Every worker exits with 42 after the agreed save; with a grace period long enough to finish
+  // training, every worker instead finishes (0) after the first save and nothing is restarted.
+  bool finished = true, preempted = true;
+  for (auto& w : ws) {
+    finished = finished && w.exit_code == 0;
+    preempted = preempted && w.exit_code == 42;
+  }
+  if (!finished && !preempted) {
+    std::printf("\nverdict: FAIL — the workers did not all exit with 42 (or all finish)\n");
+    return 1;
+  }
+  if (finished) {
+    std::printf("\n");
+    timeline("driver: training finished within the grace period; nothing to restart");
+  } else {
+    // Incarnation 2: the scheduler restarts every worker; they restore and finish.
+    std::printf("\n");
+    timeline("driver: every worker saved and exited with 42; restarting them (incarnation 2)");
+    ws.clear();
+    for (int t = 0; t < o.workers; ++t) ws.push_back(spawn(o, t, 2));
+    supervise(ws, [](worker_proc&) {});
+    for (auto& w : ws)
+      if (w.exit_code != 0) {
+        std::printf("\nverdict: FAIL — worker %d exited with %d after the restart\n", w.task,
+                    w.exit_code);
+        return 1;
+      }
+  }
 
   // Verify: the model equals the uninterrupted run bit for bit; each step ran exactly once.
   model got = decode<model>(slurp(o.dir + "/final-model.bin"));
