@@ -24,6 +24,7 @@
 
 #include "support/child.hpp"
 #include "support/http_server.hpp"
+#include "support/sanitizers.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -112,6 +113,7 @@ struct log_lines {
 // The ids in /proc/self/task. Comparing sets, not counts, keeps a thread of an earlier test
 // that the kernel is still reaping from skewing the result.
 std::set<long> thread_ids() {
+  holdfast_test::start_runtime_threads();
   std::set<long> ids;
   DIR* d = ::opendir("/proc/self/task");
   REQUIRE(d != nullptr);

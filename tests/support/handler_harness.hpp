@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "sanitizers.hpp"
+
 namespace holdfast_test {
 
 /// polled_notice's poll for thread workers: noticed when the flag is set.
@@ -34,6 +36,7 @@ using flag_notice = holdfast::polled_notice<flag_poll>;
 
 /// Threads of this process (entries of /proc/self/task).
 inline int thread_count() {
+  start_runtime_threads();
   int n = 0;
   if (DIR* d = ::opendir("/proc/self/task")) {
     while (dirent* e = ::readdir(d))
