@@ -95,6 +95,15 @@ class agreement_timeout : public error {
   std::vector<int> missing_;
 };
 
+/// This worker could not reach the coordination store to read or record the outcome of an
+/// agreement before its deadline (errno EHOSTUNREACH). It did not save; its peers follow the
+/// outcome they recorded. The restore agreement keeps the restarted job on one step.
+class agreement_unreachable : public error {
+ public:
+  agreement_unreachable(std::string key, const std::string& why)
+      : error(EHOSTUNREACH, "agree", std::move(key), why) {}
+};
+
 /// Another worker's step failed; raised on every other worker (errno ECANCELED).
 class peer_error : public error {
  public:

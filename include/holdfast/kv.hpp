@@ -28,10 +28,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -88,6 +90,32 @@ inline bool is_valid_key(std::string_view key) noexcept {
     return detail::key_problem(key).empty();
   } catch (...) {
     return false;
+  }
+}
+
+/// True when a store call that threw `e` may succeed if made again: the store could not be
+/// reached or was busy for a moment (connection refused, reset or aborted, a network that is
+/// down or unreachable, a request that timed out, EAGAIN/EBUSY, and etcd's "unavailable"
+/// answers, which etcd_kv reports as EAGAIN). A timed-out write has an unknown outcome: read
+/// before retrying it. Anything else (a bad key, EACCES, a malformed reply) is not transient.
+inline bool is_transient_kv_error(const std::exception& e) noexcept {
+  const auto* err = dynamic_cast<const std::system_error*>(&e);
+  if (!err) return false;
+  switch (err->code().value()) {
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case ENETDOWN:
+    case ENETUNREACH:
+    case EHOSTUNREACH:
+    case ETIMEDOUT:
+    case EPIPE:
+    case EAGAIN:
+    case EBUSY:
+    case EINTR:
+      return true;
+    default:
+      return false;
   }
 }
 
