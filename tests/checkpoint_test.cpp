@@ -1,6 +1,7 @@
 // checkpoint_manager: save/latest/restore in both commit modes, retention (max_to_keep 1 and 3),
-// the pointer protocol, start-up sweeping, bad pointers, every syscall failing in turn, and
-// SIGKILL at random points of save and of retention deletions (100 runs).
+// the pointer protocol, all_steps/latest_step/restore_step and pinning, start-up sweeping, bad
+// pointers, every syscall failing in turn, and SIGKILL at random points of save and of retention
+// deletions (100 runs).
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,10 +12,12 @@
 #include <filesystem>
 #include <holdfast/checkpoint.hpp>
 #include <holdfast/testing/fault_io.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "support/child.hpp"
@@ -303,6 +306,240 @@ TEST_CASE(
   auto text = error_text<holdfast::error>([&] { (void)m.latest(); });
   CHECK(text.find("commit marker") != std::string::npos);
   CHECK(text.find(m.directory() + "/step-1") != std::string::npos);
+}
+
+namespace {
+
+using steps_t = std::vector<std::int64_t>;
+
+template <class Store>
+constexpr bool marker_mode = std::is_same_v<Store, remote_store<holdfast::posix_io>>;
+
+// A checkpoint directory made by hand (as another process's save would leave it), committed in
+// marker mode.
+template <class Store>
+void make_checkpoint(const std::string& path, std::int64_t step) {
+  fs::create_directories(path);
+  write_checkpoint<holdfast::posix_io>(path, step);
+  if (marker_mode<Store>) write_plain(path + "/commit_success.txt", "committed\n");
+}
+
+std::string pointer_text(const std::string& latest, const std::vector<std::string>& keep) {
+  std::string s = "holdfast-checkpoints 1\nlatest " + latest + "\n";
+  for (const auto& k : keep) s += "keep " + k + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("all_steps lists complete retained checkpoints ascending, each once", Store,
+                   local_store<holdfast::posix_io>, remote_store<holdfast::posix_io>) {
+  holdfast_test::temp_dir dir("allsteps");
+  auto s = Store::create(dir.path());
+  checkpoint_manager<Store> m(s, "r", {0});
+  m.set_writer([](const std::string& d, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(d, step);
+  });
+  CHECK(m.all_steps().empty());
+  CHECK(!m.latest_step());
+
+  // Saved out of order, and step 2 saved twice (step-2.1 supersedes step-2).
+  m.save(5);
+  m.save(2);
+  m.save(9);
+  m.save(2);
+  CHECK(m.all_steps() == steps_t{2, 5, 9});
+  CHECK(m.latest_step() == 9);  // the largest step, not the one saved last
+  CHECK(m.latest()->step == 2);
+
+  // Two generations of step 5 kept (a pointer another version of the code left): listed once.
+  const std::string d = m.directory();
+  make_checkpoint<Store>(d + "/step-5.1", 5);
+  write_plain(m.pointer_path(),
+              pointer_text("step-5.1", {"step-5", "step-2.1", "step-9", "step-5.1"}));
+  CHECK(m.all_steps() == steps_t{2, 5, 9});
+
+  // A kept checkpoint deleted by hand, or replaced by a file, is left out, not an error.
+  fs::remove_all(d + "/step-9");
+  CHECK(m.all_steps() == steps_t{2, 5});
+  CHECK(m.latest_step() == 5);
+  write_plain(d + "/step-9", "not a directory");
+  CHECK(m.all_steps() == steps_t{2, 5});
+  CHECK_THROWS_AS(m.checkpoints(), holdfast::error);  // the strict listing still refuses
+  fs::remove_all(d + "/step-5");
+  CHECK(m.all_steps() == steps_t{2, 5});  // step-5.1 still holds step 5
+  fs::remove_all(d + "/step-5.1");
+  CHECK(m.all_steps() == steps_t{2});
+
+  // Marker mode: a kept directory without its commit marker is not complete.
+  fs::remove(d + "/step-2.1/commit_success.txt");  // absent in rename mode: no change there
+  if (marker_mode<Store>) {
+    CHECK(m.all_steps().empty());
+    CHECK(!m.latest_step());
+  } else {
+    CHECK(m.all_steps() == steps_t{2});
+    CHECK(m.latest_step() == 2);
+  }
+}
+
+TEST_CASE("latest_step gives nothing, never an exception, for an empty or garbled pointer") {
+  holdfast_test::temp_dir dir("lateststep");
+  auto s = holdfast::store::create(dir.path());
+  checkpoint_manager<> m(s, "r", {3});
+  static_assert(noexcept(m.latest_step()));
+  CHECK(!m.latest_step());
+  m.save(4, [](const std::string& d, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(d, step);
+  });
+  REQUIRE(m.latest_step() == 4);
+
+  for (const std::string& garbled : {std::string(""), std::string("holdfast-checkpoints 1\nlat"),
+                                     std::string("\x7f"
+                                                 "ELF\x02\x01\x01\n")}) {
+    CAPTURE(garbled);
+    write_plain(m.pointer_path(), garbled);
+    CHECK(!m.latest_step());
+    auto text = error_text<holdfast::format_error>([&] { (void)m.all_steps(); });
+    CHECK(text.find(m.pointer_path()) != std::string::npos);
+    CHECK_THROWS_AS(m.restore_step(4), holdfast::format_error);
+  }
+}
+
+TEST_CASE_TEMPLATE("restore_step loads exactly that step, its newest generation, or ENOENT", Store,
+                   local_store<holdfast::posix_io>, remote_store<holdfast::posix_io>) {
+  holdfast_test::temp_dir dir("restorestep");
+  auto s = Store::create(dir.path());
+  checkpoint_manager<Store> m(s, "r", {3});
+  const std::string d = m.directory();
+  auto no_checkpoint = [&](std::int64_t step) {
+    std::string text;
+    try {
+      m.restore_step(step);
+      FAIL("restore_step(" << step << ") did not throw");
+    } catch (const holdfast::error& e) {
+      CHECK(e.errnum() == ENOENT);
+      CHECK(e.path() == d);
+      text = e.what();
+    }
+    CHECK(text.find(d) != std::string::npos);
+    CHECK(text.find("step " + std::to_string(step)) != std::string::npos);
+  };
+  no_checkpoint(1);  // no pointer yet
+
+  m.set_writer([](const std::string& p, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(p, step);
+  });
+  m.save(1);
+  m.save(2);
+  m.save(3);
+  std::string loaded_from;
+  std::int64_t loaded = -1;
+  m.set_reader([&](const std::string& p, std::int64_t step) {
+    loaded_from = p;
+    loaded = complete(p, step) ? step : -2;  // the files hold the step they were written for
+  });
+  m.restore_step(2);
+  CHECK(loaded == 2);
+  CHECK(loaded_from == d + "/step-2");
+  CHECK(complete(loaded_from, 2));
+  m.restore_step(1);
+  CHECK(loaded == 1);
+  CHECK(complete(loaded_from, 1));
+
+  std::string seen;
+  m.restore_step(3, [&](const std::string& p) { seen = p; });  // the one-argument reader
+  CHECK(seen == d + "/step-3");
+  std::int64_t seen_step = -1;
+  m.restore_step(2, [&](const std::string&, std::int64_t step) { seen_step = step; });
+  CHECK(seen_step == 2);
+  CHECK(m.latest()->step == 3);  // restoring an older step changes nothing on disk
+
+  loaded = -1;
+  no_checkpoint(4);
+  no_checkpoint(0);
+  CHECK(loaded == -1);  // the reader never ran for a step without a checkpoint
+
+  // Two generations of step 2: the one listed last in the keep list is loaded.
+  make_checkpoint<Store>(d + "/step-2.1", 2);
+  write_plain(d + "/step-2.1/generation", "1");
+  write_plain(m.pointer_path(),
+              pointer_text("step-2.1", {"step-1", "step-2", "step-3", "step-2.1"}));
+  m.restore_step(2);
+  CHECK(loaded_from == d + "/step-2.1");
+  CHECK(loaded == 2);
+  write_plain(m.pointer_path(), pointer_text("step-2", {"step-1", "step-2.1", "step-3", "step-2"}));
+  m.restore_step(2);
+  CHECK(loaded_from == d + "/step-2");
+  // The newest generation missing on disk: the older complete one still holds step 2.
+  fs::remove_all(d + "/step-2");
+  m.restore_step(2);
+  CHECK(loaded_from == d + "/step-2.1");
+  // Kept but missing on disk: none.
+  fs::remove_all(d + "/step-1");
+  no_checkpoint(1);
+}
+
+TEST_CASE_TEMPLATE("retention keeps the pinned step beyond max_to_keep until unpinned", Store,
+                   local_store<holdfast::posix_io>, remote_store<holdfast::posix_io>) {
+  holdfast_test::temp_dir dir("pin");
+  auto s = Store::create(dir.path());
+  checkpoint_manager<Store> m(s, "r", {2});
+  m.set_writer([](const std::string& p, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(p, step);
+  });
+  auto on_disk = [&] {
+    std::set<std::string> out;
+    for (const auto& e : entries(m.directory()))
+      if (e != "latest") out.insert(e);
+    return out;
+  };
+  CHECK(!m.pinned());
+  m.save(1);
+  m.pin(1);
+  CHECK(m.pinned() == 1);
+  for (std::int64_t step = 2; step <= 6; ++step) {
+    CAPTURE(step);
+    m.save(step);
+    if (step >= 3) CHECK(m.all_steps() == steps_t{1, step - 1, step});
+  }
+  CHECK(m.all_steps() == steps_t{1, 5, 6});
+  CHECK(on_disk() == std::set<std::string>{"step-1", "step-5", "step-6"});
+  CHECK(complete(m.directory() + "/step-1", 1));
+  CHECK(m.latest()->step == 6);
+
+  // Unpinned, the next save's retention drops it.
+  m.pin(std::nullopt);
+  CHECK(!m.pinned());
+  m.save(7);
+  CHECK(m.all_steps() == steps_t{6, 7});
+  CHECK(on_disk() == std::set<std::string>{"step-6", "step-7"});
+
+  // A pinned step among the newest max_to_keep costs nothing extra until it falls behind.
+  m.pin(7);
+  m.save(8);
+  CHECK(m.all_steps() == steps_t{7, 8});
+  m.save(9);
+  CHECK(m.all_steps() == steps_t{7, 8, 9});
+
+  // Saving the pinned step again supersedes it: one generation kept, the new one pinned.
+  m.save(7);
+  CHECK(on_disk() == std::set<std::string>{"step-7.1", "step-9"});
+  m.save(10);
+  m.save(11);
+  CHECK(m.all_steps() == steps_t{7, 10, 11});
+  CHECK(on_disk() == std::set<std::string>{"step-7.1", "step-10", "step-11"});
+  std::string from;
+  m.restore_step(7, [&](const std::string& p) { from = p; });
+  CHECK(from == m.directory() + "/step-7.1");
+
+  // The pin is the manager's only: a restarted process keeps what is on disk until it saves.
+  checkpoint_manager<Store> again(s, "r", {2});
+  CHECK(!again.pinned());
+  CHECK(again.all_steps() == steps_t{7, 10, 11});
+  again.save(12, [](const std::string& p, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(p, step);
+  });
+  CHECK(again.all_steps() == steps_t{11, 12});
 }
 
 TEST_CASE_TEMPLATE("start-up sweeps what killed saves left, and finishes listed deletions", Store,

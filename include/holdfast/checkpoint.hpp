@@ -10,6 +10,11 @@
 //   std::optional<std::int64_t> step = ckpt.restore();   // loads the latest, if any
 //   ckpt.save(step_number);
 //
+// For a restore agreement (every worker restores the newest step all of them hold):
+//   std::vector<std::int64_t> mine = ckpt.all_steps();   // publish these, agree on `common`
+//   ckpt.restore_step(common);                           // load exactly that step
+//   ckpt.pin(common);                                    // retention keeps it until unpinned
+//
 // Layout of <run>/checkpoint/:   latest                   the pointer (see below)
 //                                step-<N>[.<G>]/          one checkpoint (G: a re-save of N)
 //                                .staging-step-<N>-<pid>-<k>/   being written (rename mode)
@@ -22,7 +27,8 @@
 //      file and renames it to step-<N>; marker mode (mounted_remote): mkdir step-<N>, writer
 //      fills it in place, commit_directory syncs it and writes commit_success.txt last;
 //   2. the pointer is published atomically naming the new latest, the retained list, and the
-//      checkpoints about to be deleted (max_to_keep oldest beyond the limit, never the latest);
+//      checkpoints about to be deleted (the oldest beyond the newest max_to_keep, never the
+//      latest, never one of the pinned step);
 //   3. the deletions: each directory renamed aside (or its marker removed) first, then removed;
 //   4. the pointer is published again without the deletions.
 //
@@ -38,10 +44,24 @@
 //     pointer file and the checkpoint; nothing is guessed.
 //   - A writer that throws leaves no trace: the staging (or in-place) directory is removed and
 //     the pointer is unchanged.
+//   - all_steps() lists a step exactly when restore_step() of it finds a complete checkpoint
+//     (named by a 'keep' line, a directory, and in marker mode committed); a kept checkpoint
+//     missing on disk is left out, not an error. latest_step() never throws.
+//   - Retention never deletes a checkpoint of the pinned step: a save keeps the newest
+//     max_to_keep plus the pinned one (which does not count against the limit when older).
+//     Saving the pinned step again still supersedes its previous generation.
 // Caveats:
 //   - One manager (one process) writes a given checkpoint directory at a time; with
 //     checkpoint_options::sweep_older_than at 0, construction removes any staging directory.
-//   - A checkpoint directory deleted by hand while the pointer names it makes latest() throw.
+//   - A checkpoint directory deleted by hand while the pointer names it makes latest(),
+//     checkpoints() and restore() throw; all_steps() and latest_step() just leave it out.
+//   - all_steps() and restore_step() still throw holdfast::format_error for a garbled pointer
+//     (latest_step() then gives nothing), and holdfast::error for I/O errors other than a
+//     missing checkpoint.
+//   - The pin lives in the manager only, not in the pointer: a restarted process pins again.
+//     While a step is pinned, up to max_to_keep + 1 checkpoints are kept.
+//   - latest_step() is the largest retained step, latest() the checkpoint saved last: they
+//     differ after an older step is saved again (a job restored at an older step re-saves it).
 //   - A manager is not thread-safe: one thread at a time saves or restores through it.
 #pragma once
 
@@ -271,13 +291,7 @@ class checkpoint_manager {
       }
     }
     next.keep.push_back(name);
-    std::size_t limit = options_.max_to_keep;
-    if (limit > 0 && next.keep.size() > limit) {
-      auto drop = next.keep.size() - limit;
-      next.remove.insert(next.remove.end(), next.keep.begin(),
-                         next.keep.begin() + static_cast<std::ptrdiff_t>(drop));
-      next.keep.erase(next.keep.begin(), next.keep.begin() + static_cast<std::ptrdiff_t>(drop));
-    }
+    apply_retention(next);
     write_pointer(next);  // before the deletions: a valid latest whatever happens next
     if (!next.remove.empty()) {
       for (const auto& r : next.remove) remove_checkpoint(r);
@@ -324,6 +338,48 @@ class checkpoint_manager {
     return l->step;
   }
 
+  /// Steps of every complete retained checkpoint, ascending, each once (missing ones left out).
+  std::vector<std::int64_t> all_steps() const {
+    std::vector<std::int64_t> steps;
+    auto p = read_pointer();
+    if (!p) return steps;
+    for (const auto& k : p->keep)
+      if (complete(k)) steps.push_back(*detail::checkpoint_step_of(k));
+    std::sort(steps.begin(), steps.end());
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    return steps;
+  }
+
+  /// The newest step of all_steps(), or nothing when there is none or the pointer is unreadable.
+  std::optional<std::int64_t> latest_step() const noexcept {
+    try {
+      auto steps = all_steps();
+      if (steps.empty()) return std::nullopt;
+      return steps.back();
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
+
+  /// Loads the checkpoint of exactly `step` with the reader given to set_reader (when one is
+  /// set). Throws holdfast::error (ENOENT) naming the directory and the step when it has none.
+  void restore_step(std::int64_t step) {
+    auto c = checkpoint_at(step);
+    if (reader_) reader_(c.path, c.step);
+  }
+
+  /// Loads the checkpoint of exactly `step` with `reader(dir[, step])`; ENOENT as above.
+  template <class Reader>
+  void restore_step(std::int64_t step, Reader&& reader) {
+    auto c = checkpoint_at(step);
+    detail::checkpoint_call(reader, c.path, c.step);
+  }
+
+  /// Pins `step` (nullopt unpins): retention never deletes a checkpoint of the pinned step.
+  void pin(std::optional<std::int64_t> step) noexcept { pinned_ = step; }
+  /// The pinned step, if any.
+  std::optional<std::int64_t> pinned() const noexcept { return pinned_; }
+
  private:
   static constexpr std::string_view staging_prefix = ".staging-";
   static constexpr std::string_view deleting_prefix = ".deleting-";
@@ -344,6 +400,41 @@ class checkpoint_manager {
 
   void write_pointer(const detail::checkpoint_pointer& p) const {
     publisher_type().publish(pointer_path(), detail::format_checkpoint_pointer(p), 0644);
+  }
+
+  // Moves the kept checkpoints older than the newest max_to_keep to the removal list, except
+  // those of the pinned step.
+  void apply_retention(detail::checkpoint_pointer& p) const {
+    std::size_t limit = options_.max_to_keep;
+    if (limit == 0 || p.keep.size() <= limit) return;
+    std::size_t older = p.keep.size() - limit;  // p.keep[0, older) are beyond the limit
+    std::vector<std::string> kept;
+    for (std::size_t i = 0; i < p.keep.size(); ++i) {
+      if (i >= older || (pinned_ && detail::checkpoint_step_of(p.keep[i]) == *pinned_))
+        kept.push_back(std::move(p.keep[i]));
+      else
+        p.remove.push_back(std::move(p.keep[i]));
+    }
+    p.keep = std::move(kept);
+  }
+
+  // True when the kept checkpoint `name` is a directory and, in marker mode, committed.
+  bool complete(const std::string& name) const {
+    std::string path = detail::store_join(dir_, name);
+    struct stat st {};
+    if (!detail::store_lstat<io_type>(path, st) || !S_ISDIR(st.st_mode)) return false;
+    return mode_ != directory_commit::marker || publisher_type::is_committed(path);
+  }
+
+  // The complete retained checkpoint of `step` listed last, or ENOENT.
+  checkpoint_info checkpoint_at(std::int64_t step) const {
+    auto p = read_pointer();
+    if (p)
+      for (auto k = p->keep.rbegin(); k != p->keep.rend(); ++k)
+        if (detail::checkpoint_step_of(*k) == step && complete(*k))
+          return checkpoint_info{step, *k, detail::store_join(dir_, *k)};
+    throw error(ENOENT, "checkpoint restore", dir_,
+                "no complete retained checkpoint of step " + std::to_string(step));
   }
 
   checkpoint_info info_checked(const std::string& name) const {
@@ -470,6 +561,7 @@ class checkpoint_manager {
   checkpoint_options options_;
   writer_type writer_;
   reader_type reader_;
+  std::optional<std::int64_t> pinned_;
 };
 
 HOLDFAST_NAMESPACE_END
