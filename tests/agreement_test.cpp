@@ -147,7 +147,7 @@ TEST_CASE("one worker: notice → claim → ack → list → step published → 
   auto in = a.protocol_next(5, t0);
   CHECK(in.kind == op::insert);
   CHECK(key_of(in) == "run/r0/claim");
-  CHECK(in.value == "0");
+  CHECK(in.value == "claim by 0/0");
   a.on_insert(true);
   CHECK(a.state() == agreement_state::claimed);
   CHECK(a.claimant());
@@ -166,7 +166,7 @@ TEST_CASE("one worker: notice → claim → ack → list → step published → 
   in = a.protocol_next(5, t0);
   CHECK(in.kind == op::insert);
   CHECK(key_of(in) == "run/r0/step");
-  CHECK(in.value == "6");  // max + 1
+  CHECK(in.value == "step 6 by 0/0");  // max + 1
   a.on_insert(true);
   CHECK(a.state() == agreement_state::step_published);
   CHECK(a.agreed_step() == 6);
@@ -218,22 +218,69 @@ TEST_CASE("incomplete acks: wait for the step until the deadline, then a step or
   CHECK(in.deadline == t0 + milliseconds(1000));  // acked at t0 + ack_timeout
 
   SUBCASE("the step arrives") {
-    a.on_value(std::string("10"));
+    a.on_value(std::string("step 10 by 2/x"));
     CHECK(a.state() == agreement_state::step_published);
     CHECK(a.agreed_step() == 10);
     CHECK(a.decide(9, t0).action == agreement_action::proceed);
     CHECK(a.decide(10, t0).action == agreement_action::save_then_exit);
   }
-  SUBCASE("the deadline passes and task 1 never acked") {
+  SUBCASE("the deadline passes and task 1 never acked: the timeout is recorded, then raised") {
     a.on_value(std::nullopt);
     in = a.protocol_next(4, t0 + milliseconds(1000));
     CHECK(in.kind == op::list);
     a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/2", "9"}});
+    CHECK(a.state() == agreement_state::acked);  // nothing decided before it is recorded
+    CHECK(a.decide(5, t0).action == agreement_action::wait);
+    in = a.protocol_next(4, t0 + milliseconds(1000));
+    CHECK(in.kind == op::insert);
+    CHECK(key_of(in) == "run/r0/step");
+    CHECK(in.value == "timeout 1 by 0/0");
+    a.on_insert(true);
     CHECK(a.state() == agreement_state::failed);
     CHECK(a.failure().kind == agreement_failure::timeout);
     CHECK(a.failure().missing_tasks == std::vector<int>{1});
+    CHECK(a.failure().key == agreement_key::step);
     CHECK(a.decide(4, t0).action == agreement_action::fail);  // sticky
     CHECK(a.decide(5, t0).action == agreement_action::fail);
+  }
+  SUBCASE("recording the timeout loses to a step recorded meanwhile: the step is followed") {
+    a.on_value(std::nullopt);
+    a.protocol_next(4, t0 + milliseconds(1000));
+    a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/2", "9"}});
+    CHECK(a.protocol_next(4, t0 + milliseconds(1000)).kind == op::insert);
+    a.on_insert(false);
+    in = a.protocol_next(4, t0 + milliseconds(1001));
+    CHECK(in.kind == op::wait);
+    CHECK(key_of(in) == "run/r0/step");
+    a.on_value(std::string("step 12 by 1/late"));
+    CHECK(a.state() == agreement_state::step_published);
+    CHECK(a.agreed_step() == 12);
+    CHECK(a.decide(12, t0).action == agreement_action::save_then_exit);
+  }
+  SUBCASE("another worker's recorded timeout is followed, with its list of tasks") {
+    a.on_value(std::string("timeout 1,2 by 2/other"));
+    CHECK(a.state() == agreement_state::failed);
+    CHECK(a.failure().kind == agreement_failure::timeout);
+    CHECK(a.failure().missing_tasks == std::vector<int>{1, 2});
+  }
+  SUBCASE("a late worker that sees every ack finds the recorded timeout and raises it") {
+    a.on_value(std::nullopt);
+    a.protocol_next(4, t0 + milliseconds(5000));  // resumed long after the deadline
+    a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/1", "2"}, {"run/r0/ack/2", "9"}});
+    in = a.protocol_next(4, t0 + milliseconds(5000));
+    CHECK(in.value == "step 10 by 0/0");
+    a.on_insert(false);
+    CHECK(a.protocol_next(4, t0 + milliseconds(5000)).kind == op::wait);
+    a.on_value(std::string("timeout 1 by 2/other"));
+    CHECK(a.failure().kind == agreement_failure::timeout);
+    CHECK(a.failure().missing_tasks == std::vector<int>{1});
+    CHECK(a.decide(10, t0).action == agreement_action::fail);  // never a save at 10
+  }
+  SUBCASE("a value outside the grammar fails as a peer error naming it") {
+    a.on_value(std::string("10"));
+    CHECK(a.state() == agreement_state::failed);
+    CHECK(a.failure().kind == agreement_failure::peer);
+    CHECK(a.failure().message.find("malformed outcome '10'") != std::string::npos);
   }
   SUBCASE("the deadline passes but the last ack landed meanwhile: the step is computed here") {
     a.on_value(std::nullopt);
@@ -241,15 +288,15 @@ TEST_CASE("incomplete acks: wait for the step until the deadline, then a step or
     a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/1", "2"}, {"run/r0/ack/2", "9"}});
     in = a.protocol_next(4, t0);
     CHECK(in.kind == op::insert);
-    CHECK(in.value == "10");
+    CHECK(in.value == "step 10 by 0/0");
     a.on_insert(false);  // someone else inserted it first: read it
     in = a.protocol_next(4, t0);
     CHECK(in.kind == op::wait);
-    a.on_value(std::string("10"));
+    a.on_value(std::string("step 10 by 2/x"));
     CHECK(a.agreed_step() == 10);
   }
   SUBCASE("an aborted step names the peer's error") {
-    a.on_value(std::string("abort"));
+    a.on_value(std::string("abort by 1/y"));
     in = a.protocol_next(4, t0);
     CHECK(in.kind == op::try_get);
     CHECK(key_of(in) == "run/error");
@@ -278,7 +325,7 @@ TEST_CASE("training side: proceeds up to its published counter, then waits for t
   CHECK(a.protocol_next(6, t0).kind == op::list);
   a.on_list({{"run/r0/ack/0", "5"}, {"run/r0/ack/1", "9"}});
   in = a.protocol_next(6, t0);
-  CHECK(in.value == "10");
+  CHECK(in.value == "step 10 by 0/0");
   CHECK(a.decide(6, t0).action == agreement_action::wait);  // still not published
   a.on_insert(true);
   CHECK(a.decide(6, t0).action == agreement_action::proceed);
@@ -295,7 +342,7 @@ TEST_CASE("the agreed step is max of the counters + 1, whatever the skew") {
     a.protocol_next(1000, t0);
     a.on_list({{"run/r0/ack/0", "3"}, {"run/r0/ack/1", "1000"}, {"run/r0/ack/2", "17"}});
     auto in = a.protocol_next(1000, t0);
-    CHECK(in.value == "1001");
+    CHECK(in.value == "step 1001 by " + std::to_string(me) + "/0");
   }
 }
 
@@ -451,11 +498,12 @@ TEST_CASE("a local error publishes the error and aborts both rounds' step keys, 
     inserted.push_back(key_of(in) + "=" + in.value);
     perform(a, in, kv);
   }
+  const std::string abort = "=abort by 2/0";
   CHECK(inserted == std::vector<std::string>{"run/error=2\nstd::domain_error\nbad batch",
-                                             "run/r0/step=abort", "run/r0/final_step=abort",
-                                             "run/r0/claim=abort", "run/r0/final=abort",
-                                             "run/r1/step=abort", "run/r1/final_step=abort",
-                                             "run/r1/claim=abort", "run/r1/final=abort"});
+                                             "run/r0/step" + abort, "run/r0/final_step" + abort,
+                                             "run/r0/claim" + abort, "run/r0/final" + abort,
+                                             "run/r1/step" + abort, "run/r1/final_step" + abort,
+                                             "run/r1/claim" + abort, "run/r1/final" + abort});
   CHECK(a.failure().kind == agreement_failure::local);
   CHECK(a.failure().task == 2);
   a.on_error_seen(step_agreement::encode_error(1, "x", "y"));  // first error wins locally

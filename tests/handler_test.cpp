@@ -78,6 +78,8 @@ struct scenario {
   milliseconds grace{0};
   milliseconds ack_timeout{2000};
   milliseconds watch{5};
+  milliseconds grace_margin{100};  // the tests' grace periods are 300-800 ms
+  bool agree_on_restore = true;
   int throw_task = -1;
   std::int64_t throw_at = -1;
   int throw_after_us = 0;  // the throwing step runs this long first
@@ -123,6 +125,8 @@ holdfast::handler_options opts(const scenario& sc) {
   holdfast::handler_options o;
   o.ack_timeout = sc.ack_timeout;
   o.watch_interval = sc.watch;
+  o.grace_margin = sc.grace_margin;
+  o.agree_on_restore = sc.agree_on_restore;
   return o;
 }
 
@@ -198,6 +202,7 @@ std::vector<outcome> run_job(job& j, const scenario& sc, double* notice_to_done_
     std::set<int> skip;
     if (sc.dead_task >= 0) skip.insert(sc.dead_task);
     CHECK(j.b.wait_all(sc.notice_at, 20s, skip));
+    j.kv.reset_counts();  // from here on the store counts the agreement only
     noticed_at = std::chrono::steady_clock::now();
     for (int t : sc.noticed) j.flags[static_cast<std::size_t>(t)]->store(true);
   }
@@ -233,13 +238,24 @@ TEST_CASE("threads: no notice → the handler never saves and makes no store tra
     CHECK(o.st.saves == 0);
     CHECK(o.last == run_status::ran);
   }
+  // the restore agreement at construction only: each worker puts the steps it has, reads the
+  // four lists and proposes the outcome (one insert wins, the three others read it); nothing per
+  // step (1000 steps each)
   auto c = j.kv.counts();
-  CHECK(c.insert == 0);
-  CHECK(c.put == 0);
+  CHECK(c.insert == 4);
+  CHECK(c.put == 4);
   CHECK(c.list == 0);
-  CHECK(c.try_get == 0);
-  CHECK(c.get <= 4 * 6);  // one blocking get per worker per watch interval
+  CHECK(c.try_get == 3);
+  CHECK(c.get <= 4 * 4 + 4 * 6);  // 4 lists each, then one blocking get per watch interval
 }
+
+namespace {
+// The parsed value of `key` in the job's store (a claim or an outcome).
+std::optional<holdfast::agreement_value> value_at(job& j, const std::string& key) {
+  auto text = j.kv.inner().try_get(key);
+  return text ? holdfast::parse_agreement_value(*text) : std::nullopt;
+}
+}  // namespace
 
 TEST_CASE("threads: one notice → every worker saves once, at one agreed step") {
   for (int target : {0, 3}) {
@@ -256,8 +272,14 @@ TEST_CASE("threads: one notice → every worker saves once, at one agreed step")
       CHECK(o.counter == *steps.begin());  // stopped at the agreed step, step not run
       CHECK(o.st.acc == o.counter);        // nothing ran after the save
     }
-    CHECK(j.kv.inner().try_get("holdfast/run/r0/claim") == std::to_string(target));
-    CHECK(j.kv.inner().try_get("holdfast/run/r0/step") == std::to_string(*steps.begin()));
+    auto claim = value_at(j, "holdfast/run/r0/claim");
+    auto step = value_at(j, "holdfast/run/r0/step");
+    REQUIRE(claim);
+    REQUIRE(step);
+    CHECK(claim->what == holdfast::agreement_value::kind::claim);
+    CHECK(claim->writer == target);
+    CHECK(step->what == holdfast::agreement_value::kind::step);
+    CHECK(step->step == *steps.begin());
   }
 }
 
@@ -286,10 +308,10 @@ TEST_CASE("threads: simultaneous notices on 2 or all workers → one claim, one 
     auto out = run_job(j, sc);
     CHECK(first_saves(out).size() == 1);
     for (auto& o : out) CHECK(o.st.saves == 1);
-    auto claim = j.kv.inner().try_get("holdfast/run/r0/claim");
+    auto claim = value_at(j, "holdfast/run/r0/claim");
     REQUIRE(claim);
-    CHECK(std::count(noticed.begin(), noticed.end(), std::stoi(*claim)) == 1);
-    CHECK(j.kv.inner().list("holdfast/run").size() == 6);  // claim, 4 acks, step: nothing more
+    CHECK(std::count(noticed.begin(), noticed.end(), claim->writer) == 1);
+    CHECK(j.kv.inner().list("holdfast/run/r0").size() == 6);  // claim, 4 acks, step: no more
   }
 }
 
@@ -511,7 +533,9 @@ TEST_CASE("threads: re-armed after an in-process save, a second notice agrees ag
   CHECK(first[0] == first[1]);
   CHECK(second[0] == second[1]);
   CHECK(second[0] > first[0]);
-  CHECK(j.kv.inner().try_get("holdfast/rearm/r1/claim") == "1");
+  auto claim = value_at(j, "holdfast/rearm/r1/claim");
+  REQUIRE(claim);
+  CHECK(claim->writer == 1);
 }
 
 TEST_CASE("threads: a dead worker gives agreement_timeout naming it, within the deadline") {
@@ -540,6 +564,7 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
     scenario sc;
     sc.n = 2;
     sc.ack_timeout = 200ms;
+    sc.agree_on_restore = false;  // task 1 is played by the test: no restore agreement with it
     {
       handler_t h(make_config(j, 0, sc, &o), j.kv, {0, 2, "d"},
                   holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
@@ -561,13 +586,13 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
     (void)h;
   });
   check_state("claim seen by the watcher", [&](handler_t& h, job& j) {
-    j.kv.insert("holdfast/d/r0/claim", "1");
+    j.kv.insert("holdfast/d/r0/claim", "claim by 1/peer");
     std::this_thread::sleep_for(20ms);
     (void)h;
   });
   check_state("step published", [&](handler_t& h, job& j) {
     j.kv.put("holdfast/d/r0/ack/1", "100");
-    j.kv.insert("holdfast/d/r0/claim", "1");
+    j.kv.insert("holdfast/d/r0/claim", "claim by 1/peer");
     for (int i = 0; i < 50 && h.state() != holdfast::agreement_state::step_published; ++i) {
       step(h);
       std::this_thread::sleep_for(2ms);
@@ -587,8 +612,8 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
     CHECK(h.state() == holdfast::agreement_state::failed);
   });
   check_state("failed: peer error", [&](handler_t& h, job& j) {
-    j.kv.insert("holdfast/d/error", "1\nE\nm");   // as a failing peer does: the error, then
-    j.kv.insert("holdfast/d/r0/claim", "abort");  // "abort" in the keys peers block on
+    j.kv.insert("holdfast/d/error", "1\nE\nm");  // as a failing peer does: the error, then
+    j.kv.insert("holdfast/d/r0/claim", "abort by 1/peer");  // and abort the keys peers wait on
     bool raised = false;
     for (int i = 0; i < 100 && !raised; ++i) {
       try {
@@ -632,48 +657,257 @@ TEST_CASE("threads: destruction in the grace countdown and after the final agree
 }
 
 namespace {
-// The real in_process_kv, with put failing (EIO) while `fail_puts` is set.
+// The real in_process_kv with injected failures, shared by copies: the next `puts` puts fail
+// (-1: all), the next `calls` calls of any kind fail (-1: all), the next `applied_inserts`
+// inserts are applied and then fail (a write whose answer was lost: unknown outcome).
 struct failing_kv {
+  struct faults {
+    std::atomic<int> puts{0}, calls{0}, applied_inserts{0};
+    std::atomic<int> errnum{EIO};
+  };
   holdfast::in_process_kv inner;
-  std::shared_ptr<std::atomic<bool>> fail_puts = std::make_shared<std::atomic<bool>>(false);
-  bool insert(const std::string& k, std::string_view v) { return inner.insert(k, v); }
+  std::shared_ptr<faults> f = std::make_shared<faults>();
+
+  static bool take(std::atomic<int>& n) {
+    int v = n.load();
+    while (v != 0 && !n.compare_exchange_weak(v, v < 0 ? v : v - 1)) {
+    }
+    return v != 0;
+  }
+  void fault(const std::string& op, const std::string& k, bool put = false) {
+    if (take(f->calls) || (put && take(f->puts))) throw holdfast::error(f->errnum, op, k);
+  }
+  bool insert(const std::string& k, std::string_view v) {
+    fault("kv insert", k);
+    bool created = inner.insert(k, v);
+    if (take(f->applied_inserts)) throw holdfast::error(ETIMEDOUT, "kv insert", k);
+    return created;
+  }
   void put(const std::string& k, std::string_view v) {
-    if (fail_puts->load()) throw holdfast::error(EIO, "kv put", k);
+    fault("kv put", k, true);
     inner.put(k, v);
   }
-  std::optional<std::string> try_get(const std::string& k) { return inner.try_get(k); }
+  std::optional<std::string> try_get(const std::string& k) {
+    fault("kv try_get", k);
+    return inner.try_get(k);
+  }
   std::optional<std::string> get(const std::string& k, std::chrono::milliseconds t) {
+    fault("kv get", k);
     return inner.get(k, t);
   }
-  holdfast::kv_pairs list(const std::string& p) { return inner.list(p); }
+  holdfast::kv_pairs list(const std::string& p) {
+    fault("kv list", p);
+    return inner.list(p);
+  }
   bool erase(const std::string& k) { return inner.erase(k); }
   std::size_t erase_prefix(const std::string& p) { return inner.erase_prefix(p); }
 };
+
+using failing_handler_t = holdfast::preemption_handler<config_t, failing_kv>;
+
+// One worker over `kv`, noticed at once; runs steps until run() returns stopped or throws
+// (at most 5 s). Returns "saved <step>" or the exception ("timeout <ids>", "unreachable <what>",
+// "error <what>"), and how long it took.
+std::string run_noticed(failing_handler_t& h, job& j, double* ms = nullptr) {
+  j.flags[0]->store(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    if (ms)
+      *ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  try {
+    while (std::chrono::steady_clock::now() - t0 < 5s)
+      if (h.run([] { busy(500); }) == run_status::stopped) {
+        elapsed();
+        return "saved " + std::to_string(h.total_run_calls());
+      }
+    return "still running";
+  } catch (const holdfast::agreement_timeout& e) {
+    elapsed();
+    std::string ids;
+    for (int m : e.missing_tasks()) ids += std::to_string(m) + ",";
+    return "timeout " + ids;
+  } catch (const holdfast::agreement_unreachable& e) {
+    elapsed();
+    return std::string("unreachable ") + e.what();
+  } catch (const holdfast::error& e) {
+    elapsed();
+    return std::string("error ") + e.what();
+  }
+}
 }  // namespace
 
-TEST_CASE("threads: a store failure mid-agreement is thrown from run(), then training goes on") {
+TEST_CASE("threads: transient store failures mid-agreement are retried; the agreement succeeds") {
   job j(1);
   outcome o;
   scenario sc;
   sc.n = 1;
   failing_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("f", "0"))};
-  kv.fail_puts->store(true);
-  holdfast::preemption_handler<config_t, failing_kv> h(
-      make_config(j, 0, sc, &o), kv, {0, 1, "f"},
-      holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
-  j.flags[0]->store(true);
-  bool thrown = false;
-  auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (!thrown && std::chrono::steady_clock::now() < deadline) {
-    try {
-      h.run([] { busy(500); });
-    } catch (const holdfast::error& e) {
-      thrown = e.errnum() == EIO && e.path() == "holdfast/f/r0/ack/0";
-    }
-  }
-  CHECK(thrown);
-  for (int i = 0; i < 10; ++i) CHECK(h.run([] {}) == run_status::ran);  // no agreement now
+  failing_handler_t h(make_config(j, 0, sc, &o), kv, {0, 1, "f"},
+                      holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
+  kv.f->errnum = ECONNRESET;
+  kv.f->puts = 3;  // the ack fails three times, then lands
+  auto r = run_noticed(h, j);
+  CHECK(r.rfind("saved ", 0) == 0);
+  CHECK(kv.f->puts == 0);
+  CHECK(o.st.saves == 1);
+}
+
+TEST_CASE("threads: an insert applied but unanswered is recognised on retry: exactly once") {
+  job j(1);
+  outcome o;
+  scenario sc;
+  sc.n = 1;
+  failing_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("f", "0"))};
+  failing_handler_t h(make_config(j, 0, sc, &o), kv, {0, 1, "f"},
+                      holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
+  kv.f->applied_inserts = 2;  // the claim and the step: applied, then "timed out"
+  auto r = run_noticed(h, j);
+  REQUIRE(r.rfind("saved ", 0) == 0);
+  auto claim =
+      holdfast::parse_agreement_value(kv.inner.try_get("holdfast/f/r0/claim").value_or(""));
+  REQUIRE(claim);
+  CHECK(claim->writer == 0);
+  CHECK(kv.f->applied_inserts == 0);  // both inserts were applied and their answers lost
+  auto step = kv.inner.try_get("holdfast/f/r0/step");
+  REQUIRE(step);
+  auto v = holdfast::parse_agreement_value(*step);
+  REQUIRE(v);
+  CHECK(v->what == holdfast::agreement_value::kind::step);
+  CHECK(v->writer == 0);
+  CHECK(o.st.saved_steps == std::vector<std::int64_t>{v->step});
+}
+
+TEST_CASE("threads: a put failing for good records a timeout naming this worker, then raises it") {
+  job j(1);
+  outcome o;
+  scenario sc;
+  sc.n = 1;
+  sc.ack_timeout = 200ms;
+  failing_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("f", "0"))};
+  failing_handler_t h(make_config(j, 0, sc, &o), kv, {0, 1, "f"},
+                      holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
+  kv.f->puts = -1;  // EIO: not transient, no retry
+  CHECK(run_noticed(h, j) == "timeout 0,");
+  auto v = holdfast::parse_agreement_value(kv.inner.try_get("holdfast/f/r0/step").value_or(""));
+  REQUIRE(v);
+  CHECK(v->what == holdfast::agreement_value::kind::timeout);
+  CHECK(v->tasks == std::vector<int>{0});
+  CHECK_THROWS_AS(h.run([] {}), holdfast::agreement_timeout);  // sticky
   CHECK(o.st.saves == 0);
+}
+
+TEST_CASE("threads: a store unreachable past the deadline gives agreement_unreachable, no save") {
+  job j(1);
+  outcome o;
+  scenario sc;
+  sc.n = 1;
+  sc.ack_timeout = 200ms;
+  failing_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("f", "0"))};
+  failing_handler_t h(make_config(j, 0, sc, &o), kv, {0, 1, "f"},
+                      holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
+  kv.f->errnum = ETIMEDOUT;
+  kv.f->calls = -1;
+  double ms = 0;
+  auto r = run_noticed(h, j, &ms);
+  CHECK(r.rfind("unreachable agree 'holdfast/f/r0/step'", 0) == 0);
+  CHECK(r.find("Connection timed out") != std::string::npos);
+  // retried until the deadline (200 ms), then recording retried for one more ack_timeout
+  CHECK(ms >= 350);
+  CHECK(ms < 400 * 1.1 + 300);
+  CHECK(o.st.saves == 0);
+}
+
+TEST_CASE("threads: the restore agreement resumes every worker from the newest common step") {
+  job j(3);
+  // task 0 holds 10, 20, 30; task 1 holds 10, 20; task 2 holds 20, 30: the common newest is 20
+  const std::vector<std::vector<std::int64_t>> held = {{10, 20, 30}, {10, 20}, {20, 30}};
+  std::vector<outcome> out(3);
+  for (int t = 0; t < 3; ++t)
+    for (auto s : held[static_cast<std::size_t>(t)]) {
+      out[static_cast<std::size_t>(t)].st.acc = s;
+      holdfast_test::make_checkpoints(j.ckpt_dir(t), &out[static_cast<std::size_t>(t)].st).save(s);
+    }
+  std::vector<std::optional<std::int64_t>> restored(3), pinned(3);
+  std::vector<std::thread> th;
+  for (int t = 0; t < 3; ++t)
+    th.emplace_back([&, t] {
+      auto& o = out[static_cast<std::size_t>(t)];
+      o.st.acc = -1;
+      scenario sc;
+      sc.n = 3;
+      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 3, "restore"},
+                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      restored[static_cast<std::size_t>(t)] = h.restored_step();
+      pinned[static_cast<std::size_t>(t)] = h.checkpointer().pinned();
+      o.counter = h.total_run_calls();
+    });
+  for (auto& x : th) x.join();
+  for (int t = 0; t < 3; ++t) {
+    auto& o = out[static_cast<std::size_t>(t)];
+    CHECK(restored[static_cast<std::size_t>(t)] == 20);
+    CHECK(pinned[static_cast<std::size_t>(t)] == 20);  // retention keeps it until a newer one
+    CHECK(o.counter == 20);
+    CHECK(o.st.acc == 20);  // the data of step 20, not the newest the worker holds
+  }
+  auto v = value_at(j, "holdfast/restore/restore/step");
+  REQUIRE(v);
+  CHECK(v->what == holdfast::agreement_value::kind::step);
+  CHECK(v->step == 20);
+}
+
+TEST_CASE("threads: the restore agreement with no common step starts every worker fresh") {
+  job j(2);
+  std::vector<outcome> out(2);
+  out[0].st.acc = 5;
+  holdfast_test::make_checkpoints(j.ckpt_dir(0), &out[0].st).save(5);  // task 1 holds nothing
+  std::vector<std::optional<std::int64_t>> restored(2, 0);
+  std::vector<std::thread> th;
+  for (int t = 0; t < 2; ++t)
+    th.emplace_back([&, t] {
+      auto& o = out[static_cast<std::size_t>(t)];
+      scenario sc;
+      sc.n = 2;
+      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 2, "fresh"},
+                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      restored[static_cast<std::size_t>(t)] = h.restored_step();
+      o.counter = h.total_run_calls();
+    });
+  for (auto& x : th) x.join();
+  for (int t = 0; t < 2; ++t) {
+    CHECK(restored[static_cast<std::size_t>(t)] == std::nullopt);
+    CHECK(out[static_cast<std::size_t>(t)].counter == 0);
+  }
+  auto v = value_at(j, "holdfast/fresh/restore/step");
+  REQUIRE(v);
+  CHECK(v->what == holdfast::agreement_value::kind::none);
+}
+
+TEST_CASE("threads: a task that never starts fails the restore agreement, naming it") {
+  job j(2);
+  outcome o;
+  scenario sc;
+  sc.n = 2;
+  sc.ack_timeout = 300ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    handler_t h(make_config(j, 0, sc, &o), j.kv, {0, 2, "lonely"},
+                holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
+    FAIL("constructed without task 1");
+  } catch (const holdfast::agreement_timeout& e) {
+    CHECK(e.missing_tasks() == std::vector<int>{1});
+    CHECK(e.path() == "holdfast/lonely/restore/step");
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(ms >= 300);
+  CHECK(ms < 300 * 1.1 + 200);
+  // task 1 starting late finds the recorded timeout and raises the same
+  outcome o1;
+  CHECK_THROWS_AS(handler_t(make_config(j, 1, sc, &o1), j.kv, {1, 2, "lonely"},
+                            holdfast_test::make_checkpoints(j.ckpt_dir(1), &o1.st), opts(sc)),
+                  holdfast::agreement_timeout);
 }
 
 TEST_CASE("threads: store operations per worker per agreement do not grow with workers") {

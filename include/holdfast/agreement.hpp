@@ -165,23 +165,202 @@ inline std::string agreement_key_name(std::string_view scope, agreement_key k, s
   return s;
 }
 
+/// What a control key of the agreement holds: a claim, or a round's recorded outcome (an agreed
+/// step, a timeout naming the missing tasks, an abort after a step error, or "none" for a restore
+/// agreement that found no common step), and who wrote it. Text form (one grammar, parsed by
+/// parse_agreement_value and written by format_agreement_value):
+///   value  := body " by " task "/" nonce
+///   body   := "claim" | "step " int | "timeout " int ("," int)* | "abort" | "none"
+///   int    := "0" | [1-9][0-9]*   (a non-negative int64; task ids fit an int)
+///   nonce  := 1 to 32 of [0-9A-Za-z_-]   (the writing handler's instance: a restarted process
+///                                         with the same task writes another nonce)
+/// e.g. "step 57 by 2/9f3a0c1d", "timeout 1,3 by 0/77e2b4aa". Timeout task lists are ascending
+/// with no duplicates.
+struct agreement_value {
+  /// What the value says.
+  enum class kind : unsigned char { claim, step, timeout, abort, none };
+  kind what = kind::step;  ///< the body
+  std::int64_t step = -1;  ///< step: the agreed (or restored) step
+  std::vector<int> tasks;  ///< timeout: the tasks that did not answer, ascending
+  int writer = -1;         ///< the task that wrote it
+  std::string nonce;       ///< the writing handler instance
+
+  /// Same body and writer.
+  friend bool operator==(const agreement_value& a, const agreement_value& b) {
+    return a.what == b.what && a.step == b.step && a.tasks == b.tasks && a.writer == b.writer &&
+           a.nonce == b.nonce;
+  }
+  /// Not the same value.
+  friend bool operator!=(const agreement_value& a, const agreement_value& b) { return !(a == b); }
+};
+
+namespace detail {
+/// A non-negative decimal with no sign, no leading zero (but "0") and at most `max`.
+inline std::optional<std::int64_t> parse_agreement_int(std::string_view s, std::int64_t max) {
+  if (s.empty() || s.size() > 19 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
+  std::int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const int d = c - '0';
+    if (v > (max - d) / 10) return std::nullopt;
+    v = v * 10 + d;
+  }
+  return v;
+}
+inline bool agreement_nonce_ok(std::string_view n) {
+  if (n.empty() || n.size() > 32) return false;
+  for (char c : n)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+          c == '-'))
+      return false;
+  return true;
+}
+}  // namespace detail
+
+/// The text form of `v` (see agreement_value). Throws std::invalid_argument for a value the
+/// grammar cannot spell (a negative step or task, an empty timeout list, a bad nonce).
+inline std::string format_agreement_value(const agreement_value& v) {
+  if (v.writer < 0 || !detail::agreement_nonce_ok(v.nonce))
+    throw std::invalid_argument("agreement value: bad writer " + std::to_string(v.writer) + "/" +
+                                v.nonce);
+  std::string body;
+  switch (v.what) {
+    case agreement_value::kind::claim:
+      body = "claim";
+      break;
+    case agreement_value::kind::step:
+      if (v.step < 0) throw std::invalid_argument("agreement value: negative step");
+      body = "step " + std::to_string(v.step);
+      break;
+    case agreement_value::kind::timeout:
+      if (v.tasks.empty()) throw std::invalid_argument("agreement value: empty timeout list");
+      body = "timeout ";
+      for (std::size_t i = 0; i < v.tasks.size(); ++i) {
+        if (v.tasks[i] < 0 || (i > 0 && v.tasks[i] <= v.tasks[i - 1]))
+          throw std::invalid_argument("agreement value: timeout tasks not ascending");
+        body += (i ? "," : "") + std::to_string(v.tasks[i]);
+      }
+      break;
+    case agreement_value::kind::abort:
+      body = "abort";
+      break;
+    case agreement_value::kind::none:
+      body = "none";
+      break;
+  }
+  return body + " by " + std::to_string(v.writer) + "/" + v.nonce;
+}
+
+/// Parses a control value (see agreement_value); std::nullopt when `text` does not follow the
+/// grammar exactly. Never throws, never reads past `text`.
+inline std::optional<agreement_value> parse_agreement_value(std::string_view text) noexcept {
+  try {
+    constexpr std::string_view by = " by ";
+    const auto at = text.rfind(by);
+    if (at == std::string_view::npos) return std::nullopt;
+    std::string_view body = text.substr(0, at), who = text.substr(at + by.size());
+    const auto slash = who.find('/');
+    if (slash == std::string_view::npos) return std::nullopt;
+    constexpr std::int64_t int_max = 0x7fffffff;
+    auto writer = detail::parse_agreement_int(who.substr(0, slash), int_max);
+    if (!writer || !detail::agreement_nonce_ok(who.substr(slash + 1))) return std::nullopt;
+    agreement_value v;
+    v.writer = static_cast<int>(*writer);
+    v.nonce = std::string(who.substr(slash + 1));
+    auto word = [&](std::string_view w) {
+      if (body.substr(0, w.size()) != w) return false;
+      body.remove_prefix(w.size());
+      return true;
+    };
+    if (body == "claim") {
+      v.what = agreement_value::kind::claim;
+    } else if (body == "abort") {
+      v.what = agreement_value::kind::abort;
+    } else if (body == "none") {
+      v.what = agreement_value::kind::none;
+    } else if (word("step ")) {
+      auto s = detail::parse_agreement_int(body, INT64_MAX);
+      if (!s) return std::nullopt;
+      v.what = agreement_value::kind::step;
+      v.step = *s;
+    } else if (word("timeout ")) {
+      v.what = agreement_value::kind::timeout;
+      for (;;) {
+        const auto comma = body.find(',');
+        auto t = detail::parse_agreement_int(body.substr(0, comma), int_max);
+        if (!t || (!v.tasks.empty() && *t <= v.tasks.back())) return std::nullopt;
+        v.tasks.push_back(static_cast<int>(*t));
+        if (comma == std::string_view::npos) break;
+        body.remove_prefix(comma + 1);
+      }
+    } else {
+      return std::nullopt;
+    }
+    return v;
+  } catch (...) {  // std::bad_alloc: not a value we can hold
+    return std::nullopt;
+  }
+}
+
+/// The text of a restore agreement's step list: the steps a worker holds, ascending, joined by
+/// ',' ("" for none). At most the newest `max_steps` are written.
+inline std::string format_step_list(const std::vector<std::int64_t>& steps,
+                                    std::size_t max_steps = 1000) {
+  std::string s;
+  const std::size_t from = steps.size() > max_steps ? steps.size() - max_steps : 0;
+  for (std::size_t i = from; i < steps.size(); ++i)
+    s += (i > from ? "," : "") + std::to_string(steps[i]);
+  return s;
+}
+
+/// Parses format_step_list's text (strictly ascending non-negative steps); std::nullopt when it
+/// does not follow that form.
+inline std::optional<std::vector<std::int64_t>> parse_step_list(std::string_view text) {
+  std::vector<std::int64_t> out;
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    auto s = detail::parse_agreement_int(text.substr(0, comma), INT64_MAX);
+    if (!s || (!out.empty() && *s <= out.back())) return std::nullopt;
+    out.push_back(*s);
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+    if (text.empty()) return std::nullopt;  // a trailing ','
+  }
+  return out;
+}
+
+/// The newest step present in every list (each ascending), or std::nullopt when they share none.
+inline std::optional<std::int64_t> newest_common_step(
+    const std::vector<std::vector<std::int64_t>>& lists) {
+  if (lists.empty()) return std::nullopt;
+  const auto& first = lists.front();
+  for (auto it = first.rbegin(); it != first.rend(); ++it) {
+    bool everywhere = std::all_of(lists.begin() + 1, lists.end(), [&](const auto& l) {
+      return std::binary_search(l.begin(), l.end(), *it);
+    });
+    if (everywhere) return *it;
+  }
+  return std::nullopt;
+}
+
 /// Why the machine failed.
 enum class agreement_failure : unsigned char {
-  none,     ///< not failed
-  peer,     ///< another task's step threw (peer_task, type_name, message)
-  local,    ///< this task's step threw; the driver re-throws its own exception
-  timeout,  ///< not every task acked before the deadline (missing_tasks)
+  none,         ///< not failed
+  peer,         ///< another task's step threw (peer_task, type_name, message)
+  local,        ///< this task's step threw; the driver re-throws its own exception
+  timeout,      ///< the recorded outcome is a timeout (missing_tasks: the recorded list)
+  unreachable,  ///< the store could not be reached to read or record the outcome (message)
 };
 
 /// What failed, for the driver to raise.
 struct agreement_failure_info {
   agreement_failure kind = agreement_failure::none;
-  int task = -1;                           ///< peer or local: the task whose step threw
-  std::string type_name;                   ///< peer or local: the exception's type name
-  std::string message;                     ///< peer or local: its what()
-  std::vector<int> missing_tasks;          ///< timeout: tasks with no ack
-  agreement_key key = agreement_key::ack;  ///< timeout: the ack prefix that was waited on
-  std::uint64_t round = 0;                 ///< timeout: its round
+  int task = -1;                            ///< peer or local: the task whose step threw
+  std::string type_name;                    ///< peer or local: the exception's type name
+  std::string message;                      ///< peer or local: its what(); unreachable: why
+  std::vector<int> missing_tasks;           ///< timeout: tasks with no ack, as recorded
+  agreement_key key = agreement_key::step;  ///< timeout, unreachable: the outcome key
+  std::uint64_t round = 0;                  ///< timeout, unreachable: its round
 };
 
 /// Static parameters of a step_agreement.
@@ -193,6 +372,8 @@ struct basic_agreement_config {
   Duration ack_timeout{};         ///< how long a worker waits for every ack
   bool exit_after_save = true;    ///< false: no_exit (save, then re-arm and return)
   std::uint64_t first_round = 0;  ///< round number to start from
+  Duration grace_margin{};        ///< the final claim of the grace path is made this much earlier
+  std::string nonce = "0";        ///< this instance's id in the values it writes ("by task/nonce")
 };
 
 /// The pure step-agreement state machine; Clock only names the time_point and duration types.
@@ -221,6 +402,9 @@ class basic_step_agreement {
     if (cfg_.num_tasks < 1 || cfg_.task < 0 || cfg_.task >= cfg_.num_tasks)
       throw std::invalid_argument("step_agreement: task " + std::to_string(cfg_.task) +
                                   " outside [0, " + std::to_string(cfg_.num_tasks) + ")");
+    if (!detail::agreement_nonce_ok(cfg_.nonce))
+      throw std::invalid_argument("step_agreement: nonce '" + cfg_.nonce +
+                                  "' is not 1 to 32 of [0-9A-Za-z_-]");
   }
 
   // ---- events -------------------------------------------------------------------------------
@@ -277,7 +461,7 @@ class basic_step_agreement {
     for (std::uint64_t r : {round_, round_ + 1})
       for (agreement_key k : {agreement_key::step, agreement_key::final_step, agreement_key::claim,
                               agreement_key::final_claim}) {
-        instruction in = make(instruction::op::insert, k, -1, std::string(abort_value));
+        instruction in = make(instruction::op::insert, k, -1, value_text(kind::abort));
         in.round = r;
         outbox_.push_back(std::move(in));
       }
@@ -288,6 +472,38 @@ class basic_step_agreement {
   /// the second agreement and save also end before the grace period does.
   void note_overhead(duration d) {
     if (d > overhead_) overhead_ = d;
+  }
+
+  /// A store instruction failed for good: its retries (the driver's, with backoff) ran out at
+  /// retry_deadline(), or the error was not transient. Before the round's deadline the machine
+  /// goes on to record the round's outcome (list the acks, insert a timeout naming the missing
+  /// tasks, or follow what is recorded); when recording fails too, it fails with kind
+  /// unreachable: this worker never saves in this round and raises agreement_unreachable.
+  void on_store_failure(const std::string& why) {
+    if (inert()) return;
+    outbox_.clear();
+    if (recording_ || !agreeing()) {
+      failure_ = agreement_failure_info{};
+      failure_.kind = agreement_failure::unreachable;
+      failure_.message = why;
+      failure_.key = step_key();
+      failure_.round = round_;
+      state_ = agreement_state::failed;
+      awaiting_ = await::none;
+      return;
+    }
+    recording_ = true;
+    if (ack_deadline_ == time_point{}) ack_deadline_ = round_deadline_;
+    state_ = phase_state(phase(), agreement_state::acked);
+    awaiting_ = await::timeout_list_pending;
+  }
+
+  /// Until when the driver may retry the store instruction it holds (transient failures, with
+  /// backoff): the round's deadline (the ack deadline once acked, else ack_timeout after this
+  /// worker joined the round); while recording the outcome after it, one more ack_timeout.
+  time_point retry_deadline() const noexcept {
+    const time_point d = ack_deadline_ != time_point{} ? ack_deadline_ : round_deadline_;
+    return recording_ ? d + cfg_.ack_timeout : d;
   }
 
   /// Shut down: the machine answers proceed and asks for nothing from now on.
@@ -311,6 +527,7 @@ class basic_step_agreement {
     claimant_ = false;
     my_counter_ = -1;
     step_[0] = step_[1] = -1;
+    new_phase();
   }
 
   // ---- results of store instructions --------------------------------------------------------
@@ -327,7 +544,13 @@ class basic_step_agreement {
       if (created)
         publish_step(computed_step_);
       else
-        awaiting_ = await::wait_step_pending;
+        awaiting_ = await::wait_step_pending;  // another outcome is recorded: read it
+    } else if (awaiting_ == await::insert_timeout) {
+      awaiting_ = await::none;
+      if (created)
+        fail_timeout(std::move(missing_));
+      else
+        awaiting_ = await::wait_step_pending;  // a step or another timeout won: follow it
     } else {
       expect(false, "insert result");
     }
@@ -347,14 +570,21 @@ class basic_step_agreement {
     if (inert()) return;
     if (awaiting_ == await::wait_step) {
       awaiting_ = await::none;
-      if (!value) {
+      if (!value) {  // the deadline passed: record a timeout unless every ack is there now
+        recording_ = true;
         awaiting_ = await::timeout_list_pending;
-      } else if (*value == abort_value) {
+        return;
+      }
+      auto v = parse_agreement_value(*value);
+      if (v && v->what == kind::step) {
+        publish_step(v->step);
+      } else if (v && v->what == kind::timeout) {
+        fail_timeout(std::move(v->tasks));
+      } else if (v && v->what == kind::abort) {
         awaiting_ = await::error_pending;
-      } else if (auto s = parse_int(*value)) {
-        publish_step(*s);
-      } else {
-        fail_with_payload(*value);  // a malformed step value is treated as a peer's error
+      } else {  // not the grammar: nobody can follow it; fail as a peer error naming it
+        fail_with_payload(
+            encode_error(-1, "holdfast::format_error", "malformed outcome '" + *value + "'"));
       }
     } else if (awaiting_ == await::read_error) {
       awaiting_ = await::none;
@@ -386,13 +616,9 @@ class basic_step_agreement {
     if (missing.empty()) {
       computed_step_ = max_counter + 1;
       awaiting_ = await::insert_step_pending;
-    } else if (after_deadline) {
-      failure_ = agreement_failure_info{};
-      failure_.kind = agreement_failure::timeout;
-      failure_.missing_tasks = std::move(missing);
-      failure_.key = phase() == 0 ? agreement_key::ack : agreement_key::final_ack;
-      failure_.round = round_;
-      state_ = agreement_state::failed;
+    } else if (after_deadline) {  // record the timeout; whoever loses the race follows the key
+      missing_ = std::move(missing);
+      awaiting_ = await::insert_timeout_pending;
     } else {
       awaiting_ = await::wait_step_pending;
     }
@@ -413,11 +639,12 @@ class basic_step_agreement {
       return in;
     }
     expect(!is_waiting_for_result(), "protocol_next() before the previous result");
+    if (agreeing() && round_deadline_ == time_point{}) round_deadline_ = now + cfg_.ack_timeout;
     switch (state_) {
       case agreement_state::noticed:
       case agreement_state::final_noticed:
         awaiting_ = await::claim;
-        return make(instruction::op::insert, claim_key(), -1, std::to_string(cfg_.task));
+        return make(instruction::op::insert, claim_key(), -1, value_text(kind::claim));
       case agreement_state::claimed:
       case agreement_state::final_claimed:
         awaiting_ = await::ack;
@@ -467,7 +694,8 @@ class basic_step_agreement {
         if (notice_) {
           time_point end = *notice_ + cfg_.grace;
           if (deadline_ && *deadline_ < end) end = *deadline_;
-          if (now > end - 6 * mean_step - 2 * overhead_) state_ = agreement_state::final_noticed;
+          if (now > end - 6 * mean_step - 2 * overhead_ - cfg_.grace_margin)
+            state_ = agreement_state::final_noticed;
         }
         return verdict(agreement_action::proceed);
       }
@@ -513,31 +741,76 @@ class basic_step_agreement {
     }
   }
 
+  /// The value this worker writes for `what` ("claim by 2/9f3a", "step 57 by 2/9f3a", ...).
+  std::string value_text(agreement_value::kind what, std::int64_t step = -1,
+                         std::vector<int> tasks = {}) const {
+    agreement_value v;
+    v.what = what;
+    v.step = step;
+    v.tasks = std::move(tasks);
+    v.writer = cfg_.task;
+    v.nonce = cfg_.nonce;
+    return format_agreement_value(v);
+  }
+
   /// The error payload written to the error key: "task\ntype\nmessage".
   static std::string encode_error(int task, const std::string& type_name,
                                   const std::string& message) {
     return std::to_string(task) + "\n" + type_name + "\n" + message;
   }
 
-  /// The value inserted into step keys to abort waits after an error.
-  static constexpr std::string_view abort_value = "abort";
-
  private:
   enum class await : unsigned char {
     none,
-    claim,                // insert claim issued
-    ack,                  // put ack issued
-    list_pending,         // next() issues list
-    list,                 // list issued
-    insert_step_pending,  // next() issues insert step
-    insert_step,          // insert step issued
-    wait_step_pending,    // next() issues wait step
-    wait_step,            // wait issued
-    error_pending,        // next() issues try_get error
-    read_error,           // try_get error issued
-    timeout_list_pending,
-    timeout_list,
+    claim,                   // insert claim issued
+    ack,                     // put ack issued
+    list_pending,            // next() issues list
+    list,                    // list issued
+    insert_step_pending,     // next() issues insert step
+    insert_step,             // insert step issued
+    wait_step_pending,       // next() issues wait step
+    wait_step,               // wait issued
+    error_pending,           // next() issues try_get error
+    read_error,              // try_get error issued
+    timeout_list_pending,    // next() lists the acks after the deadline
+    timeout_list,            // list issued
+    insert_timeout_pending,  // next() records the timeout (insert into the outcome key)
+    insert_timeout,          // insert issued
   };
+  using kind = agreement_value::kind;
+
+  // Between a notice or a claim and the round's recorded outcome.
+  bool agreeing() const noexcept {
+    switch (state_) {
+      case agreement_state::noticed:
+      case agreement_state::claimed:
+      case agreement_state::acked:
+      case agreement_state::final_noticed:
+      case agreement_state::final_claimed:
+      case agreement_state::final_acked:
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  // A phase (first save or final save) starts: no deadline, nothing being recorded.
+  void new_phase() noexcept {
+    recording_ = false;
+    round_deadline_ = time_point{};
+    ack_deadline_ = time_point{};
+    missing_.clear();
+  }
+
+  void fail_timeout(std::vector<int> missing) {
+    failure_ = agreement_failure_info{};
+    failure_.kind = agreement_failure::timeout;
+    failure_.missing_tasks = std::move(missing);
+    failure_.key = step_key();
+    failure_.round = round_;
+    state_ = agreement_state::failed;
+    awaiting_ = await::none;
+  }
 
   bool inert() const noexcept {
     return state_ == agreement_state::failed || state_ == agreement_state::stopped;
@@ -552,6 +825,7 @@ class basic_step_agreement {
       case await::wait_step:
       case await::read_error:
       case await::timeout_list:
+      case await::insert_timeout:
         return true;
       default:
         return false;
@@ -595,9 +869,9 @@ class basic_step_agreement {
     return phase() ? agreement_key::final_step : agreement_key::step;
   }
 
-  instruction make(typename instruction::op kind, agreement_key key, int task, std::string value) {
+  instruction make(typename instruction::op o, agreement_key key, int task, std::string value) {
     instruction in;
-    in.kind = kind;
+    in.kind = o;
     in.key = key;
     in.round = round_;
     in.task = task;
@@ -618,7 +892,8 @@ class basic_step_agreement {
         return make(instruction::op::list, ack_key(), -1, {});
       case await::insert_step_pending:
         awaiting_ = await::insert_step;
-        return make(instruction::op::insert, step_key(), -1, std::to_string(computed_step_));
+        return make(instruction::op::insert, step_key(), -1,
+                    value_text(kind::step, computed_step_));
       case await::wait_step_pending: {
         awaiting_ = await::wait_step;
         instruction in = make(instruction::op::wait, step_key(), -1, {});
@@ -631,6 +906,10 @@ class basic_step_agreement {
       case await::timeout_list_pending:
         awaiting_ = await::timeout_list;
         return make(instruction::op::list, ack_key(), -1, {});
+      case await::insert_timeout_pending:
+        awaiting_ = await::insert_timeout;
+        return make(instruction::op::insert, step_key(), -1,
+                    value_text(kind::timeout, -1, missing_));
       default:
         break;
     }
@@ -645,6 +924,7 @@ class basic_step_agreement {
     if (p == 0 && cfg_.grace > duration::zero()) {
       state_ = agreement_state::grace;
       my_counter_ = -1;  // the final phase publishes a new one
+      new_phase();
       return verdict(agreement_action::save_then_continue, counter);
     }
     if (cfg_.exit_after_save) {
@@ -700,7 +980,10 @@ class basic_step_agreement {
   std::optional<time_point> deadline_;
   std::optional<time_point> consumed_notice_;
   time_point now_{};
-  time_point ack_deadline_{};
+  time_point ack_deadline_{};    // the ack deadline of this phase (set by on_put)
+  time_point round_deadline_{};  // ack_timeout after this worker joined this phase
+  bool recording_ = false;       // past the deadline: recording or reading the outcome
+  std::vector<int> missing_;     // the tasks a timeout being recorded names
   std::int64_t my_counter_ = -1;
   std::int64_t computed_step_ = -1;
   std::int64_t step_[2] = {-1, -1};

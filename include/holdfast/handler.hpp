@@ -60,6 +60,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <random>  // std::random_device: the handler's nonce
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -87,10 +88,18 @@ struct cluster_info {
 
 /// Tuning of the agreement.
 struct handler_options {
-  /// How long a worker waits for every other worker's ack (XLA's barrier: 3 minutes).
+  /// How long a worker waits for every other worker's ack (XLA's barrier: 3 minutes); also the
+  /// bound of the start-up restore agreement.
   std::chrono::milliseconds ack_timeout{std::chrono::minutes(3)};
   /// The watcher's slice: latency of noticing a notice, and of a stop at destruction.
   std::chrono::milliseconds watch_interval{100};
+  /// Grace path: the final claim is made this much earlier than the measured rule asks, so the
+  /// final save ends before the deadline despite scheduling stalls the measurements missed.
+  std::chrono::milliseconds grace_margin{std::chrono::seconds(3)};
+  /// At construction, agree with every task on the newest step all of them hold and restore
+  /// that (needs a Checkpointer with all_steps() and restore_step()); false: each worker
+  /// restores its own latest checkpoint.
+  bool agree_on_restore = true;
 };
 
 /// What run() / save_checkpoint_if_preempted() did.
@@ -160,6 +169,14 @@ template <class T>
 using ckpt_restore = std::enable_if_t<
     std::is_convertible_v<decltype(std::declval<T&>().restore()), std::optional<std::int64_t>>>;
 template <class T>
+using ckpt_all_steps =
+    std::enable_if_t<std::is_convertible_v<decltype(std::declval<const T&>().all_steps()),
+                                           std::vector<std::int64_t>>>;
+template <class T>
+using ckpt_restore_step = decltype(std::declval<T&>().restore_step(std::int64_t{}));
+template <class T>
+using ckpt_pin = decltype(std::declval<T&>().pin(std::optional<std::int64_t>{}));
+template <class T>
 using cfg_exit_type = typename T::exit_type;
 template <class T>
 using cfg_notice = decltype(bool{std::declval<const T&>().noticed()},
@@ -187,6 +204,12 @@ constexpr bool check_checkpointer() {
                 "holdfast: a Checkpointer needs restore() returning std::optional<std::int64_t>");
   return true;
 }
+
+/// True when a Checkpointer can take part in the restore agreement: it has all_steps() (the
+/// complete steps it holds) and restore_step(step).
+template <class C>
+inline constexpr bool has_step_restore_v = detail::detect<detail::ckpt_all_steps, C>::value&&
+    detail::detect<detail::ckpt_restore_step, C>::value;
 
 /// Checks a termination Config (termination_config or a preset) at compile time.
 template <class C>
@@ -233,7 +256,7 @@ class preemption_handler {
         scope_("holdfast/" + checked_run_id(cluster_.run_id) + "/"),
         error_key_(agreement_key_name(scope_, agreement_key::error, 0)),
         machine_(machine_config(cluster_, config_, options_)) {
-    restored_ = checkpointer_.restore();
+    restored_ = restore();
     word_.store(static_cast<std::uint64_t>(restored_.value_or(0)) << 1);
     config_.start();
     notice_started_ = true;
@@ -353,7 +376,19 @@ class preemption_handler {
     m.grace = std::chrono::duration_cast<typename Clock::duration>(cfg.grace_period());
     m.ack_timeout = std::chrono::duration_cast<typename Clock::duration>(o.ack_timeout);
     m.exit_after_save = !detail::is_no_exit_v<Config>;
+    m.grace_margin = std::chrono::duration_cast<typename Clock::duration>(o.grace_margin);
+    m.nonce = make_nonce();
     return m;
+  }
+
+  // 64 random bits in hex: tells this handler's values from a restarted process's.
+  static std::string make_nonce() {
+    std::random_device rd;
+    const std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string n(16, '0');
+    for (int i = 0; i < 16; ++i) n[static_cast<std::size_t>(i)] = hex[(r >> (4 * i)) & 15];
+    return n;
   }
 
   // One clock read per step: the interval since the previous one counts as a step time, unless
@@ -379,23 +414,14 @@ class preemption_handler {
     const auto started = Clock::now();
     const std::int64_t counter = total_run_calls();
     std::unique_lock<std::mutex> lock(mutex_);
-    if (store_error_) {  // the watcher's store call failed mid-agreement: report it once
-      std::exception_ptr e = std::exchange(store_error_, nullptr);
-      lock.unlock();
-      std::rethrow_exception(e);
-    }
     bool held = false;  // this boundary waited or saved: not a step time, but overhead
-    const auto cap = started + 2 * options_.ack_timeout + std::chrono::seconds(5);
     instruction in;
+    // Wait until the watcher has the round's recorded outcome (it alone reads and records it,
+    // within the round's deadline and its retries): this thread never decides on its own.
     for (;;) {
       in = machine_.decide(counter, Clock::now(), mean_step_time());
       if (in.action != agreement_action::wait) break;
       held = true;
-      if (Clock::now() > cap) {  // a safety net: the watcher fails the agreement long before
-        machine_.on_stop();
-        throw agreement_timeout(agreement_key_name(scope_, agreement_key::ack, machine_.round()),
-                                {});
-      }
       train_cv_.wait_for(lock, options_.watch_interval);
     }
     watch_cv_.notify_all();  // the grace countdown may have handed the watcher a final claim
@@ -451,6 +477,8 @@ class preemption_handler {
     const agreement_failure_info& f = machine_.failure();
     if (f.kind == agreement_failure::timeout)
       throw agreement_timeout(agreement_key_name(scope_, f.key, f.round), f.missing_tasks);
+    if (f.kind == agreement_failure::unreachable)
+      throw agreement_unreachable(agreement_key_name(scope_, f.key, f.round), f.message);
     throw peer_error(f.task, f.type_name, f.message);
   }
 
@@ -532,17 +560,16 @@ class preemption_handler {
       bool worked = false;
       try {
         worked = protocol_step(lock);
-      } catch (...) {
-        // The store failed mid-agreement: the agreement cannot go on. The next run() throws the
-        // error; the handler then trains on without agreeing.
+      } catch (const std::exception& e) {  // not a store error (those are fed to the machine)
         if (!lock.owns_lock()) lock.lock();
-        store_error_ = std::current_exception();
-        machine_.on_stop();
-        word_.fetch_or(attention_bit, std::memory_order_relaxed);
+        machine_.on_store_failure(e.what());
+        worked = true;
+      }
+      if (worked) {
+        raise_attention_locked();
         train_cv_.notify_all();
         continue;
       }
-      if (worked) continue;
       try {
         wait_for_trigger(lock);
       } catch (...) {
@@ -554,7 +581,9 @@ class preemption_handler {
   }
 
   // Performs the machine's next store operation, if it has one (lock held on entry and exit,
-  // released around the store call). Returns false when there was nothing to do.
+  // released around the store call), retrying transient failures until the machine's retry
+  // deadline; a call that fails for good is reported with on_store_failure. Returns false when
+  // there was nothing to do.
   bool protocol_step(std::unique_lock<std::mutex>& lock) {
     std::int64_t counter = 0;
     if (machine_.wants_counter())  // the ack: raise attention and read the counter at once
@@ -563,54 +592,94 @@ class preemption_handler {
     instruction in = machine_.protocol_next(counter, Clock::now());
     if (in.kind == op::decide) return false;
     const std::string key = agreement_key_name(scope_, in.key, in.round, in.task);
+    const time_point until = machine_.retry_deadline();
     lock.unlock();
-    switch (in.kind) {
-      case op::insert: {
-        bool created = kv_.insert(key, in.value);
-        lock.lock();
-        machine_.on_insert(created);
-        break;
+    try {
+      switch (in.kind) {
+        case op::insert: {
+          bool created = insert_once(key, in.value, until);
+          lock.lock();
+          machine_.on_insert(created);
+          break;
+        }
+        case op::put:
+          retrying([&] { kv_.put(key, in.value); }, until);
+          lock.lock();
+          machine_.on_put();
+          break;
+        case op::try_get: {
+          auto v = retrying([&] { return kv_.try_get(key); }, until);
+          lock.lock();
+          machine_.on_value(v);
+          break;
+        }
+        case op::wait: {
+          auto v = wait_for_key(key, in.deadline);
+          lock.lock();
+          if (stop_.load()) return true;  // abandoned: shutting down
+          machine_.on_value(v);
+          break;
+        }
+        case op::list: {
+          auto v = retrying([&] { return kv_.list(key); }, until);
+          lock.lock();
+          machine_.on_list(v);
+          break;
+        }
+        case op::decide:
+          lock.lock();
+          break;
       }
-      case op::put:
-        kv_.put(key, in.value);
-        lock.lock();
-        machine_.on_put();
-        break;
-      case op::try_get: {
-        auto v = kv_.try_get(key);
-        lock.lock();
-        machine_.on_value(v);
-        break;
-      }
-      case op::wait: {
-        auto v = wait_for_key(key, in.deadline);
-        lock.lock();
-        if (stop_.load()) return true;  // abandoned: shutting down
-        machine_.on_value(v);
-        break;
-      }
-      case op::list: {
-        auto v = kv_.list(key);
-        lock.lock();
-        machine_.on_list(v);
-        break;
-      }
-      case op::decide:
-        lock.lock();
-        break;
+    } catch (const std::exception& e) {
+      if (!lock.owns_lock()) lock.lock();
+      if (!stop_.load()) machine_.on_store_failure(e.what());
     }
-    raise_attention_locked();
-    train_cv_.notify_all();
     return true;
   }
 
-  // A blocking get until `deadline`, in slices so a shutdown is never held up longer than one.
+  // Calls `fn` until it returns, retrying transient store errors (is_transient_kv_error) with
+  // backoff (5 ms, doubling up to 200 ms) until `deadline`; then, or for any other error, the
+  // error is thrown. A stop request ends the retries at once.
+  template <class F>
+  auto retrying(F&& fn, time_point deadline) -> decltype(fn()) {
+    std::chrono::milliseconds backoff(5);
+    for (;;) {
+      try {
+        return fn();
+      } catch (const std::exception& e) {
+        if (!is_transient_kv_error(e) || stop_.load() || Clock::now() >= deadline) throw;
+      }
+      // the last attempt is made at the deadline
+      const auto pause = std::min<typename Clock::duration>(backoff, deadline - Clock::now());
+      std::unique_lock<std::mutex> lock(mutex_);
+      watch_cv_.wait_for(lock, pause, [&] { return stop_.load(); });
+      backoff = std::min(2 * backoff, std::chrono::milliseconds(200));
+    }
+  }
+
+  // Insert-once that stays exactly-once across retries: an attempt that failed may have been
+  // applied (a timed-out write), so a retry first reads the key; `value` names its writer
+  // (task and nonce), so finding it means this handler created the key.
+  bool insert_once(const std::string& key, const std::string& value, time_point deadline) {
+    bool maybe_applied = false;
+    return retrying(
+        [&] {
+          if (maybe_applied)
+            if (auto current = kv_.try_get(key)) return *current == value;
+          maybe_applied = true;
+          return kv_.insert(key, value);
+        },
+        deadline);
+  }
+
+  // A blocking get until `deadline`, in slices so a shutdown is never held up longer than one;
+  // transient store errors are retried until the deadline.
   std::optional<std::string> wait_for_key(const std::string& key, time_point deadline) {
     for (;;) {
       auto left = std::max<typename Clock::duration>(deadline - Clock::now(), {});
       auto slice = std::min<std::chrono::milliseconds>(
           std::chrono::ceil<std::chrono::milliseconds>(left), options_.watch_interval);
-      auto v = kv_.get(key, slice);
+      auto v = retrying([&] { return kv_.get(key, slice); }, deadline);
       if (v || stop_.load() || Clock::now() >= deadline) return v;
     }
   }
@@ -633,7 +702,7 @@ class preemption_handler {
     auto v = kv_.get(key, options_.watch_interval);
     std::optional<std::string> error_payload;
     if (v && !trigger) error_payload = v;
-    if (v && trigger && *v == agreement_type::abort_value)
+    if (v && trigger && is_abort(*v))
       error_payload = kv_.try_get(error_key_).value_or(std::string());
     lock.lock();
     if (error_payload) {
@@ -648,6 +717,90 @@ class preemption_handler {
       raise_attention_locked();
       train_cv_.notify_all();
     }
+  }
+
+  static bool is_abort(const std::string& value) {
+    auto v = parse_agreement_value(value);
+    return v && v->what == agreement_value::kind::abort;
+  }
+
+  // ---- the restore agreement (construction) ----------------------------------------------------
+
+  std::optional<std::int64_t> restore() {
+    if constexpr (has_step_restore_v<Checkpointer>) {
+      if (options_.agree_on_restore) return agree_on_restore();
+    }
+    return checkpointer_.restore();
+  }
+
+  // Every task publishes the steps it holds (restore/have/<task>); each reads all N lists,
+  // waiting until ack_timeout, and proposes the newest common step ("none" when there is none,
+  // a timeout naming the tasks with no list); insert-once on restore/step records the first
+  // proposal and every task follows it.
+  std::optional<std::int64_t> agree_on_restore() {
+    const std::string have = scope_ + "restore/have/";
+    const std::string outcome_key = scope_ + "restore/step";
+    const time_point deadline = Clock::now() + options_.ack_timeout;
+    const time_point recording = deadline + options_.ack_timeout;
+    std::vector<std::vector<std::int64_t>> lists;
+    std::vector<int> missing;
+    try {
+      const std::string mine = format_step_list(checkpointer_.all_steps());
+      retrying([&] { kv_.put(have + std::to_string(cluster_.task), mine); }, deadline);
+      for (int t = 0; t < cluster_.num_tasks; ++t) {
+        const std::string key = have + std::to_string(t);
+        auto left = std::chrono::ceil<std::chrono::milliseconds>(
+            std::max<typename Clock::duration>(deadline - Clock::now(), {}));
+        auto v = retrying([&] { return kv_.get(key, left); }, deadline);
+        if (!v) {
+          missing.push_back(t);
+        } else if (auto steps = parse_step_list(*v)) {
+          lists.push_back(std::move(*steps));
+        } else {
+          throw format_error(key, "not a step list: '" + *v + "'");
+        }
+      }
+    } catch (const std::exception& e) {
+      if (dynamic_cast<const format_error*>(&e) || !is_transient_kv_error(e)) throw;
+      // the store failed until the deadline: record what this task knows (a timeout)
+      if (missing.empty()) missing.push_back(cluster_.task);
+    }
+    std::optional<std::int64_t> common = newest_common_step(lists);
+    std::string proposal = !missing.empty()
+                               ? machine_.value_text(agreement_value::kind::timeout, -1, missing)
+                           : common ? machine_.value_text(agreement_value::kind::step, *common)
+                                    : machine_.value_text(agreement_value::kind::none);
+    std::optional<agreement_value> decided;
+    try {
+      bool created = insert_once(outcome_key, proposal, recording);
+      auto text = created ? std::optional<std::string>(proposal)
+                          : retrying([&] { return kv_.try_get(outcome_key); }, recording);
+      decided = parse_agreement_value(text.value_or(std::string()));
+      if (!decided) throw format_error(outcome_key, "not an outcome: '" + text.value_or("") + "'");
+    } catch (const format_error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw agreement_unreachable(outcome_key, e.what());
+    }
+    return follow_restore(*decided, outcome_key);
+  }
+
+  std::optional<std::int64_t> follow_restore(const agreement_value& v, const std::string& key) {
+    std::optional<std::int64_t> step;
+    switch (v.what) {
+      case agreement_value::kind::step:
+        checkpointer_.restore_step(v.step);
+        step = v.step;
+        break;
+      case agreement_value::kind::none:
+        break;
+      case agreement_value::kind::timeout:
+        throw agreement_timeout(key, v.tasks);
+      default:
+        throw format_error(key, "not a restore outcome: '" + format_agreement_value(v) + "'");
+    }
+    if constexpr (detail::detect<detail::ckpt_pin, Checkpointer>::value) checkpointer_.pin(step);
+    return step;
   }
 
   // Feeds a new notice to the machine.
@@ -685,7 +838,6 @@ class preemption_handler {
   mutable std::mutex mutex_;            // guards machine_ and error_seen_
   agreement_type machine_;
   bool error_seen_ = false;
-  std::exception_ptr store_error_;    // a store failure of the watcher, for the next run()
   std::condition_variable watch_cv_;  // wakes the watcher (work, stop)
   std::condition_variable train_cv_;  // wakes a training thread waiting for the step
   std::atomic<bool> stop_{false};
