@@ -587,22 +587,56 @@ struct sim_result {
   int claims = 0;
   bool all_exited = true;
   bool failed = false;
+  std::set<std::string> acted;  // what the workers that acted did: "save S" or "timeout 1,2"
+  std::string recorded;         // the round's outcome key, as recorded
 };
+
+// Faults of a simulation: a short deadline, workers frozen (all their threads: SIGSTOP) from
+// one tick to another, a worker dead from a tick on.
+struct sim_faults {
+  milliseconds ack_timeout{100000};
+  std::vector<std::tuple<int, int, int>> stalls;  // (worker, from tick, to tick)
+  int dead = -1;
+  int dead_from = 0;
+  bool frozen(int worker, int tick) const {
+    if (worker == dead && tick >= dead_from) return true;
+    for (auto& [who, from, to] : stalls)
+      if (who == worker && tick >= from && tick < to) return true;
+    return false;
+  }
+};
+
+// The invariant of a round: every worker that acted followed the one recorded outcome.
+bool follows_recorded(const sim_result& r) {
+  if (r.acted.empty()) return true;
+  if (r.acted.size() != 1) return false;
+  auto v = holdfast::parse_agreement_value(r.recorded);
+  if (!v) return false;
+  if (v->what == holdfast::agreement_value::kind::step)
+    return *r.acted.begin() == "save " + std::to_string(v->step);
+  std::string ids;
+  for (int t : v->tasks) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  return *r.acted.begin() == "timeout " + ids;
+}
 
 // n workers; `noticed` lists (worker, tick) notices; returns what happened.
 sim_result simulate(int n, const std::vector<std::pair<int, int>>& notices,
-                    const std::vector<int>& skews, std::mt19937& rng, int max_ticks = 4000) {
+                    const std::vector<int>& skews, std::mt19937& rng, int max_ticks = 4000,
+                    const sim_faults& faults = {}) {
   fake_kv kv;
   std::vector<sim_worker> w;
   for (int i = 0; i < n; ++i) {
     auto c = cfg(i, n);
-    c.ack_timeout = milliseconds(100000);
+    c.ack_timeout = faults.ack_timeout;
     w.push_back(sim_worker{
         step_agreement(c), 0, std::nullopt, {}, false, skews[static_cast<std::size_t>(i)], false});
   }
   sim_result r;
   for (int tick = 0; tick < max_ticks; ++tick) {
-    if (std::all_of(w.begin(), w.end(), [](const sim_worker& x) { return x.exited; })) break;
+    if (std::all_of(w.begin(), w.end(), [&](const sim_worker& x) {
+          return x.exited || (&x - w.data() == faults.dead && tick >= faults.dead_from);
+        }))
+      break;
     auto now = t0 + milliseconds(tick);
     for (auto& nt : notices)
       if (nt.second == tick) w[static_cast<std::size_t>(nt.first)].sm.on_notice(now);
@@ -613,7 +647,7 @@ sim_result simulate(int n, const std::vector<std::pair<int, int>>& notices,
     std::shuffle(order.begin(), order.end(), rng);
     for (std::size_t i : order) {
       auto& x = w[i];
-      if (x.exited) continue;
+      if (x.exited || faults.frozen(static_cast<int>(i), tick)) continue;
       if (claimed && rng() % 3 == 0) x.sm.on_claim_seen(0);
       // the watcher side: every tick, whatever the training side is doing
       if (x.parked) {
@@ -648,16 +682,23 @@ sim_result simulate(int n, const std::vector<std::pair<int, int>>& notices,
       if (in.action == agreement_action::save_then_exit) {
         x.saves.push_back(in.step);
         if (in.step != x.sm.agreed_step()) r.failed = true;  // never past the agreed step
+        r.acted.insert("save " + std::to_string(in.step));
         x.exited = true;
       } else if (in.action == agreement_action::fail) {
-        r.failed = true;
+        const auto& f = x.sm.failure();
+        if (f.kind != agreement_failure::timeout) r.failed = true;
+        std::string ids;
+        for (int t : f.missing_tasks) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+        r.acted.insert("timeout " + ids);
         x.exited = true;
       } else if (in.action == agreement_action::proceed) {
         x.running = true;
       }  // wait: stays at this boundary
     }
   }
+  r.recorded = kv.try_get(scope + "r0/step").value_or("");
   for (auto& x : w) {
+    if (&x - w.data() == faults.dead) continue;
     r.all_exited = r.all_exited && x.exited;
     for (auto s : x.saves) r.first_steps.insert(s);
     if (x.saves.size() > 1) r.failed = true;
@@ -702,4 +743,154 @@ TEST_CASE("simulation: 1000 random trials — random notices, subsets, skews —
     REQUIRE(r.all_exited);
     REQUIRE_FALSE(r.failed);
   }
+}
+
+TEST_CASE("simulation: 2000 trials with stalls and dead workers near the deadline — one outcome") {
+  // Workers frozen (SIGSTOP) at random ticks around their peers' deadline, for random lengths
+  // (some past it), and sometimes a worker dead from the start: every worker that acts follows
+  // the recorded outcome, a save at its step or the timeout naming its tasks; none hangs.
+  std::mt19937 rng(777);
+  int timeouts = 0, saves = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 6);
+    std::vector<int> skews;
+    for (int i = 0; i < n; ++i) skews.push_back(1 + static_cast<int>(rng() % 5));
+    const int notice = 20 + static_cast<int>(rng() % 50);
+    auto pick = [&](int m) { return static_cast<int>(rng() % static_cast<unsigned>(m)); };
+    std::vector<std::pair<int, int>> notices{{pick(n), notice}};
+    sim_faults f;
+    f.ack_timeout = milliseconds(40 + rng() % 60);
+    const int deadline = notice + static_cast<int>(f.ack_timeout.count());
+    for (int k = 0, stalls = 1 + static_cast<int>(rng() % 3); k < stalls; ++k) {
+      int from = deadline - 30 + static_cast<int>(rng() % 60);
+      f.stalls.emplace_back(pick(n), from,
+                            from + 1 + pick(2 * static_cast<int>(f.ack_timeout.count())));
+    }
+    if (rng() % 4 == 0) f.dead = (notices[0].first + 1 + pick(n - 1)) % n;  // not the noticed
+    auto r = simulate(n, notices, skews, rng, 4000, f);
+    INFO("trial " << trial << " n " << n << " recorded '" << r.recorded << "'");
+    REQUIRE_FALSE(r.failed);
+    REQUIRE(r.all_exited);
+    REQUIRE(follows_recorded(r));
+    REQUIRE(r.claims == 1);
+    (r.recorded.rfind("timeout", 0) == 0 ? timeouts : saves)++;
+  }
+  MESSAGE("recorded outcomes: " << saves << " steps, " << timeouts << " timeouts");
+  CHECK(timeouts > 100);  // the mix covers both outcomes
+  CHECK(saves > 100);
+}
+
+TEST_CASE("a store failure before the deadline goes on to record the outcome; during it, fails") {
+  step_agreement a(cfg(1, 3));
+  a.on_notice(t0);
+  CHECK(a.protocol_next(4, t0).kind == op::insert);            // the claim
+  CHECK(a.retry_deadline() == t0 + milliseconds(1000));        // joined at t0: ack_timeout
+  a.on_store_failure("kv insert: Connection refused");         // retried until the deadline
+  CHECK(a.state() == agreement_state::acked);                  // recording: nothing decided yet
+  CHECK(a.retry_deadline() == t0 + milliseconds(2000));        // one more ack_timeout to record
+  CHECK(a.decide(4, t0).action == agreement_action::proceed);  // never acked: never waits
+  auto in = a.protocol_next(4, t0 + milliseconds(1000));
+  CHECK(in.kind == op::list);
+  SUBCASE("the store is back: the timeout naming the missing tasks is recorded") {
+    a.on_list({{"run/r0/ack/0", "3"}});
+    in = a.protocol_next(4, t0 + milliseconds(1000));
+    CHECK(in.value == "timeout 1,2 by 1/0");
+    a.on_insert(true);
+    CHECK(a.failure().kind == agreement_failure::timeout);
+    CHECK(a.failure().missing_tasks == std::vector<int>{1, 2});
+  }
+  SUBCASE("recording fails too: unreachable, never a save") {
+    a.on_store_failure("kv list: Connection timed out");
+    CHECK(a.state() == agreement_state::failed);
+    CHECK(a.failure().kind == agreement_failure::unreachable);
+    CHECK(a.failure().message == "kv list: Connection timed out");
+    CHECK(a.failure().key == agreement_key::step);
+    CHECK(a.decide(4, t0).action == agreement_action::fail);
+  }
+}
+
+TEST_CASE("the retry deadline follows the ack deadline once acked") {
+  step_agreement a(cfg(0, 2));
+  a.on_claim_seen(0);
+  a.protocol_next(1, t0);  // the ack
+  a.on_put();
+  CHECK(a.retry_deadline() == t0 + milliseconds(1000));
+  a.protocol_next(1, t0 + milliseconds(300));  // list
+  a.on_store_failure("kv list: EAGAIN");
+  CHECK(a.retry_deadline() == t0 + milliseconds(2000));
+  a.on_stop();
+}
+
+TEST_CASE("grace: the final claim is made grace_margin earlier") {
+  auto c = cfg(0, 1, milliseconds(10000));
+  c.grace_margin = milliseconds(3000);
+  step_agreement a(c);
+  fake_kv kv;
+  a.on_notice(t0);
+  CHECK(decide(a, kv, 0, t0).action == agreement_action::proceed);
+  CHECK(decide(a, kv, 1, t0).action == agreement_action::save_then_continue);
+  const auto mean = milliseconds(100);  // 6 x mean = 600 ms; the margin adds 3 s
+  CHECK(decide(a, kv, 2, t0 + milliseconds(6300), mean).action == agreement_action::proceed);
+  CHECK(a.state() == agreement_state::grace);
+  decide(a, kv, 3, t0 + milliseconds(6500), mean);
+  CHECK(a.state() != agreement_state::grace);  // 10 s - 0.6 s - 3 s = 6.4 s: claimed
+}
+
+TEST_CASE("values: one grammar, written and read back; anything else is refused") {
+  using holdfast::agreement_value;
+  using kind = agreement_value::kind;
+  auto round_trip = [](const agreement_value& v) {
+    auto back = holdfast::parse_agreement_value(holdfast::format_agreement_value(v));
+    return back && *back == v;
+  };
+  CHECK(round_trip({kind::claim, -1, {}, 3, "abc"}));
+  CHECK(round_trip({kind::step, 9223372036854775807, {}, 0, "n"}));
+  CHECK(round_trip({kind::timeout, -1, {0, 7, 12}, 1, "x-Y_9"}));
+  CHECK(round_trip({kind::abort, -1, {}, 2, "n"}));
+  CHECK(round_trip({kind::none, -1, {}, 0, "n"}));
+  CHECK(holdfast::format_agreement_value({kind::step, 57, {}, 2, "9f3a"}) == "step 57 by 2/9f3a");
+  for (const char* bad : {"",
+                          "57",
+                          "step 57",
+                          "step 57 by",
+                          "step 57 by 2",
+                          "step 57 by 2/",
+                          "step -1 by 0/n",
+                          "step 057 by 0/n",
+                          "step 5x by 0/n",
+                          "step 9223372036854775808 by 0/n",
+                          "step  5 by 0/n",
+                          "timeout  by 0/n",
+                          "timeout 1, by 0/n",
+                          "timeout 3,1 by 0/n",
+                          "timeout 1,1 by 0/n",
+                          "abort by -1/n",
+                          "abort by 0/n n",
+                          "abort by 0/"
+                          "123456789012345678901234567890123",
+                          "claim by 2147483648/n",
+                          "Step 5 by 0/n",
+                          "abort by 0/n\n",
+                          "stop by 0/n"})
+    CHECK_MESSAGE(!holdfast::parse_agreement_value(bad), bad);
+  CHECK_THROWS_AS(holdfast::format_agreement_value({kind::timeout, -1, {}, 0, "n"}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(holdfast::format_agreement_value({kind::step, 1, {}, 0, "bad nonce"}),
+                  std::invalid_argument);
+}
+
+TEST_CASE("restore agreement: step lists and the newest common step") {
+  CHECK(holdfast::format_step_list({}) == "");
+  CHECK(holdfast::format_step_list({1, 5, 9}) == "1,5,9");
+  CHECK(holdfast::format_step_list({1, 5, 9}, 2) == "5,9");  // the newest only
+  CHECK(holdfast::parse_step_list("") == std::vector<std::int64_t>{});
+  CHECK(holdfast::parse_step_list("1,5,9") == std::vector<std::int64_t>{1, 5, 9});
+  for (const char* bad : {",", "1,", ",1", "5,1", "1,1", "x", "-1", "01", "1,,2"})
+    CHECK_MESSAGE(!holdfast::parse_step_list(bad), bad);
+  using lists = std::vector<std::vector<std::int64_t>>;
+  CHECK(holdfast::newest_common_step(lists{{10, 20, 30}, {10, 20}, {20, 30}}) == 20);
+  CHECK(holdfast::newest_common_step(lists{{10, 30}, {20}}) == std::nullopt);
+  CHECK(holdfast::newest_common_step(lists{{}, {1}}) == std::nullopt);
+  CHECK(holdfast::newest_common_step(lists{{4}}) == 4);
+  CHECK(holdfast::newest_common_step(lists{}) == std::nullopt);
 }
