@@ -14,19 +14,22 @@
 //     grace period, or fail.
 // All protocol logic lives here; the drivers only map key ids to strings and call the store.
 //
-// Protocol of one round (keys relative to the run scope, see agreement_key_name):
-//   r<N>/claim          insert-once by the first noticed worker (value: its task id)
+// Protocol of one round (keys relative to the run scope, see agreement_key_name; values in the
+// one grammar of agreement_value: "<body> by <task>/<nonce>", so every value names its writer):
+//   r<N>/claim          insert-once by the first noticed worker ("claim by 2/9f3a")
 //   r<N>/ack/<task>     every worker's watcher, once it knows of the claim, raises its training
 //                       thread's attention and puts the run counter read in the same atomic
 //                       operation (so the training thread stops at the next boundary at most)
-//   r<N>/step           the worker whose list of ack/ shows every task inserts max(counters) + 1
-//                       (XLA's rule: any skew is tolerated; no worker is past its published
-//                       counter + 1 <= the step)
+//   r<N>/step           the round's OUTCOME, recorded once (insert-once): the worker whose list
+//                       of ack/ shows every task inserts "step <max(counters) + 1>" (XLA's rule:
+//                       any skew is tolerated; no worker is past its published counter + 1 <=
+//                       the step); a worker whose deadline passed with acks missing inserts
+//                       "timeout <missing tasks>"; whoever loses the race reads and follows it
 //   r<N>/final, r<N>/final_ack/<task>, r<N>/final_step
 //                       the same three keys for the second save of the grace path
 //   error               insert-once by a worker whose step threw ("task\ntype\nmessage");
-//                       it also inserts "abort" into the step and claim keys of its round and
-//                       the next, so peers blocked on any of them wake up and read the error
+//                       it also inserts "abort" into the outcome and claim keys of its round
+//                       and the next, so peers blocked on any of them wake up and read the error
 //
 // Transitions (W: watcher side, protocol_next / results; T: training side, decide). The final
 // phase (final_noticed, final_claimed, final_acked, final_published) mirrors the first.
@@ -36,20 +39,27 @@
 //   idle           | on_notice (a new one)                            | noticed
 //   idle           | on_claim_seen(round)                             | claimed (follower)
 //   idle           | T: proceed                                       | idle
-//   noticed        | W: insert claim = task                           | (awaiting result)
+//   noticed        | W: insert claim = "claim by me"                  | (awaiting result)
 //   noticed        | on_insert(true)                                  | claimed (claimant)
 //   noticed        | on_insert(false), or on_claim_seen first         | claimed (follower)
 //   claimed        | W: put ack/<task> = counter                      | (awaiting result)
 //   claimed        | on_put                                           | acked, deadline set
 //   acked          | W: list ack/                                     | (awaiting result)
-//   acked          | on_list, every task present                      | W: insert step = max + 1
-//   acked          | on_insert(step) true                             | step_published
+//   acked          | on_list, every task present                      | W: insert step S = max+1
+//   acked          | on_insert(step) true                             | step_published (S)
 //   acked          | on_insert(step) false, or list incomplete        | W: wait step (deadline)
-//   acked          | on_value(step = S)                               | step_published (S)
-//   acked          | on_value("abort")                                | W: try_get error
+//   acked          | on_value("step S by ...")                        | step_published (S)
+//   acked          | on_value("timeout M by ...")                     | failed (timeout, M)
+//   acked          | on_value("abort by ...")                         | W: try_get error
 //   acked          | on_value(error payload)                          | failed (peer)
-//   acked          | on_value(nullopt): the deadline passed           | W: list ack/ again
-//   acked          | on_list after the deadline, tasks missing        | failed (timeout)
+//   acked          | on_value(another text)                           | failed (peer, malformed)
+//   acked          | on_value(nullopt): the deadline passed           | recording: W: list ack/
+//   acked          | on_list after the deadline, every task present   | W: insert step S = max+1
+//   acked          | on_list after the deadline, tasks M missing      | W: insert step "timeout M"
+//   acked          | on_insert(timeout) true                          | failed (timeout, M)
+//   acked          | on_insert(timeout) false                         | W: wait step: follow it
+//   noticed..acked | on_store_failure (retries ran out), not recording| recording: W: list ack/
+//   noticed..acked | on_store_failure while recording                 | failed (unreachable)
 //   noticed..acked | T: counter <= published counter (or none yet)    | proceed
 //   noticed..acked | T: counter > published counter                   | wait
 //   step_published | T: counter < S                                   | proceed
@@ -57,6 +67,7 @@
 //   step_published | T: counter >= S, no grace, exits                 | save_then_exit, exiting
 //   step_published | T: counter >= S, no grace, no exit               | save, idle (round + 1)
 //   grace          | T: noticed here, now > end - 6 mean - 2 overhead | final_noticed, proceed
+//                  |    - grace_margin                                |
 //   grace          | T: otherwise                                     | proceed
 //   grace          | on_final_seen(round)                             | final_claimed
 //   final_published| T: counter >= S2, exits (no exit)                | save_then_exit (save)
@@ -68,23 +79,40 @@
 //
 // "end" is notice time + grace period, or the notice's announced deadline when that is earlier;
 // 6 x mean step time is TF's 3 x 2 x step-time buffer; "overhead" (note_overhead) is what the
-// first agreement and save took, reserved twice so the second one also fits with a margin. Only
-// a worker that was noticed itself computes it (clocks of different machines are never compared).
+// first agreement and save took, reserved twice so the second one also fits; grace_margin is a
+// fixed reserve on top (handler_options::grace_margin). Only a worker that was noticed itself
+// computes it (clocks of different machines are never compared).
+//
+// Retries: the driver retries a failed store instruction (transient errors, with backoff) until
+// retry_deadline(): the round's deadline (ack_timeout after the ack; before it, ack_timeout after
+// this worker joined the round), and while recording the outcome one more ack_timeout. Inserts
+// are made idempotent by the driver (values name their writer: a retry reads the key first).
 //
 // Guarantees:
-//   - Exactly one claim per round (insert-once), one agreed step per phase: every worker that
-//     lists a complete ack set computes the same max + 1, and insert-once keeps the first.
+//   - Exactly one claim per round (insert-once) and one recorded outcome per phase; every worker
+//     that acts follows it: all save at the recorded step, or all fail with the recorded
+//     timeout naming the same missing tasks (a worker stopped past the deadline that resumes
+//     finds the recorded timeout and fails with it). No worker saves at a step the outcome key
+//     does not hold, and none fails with a timeout while it holds a step.
+//   - A worker that can reach the store neither to read nor to record the outcome fails with
+//     kind unreachable and never saves (outside the invariant; the restore agreement in the
+//     handler keeps the restarted job on one step).
 //   - No worker passes the agreed step: it is above every published counter, and decide()
-//     answers wait once the counter passed this worker's published one, until the step is known.
+//     answers wait once the counter passed this worker's published one, until the outcome is
+//     known.
 //   - Constant store traffic per worker per agreement, independent of the number of workers:
-//     claim insert (noticed workers), one put, one list, at most one insert and one wait.
+//     claim insert (noticed workers), one put, one list, at most one insert and one wait (plus
+//     a list and an insert when the deadline passes).
 //   - No unbounded wait: the only blocking instruction (wait) carries the deadline
-//     `acked time + ack_timeout`; past it the machine lists the acks and fails with the missing
-//     task ids (holdfast::agreement_timeout in the handler).
+//     `acked time + ack_timeout`; past it the outcome is recorded or read within the retry
+//     deadline.
 //   - Re-armable: after a save without exit (or rearm()), the next round uses fresh keys.
 // Caveats:
 //   - If every noticed worker dies during the grace countdown, nobody publishes the final step
 //     and the survivors train on until the scheduler kills them.
+//   - A noticed worker that cannot insert its claim before its deadline records a timeout in a
+//     round its peers may never see (they watch the claim key): it fails alone, its peers train
+//     on until their next collective with it fails.
 #pragma once
 
 #include <algorithm>

@@ -13,17 +13,37 @@
 // Clock. The protocol itself is step_agreement (agreement.hpp); this file only drives it.
 //
 // Guarantees:
-//   - Construction restores the latest checkpoint and resumes total_run_calls() from its step.
+//   - Construction restores and resumes total_run_calls() from the restored step. With a
+//     Checkpointer that has all_steps() and restore_step() (checkpoint_manager does) the workers
+//     first agree on it (handler_options::agree_on_restore, on by default): each puts the steps
+//     it holds under restore/have/<task>, reads every task's list (waiting at most ack_timeout),
+//     and proposes the newest step all of them hold; insert-once on restore/step records the
+//     first proposal and every worker restores exactly that step (and pins it, when the
+//     Checkpointer has pin(), so retention keeps it until a newer common step is known). A task
+//     that never starts makes construction throw agreement_timeout naming it, on every task.
+//     Without those members each worker restores its own latest checkpoint (weaker: a worker
+//     whose last save failed resumes from an older step than its peers).
 //   - Steady state (no notice, no claim): run() costs one relaxed atomic load, one atomic add
 //     (the run counter the watcher reads) and one clock read plus two additions for the running
 //     mean of step time; no store traffic, no lock, no allocation.
 //   - One background thread per handler (the watcher). It forwards this worker's notice, blocks
 //     on the one store key that can start an agreement (claim, final claim, or the error key) in
 //     slices of `handler_options::watch_interval`, and runs the protocol itself: it claims,
-//     acks with the run counter, lists the acks and publishes the step. So a worker blocked
+//     acks with the run counter, lists the acks and records the outcome. So a worker blocked
 //     inside a step (a collective waiting for a peer) still takes part; its training thread
-//     stops at its next step boundary at the latest and waits only until the step is known.
+//     stops at its next step boundary at the latest and waits only until the outcome is known.
 //     The destructor stops and joins the watcher; destruction is safe in every state.
+//   - One recorded decision per round (agreement.hpp): every worker that acts follows the
+//     outcome recorded in the round's outcome key — all save at its step, or all throw
+//     holdfast::agreement_timeout naming the same missing tasks — including a worker paused past
+//     the deadline (SIGSTOP, a frozen VM) that resumes later. The training thread never decides
+//     on its own: it waits for the watcher, which reads or records the outcome within the
+//     round's deadline plus one ack_timeout.
+//   - Store calls during an agreement are retried with backoff (5 ms doubling to 200 ms) while
+//     they fail transiently (is_transient_kv_error: refused, reset, timed out, etcd
+//     "unavailable"), until the round's deadline; inserts stay exactly-once (values name their
+//     writer, and a retry first reads the key). When the store cannot be reached to read or
+//     record the outcome, this worker never saves and throws holdfast::agreement_unreachable.
 //   - Per agreement each worker makes a constant number of store operations (see agreement.hpp),
 //     whatever the number of workers; waiting for the others is one blocking get with a deadline.
 //   - A worker that never acks (dead without notice) makes the others throw
@@ -33,18 +53,21 @@
 //   - Saving: the Config's save override when it has one (then the Checkpointer never saves),
 //     else Checkpointer::save(step). Then the Exit policy runs; when it returns (no_exit) run()
 //     returns run_status::stopped, the step is not run, and the handler is re-armed.
-//   - Grace path: the final claim is made once now > end - 6 x mean step time (TF's rule)
-//     - 2 x (what the first agreement and save took + one watch interval), so the second
-//     agreement and save also end before the grace period does.
+//   - Grace path: the grace ends at min(notice time + grace, the notice's announced deadline);
+//     the final claim is made once now > end - 6 x mean step time (TF's rule) - 2 x (what the
+//     first agreement and save took + one watch interval) - handler_options::grace_margin, so
+//     the second agreement and save also end before the grace period does.
 //   - Signal handlers are the notice policy's business; this file installs none.
 // Caveats:
 //   - run() and save_checkpoint_if_preempted() must be called from one thread.
 //   - A notice is seen within one watch interval (default 100 ms): the watcher looks at the
 //     notice between its blocking gets. Smaller intervals mean more store requests (etcd: a
 //     range and a watch per interval per worker).
-//   - A store failure during an agreement is thrown (holdfast::error naming the key) from the
-//     next run(); the handler then trains on without agreeing: construct a new one to try
-//     again. A failure while merely watching (store unreachable for a while) is retried.
+//   - ack_timeout need not exceed the longest step: the watcher acks while a step runs.
+//   - Restore-agreement keys live in the kv namespace (run id + incarnation): a restart with a
+//     different number of tasks agrees among the new tasks only, each reading its own task's
+//     checkpoint directory; a task id that did not exist before holds nothing, so the common
+//     step is none and every task starts fresh unless the checkpoints are shared (one writer).
 //   - The step's return value is not forwarded: capture results in the step callable.
 //   - Re-arming in the same handler (after a no_exit save) sees a new notice only when the
 //     source reports a later noticed_at(); sources that latch their first notice (signal_notice,
