@@ -246,6 +246,8 @@ int run_worker(const options& o, Kv kv) {
       std::chrono::seconds(o.grace_s)};
   holdfast::handler_options hopts;
   hopts.ack_timeout = 10s;
+  // the fixed reserve before the grace deadline: 3 s by default, a quarter of a short grace
+  hopts.grace_margin = std::min<std::chrono::milliseconds>(3s, std::chrono::seconds(o.grace_s) / 4);
   holdfast::preemption_handler<decltype(config), Kv> handler(
       std::move(config), kv, {t, o.workers, "train"}, std::move(checkpoints), hopts);
   if (auto r = handler.restored_step())
@@ -430,8 +432,8 @@ std::string slurp(const std::string& path) {
 }
 
 // Prints the agreement as the workers left it in the coordination store: who claimed, each
-// worker's acknowledged run counter, and the agreed step (max + 1); the same for the final save
-// of the grace path.
+// worker's acknowledged run counter, and the recorded outcome (the agreed step, max + 1, or a
+// timeout naming the missing workers); the same for the final save of the grace path.
 template <class Kv>
 void print_agreement(const Kv& kv) {
   std::map<std::string, std::string> keys;
@@ -449,8 +451,8 @@ void print_agreement(const Kv& kv) {
     round += '/';
     if (get(round + "claim").empty()) break;
     for (const char* phase : {"", "final_"}) {
-      std::string claim = get(round + (*phase ? "final" : "claim"));
-      if (claim.empty() || claim == "abort") continue;
+      auto claim = holdfast::parse_agreement_value(get(round + (*phase ? "final" : "claim")));
+      if (!claim || claim->what != holdfast::agreement_value::kind::claim) continue;
       std::string acks;
       for (const auto& [key, value] : keys) {
         auto pos = key.find(round + phase + "ack/");
@@ -460,9 +462,15 @@ void print_agreement(const Kv& kv) {
         acks += '@';
         acks += value;
       }
-      timeline("store: %s: worker %s claimed; acks (task@run counter):%s; agreed step %s = max + 1",
-               *phase ? "final save" : "checkpoint", claim.c_str(), acks.c_str(),
-               get(round + phase + "step").c_str());
+      std::string outcome = get(round + phase + "step");  // "step S by ..." or "timeout ..."
+      if (auto v = holdfast::parse_agreement_value(outcome);
+          v && v->what == holdfast::agreement_value::kind::step) {
+        outcome = "agreed step ";  // appends: GCC 12 -Wrestrict misfires on "..." + string&&
+        outcome += std::to_string(v->step);
+        outcome += " = max + 1";
+      }
+      timeline("store: %s: worker %d claimed; acks (task@run counter):%s; outcome: %s",
+               *phase ? "final save" : "checkpoint", claim->writer, acks.c_str(), outcome.c_str());
     }
   }
 }
