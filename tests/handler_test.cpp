@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/child.hpp"
 #include "support/handler_harness.hpp"
 #include "support/temp_dir.hpp"
 
@@ -963,4 +964,65 @@ TEST_CASE("threads: 100 randomized trials — notice times, noticed subsets, ske
     }
     REQUIRE(first_saves(out).size() == 1);
   }
+}
+
+namespace {
+// A Checkpointer with async saves: save() leaves a save "in flight", wait_until_finished()
+// completes it; every call is logged in order.
+struct async_checkpoints {
+  std::shared_ptr<std::vector<std::string>> calls = std::make_shared<std::vector<std::string>>();
+  std::string log;  // also appended to this file, when set (for a child process)
+  void note(const std::string& what) {
+    calls->push_back(what);
+    if (!log.empty()) holdfast_test::append_line(log, what);
+  }
+  void save(std::int64_t step) { note("save " + std::to_string(step)); }
+  std::optional<std::int64_t> restore() { return std::nullopt; }
+  void wait_until_finished() { note("wait"); }
+};
+}  // namespace
+
+TEST_CASE("threads: an async Checkpointer is waited for before the preemption save") {
+  job j(1);
+  outcome o;
+  scenario sc;
+  sc.n = 1;
+  async_checkpoints ckpt;
+  auto calls = ckpt.calls;
+  holdfast::preemption_handler<config_t, kv_t, async_checkpoints> h(
+      make_config(j, 0, sc, &o), j.kv, {0, 1, "async"}, ckpt, opts(sc));
+  j.flags[0]->store(true);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (h.run([] { busy(200); }) != run_status::stopped &&
+         std::chrono::steady_clock::now() < until) {
+  }
+  REQUIRE(calls->size() == 2);
+  CHECK(calls->at(0) == "wait");  // a periodic save in flight finishes first
+  CHECK(calls->at(1) == "save " + std::to_string(h.total_run_calls()));
+}
+
+TEST_CASE("process: an async Checkpointer is waited for again before the Exit policy ends it") {
+  holdfast_test::temp_dir dir("async-exit");
+  const std::string log = dir / "calls";
+  holdfast_test::child c([&] {
+    job j(1);
+    outcome o;
+    scenario sc;
+    sc.n = 1;
+    async_checkpoints ckpt;
+    ckpt.log = log;
+    using exit_config = holdfast::termination_config<flag_notice, holdfast::exit_with<42>>;
+    holdfast::preemption_handler<exit_config, kv_t, async_checkpoints> h(
+        exit_config(flag_notice(flag_poll{j.flags[0].get()}, 1ms), holdfast::exit_with<42>{}), j.kv,
+        {0, 1, "async"}, ckpt, opts(sc));
+    j.flags[0]->store(true);
+    for (int i = 0; i < 100000; ++i) h.run([] { busy(200); });  // exits inside run()
+  });
+  auto r = c.wait(20s);
+  CHECK(r.exit_code == 42);
+  auto calls = holdfast_test::read_lines(log);
+  REQUIRE(calls.size() == 3);
+  CHECK(calls[0] == "wait");
+  CHECK(calls[1].rfind("save ", 0) == 0);
+  CHECK(calls[2] == "wait");  // the save is finished before the process ends
 }

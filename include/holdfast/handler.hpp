@@ -9,8 +9,10 @@
 //
 // It joins four policies: a termination Config (termination.hpp: where notices come from, how to
 // exit, the grace period, an optional save override), a kv_store (kv.hpp) shared by the workers,
-// a Checkpointer (`save(step)`, `restore()` → optional step; checkpoint_manager by default) and a
-// Clock. The protocol itself is step_agreement (agreement.hpp); this file only drives it.
+// a Checkpointer (`save(step)`, `restore()` → optional step; optionally `all_steps()` and
+// `restore_step(step)` for the restore agreement, `pin(step)`, and `wait_until_finished()` for
+// async saves, each detected by trait; checkpoint_manager by default) and a Clock. The protocol
+// itself is step_agreement (agreement.hpp); this file only drives it.
 //
 // Guarantees:
 //   - Construction restores and resumes total_run_calls() from the restored step. With a
@@ -51,8 +53,11 @@
 //   - An exception from a step is published; every other worker throws holdfast::peer_error
 //     (origin task, type name, message) from its next run(); the origin re-throws its own.
 //   - Saving: the Config's save override when it has one (then the Checkpointer never saves),
-//     else Checkpointer::save(step). Then the Exit policy runs; when it returns (no_exit) run()
-//     returns run_status::stopped, the step is not run, and the handler is re-armed.
+//     else Checkpointer::save(step); a Checkpointer with wait_until_finished() (async saves) is
+//     waited for before the preemption save and again before the Exit policy runs, so a
+//     periodic save in flight never races the final one or the exit. Then the Exit policy runs;
+//     when it returns (no_exit) run() returns run_status::stopped, the step is not run, and the
+//     handler is re-armed.
 //   - Grace path: the grace ends at min(notice time + grace, the notice's announced deadline);
 //     the final claim is made once now > end - 6 x mean step time (TF's rule) - 2 x (what the
 //     first agreement and save took + one watch interval) - handler_options::grace_margin, so
@@ -199,6 +204,8 @@ template <class T>
 using ckpt_restore_step = decltype(std::declval<T&>().restore_step(std::int64_t{}));
 template <class T>
 using ckpt_pin = decltype(std::declval<T&>().pin(std::optional<std::int64_t>{}));
+template <class T>
+using ckpt_wait = decltype(std::declval<T&>().wait_until_finished());
 template <class T>
 using cfg_exit_type = typename T::exit_type;
 template <class T>
@@ -507,11 +514,18 @@ class preemption_handler {
 
   void save(std::int64_t step) {
     const auto t0 = std::chrono::steady_clock::now();
+    finish_saves();  // an async periodic save in flight never races the preemption save
     if (config_.has_save_override())
       config_.save_override()(step);
     else
       checkpointer_.save(step);
     last_save_duration_ = std::chrono::steady_clock::now() - t0;
+  }
+
+  // Waits for the Checkpointer's background save, when it has one (wait_until_finished()).
+  void finish_saves() {
+    if constexpr (detail::detect<detail::ckpt_wait, Checkpointer>::value)
+      checkpointer_.wait_until_finished();
   }
 
   void exit_process() {
@@ -522,6 +536,7 @@ class preemption_handler {
     // The notice stays started: a second SIGTERM must not kill the process before the Exit
     // policy runs.
     request_watcher_stop();
+    finish_saves();  // the preemption save is on disk before the process ends
     config_.exit(exit_context{config_.noticed_at(), last_save_duration_});
     if constexpr (exit_returns<exit_type>::value) {
       stop_watcher();
