@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <functional>
 #include <holdfast/handler.hpp>
+#include <holdfast/kv/any.hpp>
 #include <holdfast/kv/in_process.hpp>
 #include <map>
 #include <memory>
@@ -1025,4 +1026,64 @@ TEST_CASE("process: an async Checkpointer is waited for again before the Exit po
   CHECK(calls[0] == "wait");
   CHECK(calls[1].rfind("save ", 0) == 0);
   CHECK(calls[2] == "wait");  // the save is finished before the process ends
+}
+
+namespace {
+// A store with c10d's operations only (PyTorch's Store: compareSet, set, check + get, wait):
+// no list, no erase. The handler must agree over it.
+struct c10d_like_kv {
+  holdfast::in_process_kv inner;
+  bool insert(const std::string& k, std::string_view v) { return inner.insert(k, v); }
+  void put(const std::string& k, std::string_view v) { inner.put(k, v); }
+  std::optional<std::string> try_get(const std::string& k) { return inner.try_get(k); }
+  std::optional<std::string> get(const std::string& k, std::chrono::milliseconds t) {
+    return inner.get(k, t);
+  }
+};
+
+// 4 threads over `kv` (a c10d-like store, directly or in an any_kv); task 1 is noticed after 20
+// steps; `dead` stops stepping at step 10 without a notice. Returns each worker's outcome.
+template <class Kv>
+std::vector<outcome> agree_over(Kv kv, int dead = -1) {
+  job j(4);
+  std::vector<outcome> out(4);
+  std::vector<std::thread> th;
+  for (int t = 0; t < 4; ++t)
+    th.emplace_back([&, t] {
+      auto& o = out[static_cast<std::size_t>(t)];
+      scenario sc;
+      sc.ack_timeout = 500ms;
+      try {
+        holdfast::preemption_handler<config_t, Kv, holdfast_test::memory_checkpoints> h(
+            make_config(j, t, sc, &o), kv, {t, 4, "c10d"}, {&o.st}, opts(sc));
+        while (h.total_run_calls() < 100000 && !(t == dead && h.total_run_calls() >= 10)) {
+          j.b.set(t, h.total_run_calls());
+          if (h.run([] { busy(200); }) == run_status::stopped) break;
+        }
+      } catch (const holdfast::agreement_timeout& e) {
+        o.error = "timeout";
+        o.missing = e.missing_tasks();
+      }
+      j.b.set(t, std::numeric_limits<std::int64_t>::max());
+    });
+  REQUIRE(j.b.wait_all(20, 10s, {dead}));
+  j.flags[1]->store(true);
+  for (auto& x : th) x.join();
+  return out;
+}
+}  // namespace
+
+TEST_CASE("threads: a store with c10d's operations only (no list) serves the agreement") {
+  auto check = [](const std::vector<outcome>& out) {
+    CHECK(first_saves(out).size() == 1);
+    for (auto& o : out) CHECK(o.st.saves == 1);
+  };
+  check(agree_over(c10d_like_kv{holdfast::in_process_kv({"c", 0})}));
+  check(agree_over(holdfast::any_kv(c10d_like_kv{holdfast::in_process_kv({"c", 1})})));
+  // a dead worker: the others record and raise the same timeout, read task by task
+  auto out = agree_over(c10d_like_kv{holdfast::in_process_kv({"c", 2})}, 2);
+  for (int t : {0, 1, 3}) {
+    CHECK(out[static_cast<std::size_t>(t)].error == "timeout");
+    CHECK(out[static_cast<std::size_t>(t)].missing == std::vector<int>{2});
+  }
 }

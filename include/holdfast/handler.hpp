@@ -103,6 +103,7 @@
 #include "checkpoint.hpp"
 #include "error.hpp"
 #include "kv.hpp"
+#include "kv/any.hpp"  // any_kv: asked at run time whether it can list
 #include "termination.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -264,7 +265,7 @@ constexpr bool check_termination_config() {
 template <class Config, class Kv, class Checkpointer = checkpoint_manager<>,
           class Clock = std::chrono::steady_clock>
 class preemption_handler {
-  static_assert(check_kv_store<Kv>());
+  static_assert(check_coordination_store<Kv>());
   static_assert(check_checkpointer<Checkpointer>());
   static_assert(check_termination_config<Config>());
 
@@ -659,7 +660,7 @@ class preemption_handler {
           break;
         }
         case op::list: {
-          auto v = retrying([&] { return kv_.list(key); }, until);
+          auto v = retrying([&] { return list_acks(key); }, until);
           lock.lock();
           machine_.on_list(v);
           break;
@@ -673,6 +674,26 @@ class preemption_handler {
       if (!stop_.load()) machine_.on_store_failure(e.what());
     }
     return true;
+  }
+
+  // The acks under `prefix` (which ends with '/'): one list where the store can list, else one
+  // try_get per task (a store with c10d's operations only).
+  kv_pairs list_acks(const std::string& prefix) {
+    if constexpr (has_kv_list_v<Kv>) {
+      if (can_list()) return kv_.list(prefix);
+    }
+    kv_pairs out;
+    for (int t = 0; t < cluster_.num_tasks; ++t) {
+      std::string key = prefix + std::to_string(t);
+      if (auto v = kv_.try_get(key)) out.emplace_back(std::move(key), std::move(*v));
+    }
+    return out;
+  }
+  bool can_list() const {
+    if constexpr (std::is_same_v<Kv, any_kv>)
+      return kv_.supports(kv_op::list);
+    else
+      return true;
   }
 
   // Calls `fn` until it returns, retrying transient store errors (is_transient_kv_error) with

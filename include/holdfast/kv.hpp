@@ -4,10 +4,15 @@
 // TensorFlow's coordination service: insert-once, a blocking get with a deadline, try-get,
 // listing by directory prefix and deletion. Three backends implement it: `in_process_kv`
 // (threads of one process), `filesystem_kv` (a shared directory) and `etcd_kv` (etcd v3).
+// The handler itself needs only four of the operations (a coordination store: insert, put,
+// try_get, get — what PyTorch's c10d store has); listing is used where a store offers it.
+// `any_kv` (kv/any.hpp) holds any of them behind one type; `make_kv` (kv/url.hpp) opens one
+// from a URL.
 //
 // Guarantees:
 //   - `kv_store<T>` (C++20) and `is_kv_store_v<T>` / `check_kv_store<T>()` (C++17) check the
 //     seven operations; check_kv_store's static_asserts name the first missing member.
+//     `check_coordination_store<T>()` checks the four the handler needs.
 //   - Keys are `/`-separated paths of non-empty segments. A key that is empty, has an empty
 //     segment (a leading, trailing or doubled `/`), a `.` or `..` segment, or a NUL byte is
 //     rejected with holdfast::error(EINVAL, op, key, why) before any I/O.
@@ -230,6 +235,36 @@ constexpr bool check_kv_store() {
                 "holdfast: a kv_store needs erase(const std::string& key)");
   static_assert(detect<kv_erase_prefix, Kv>::value,
                 "holdfast: a kv_store needs erase_prefix(const std::string& prefix)");
+  return true;
+}
+
+/// True when T has the four operations the preemption handler needs: insert, put, try_get and
+/// a blocking get — what PyTorch's c10d store offers too (compareSet, set, check + get, wait).
+/// Listing and erasing are optional there (detected: has_kv_list_v).
+template <class T>
+inline constexpr bool is_coordination_store_v =
+    detail::detect<detail::kv_insert, T>::value&& detail::detect<detail::kv_put, T>::value&&
+        detail::detect<detail::kv_try_get, T>::value&& detail::detect<detail::kv_get, T>::value;
+
+/// True when T can list a prefix (kv_pairs list(prefix)).
+template <class T>
+inline constexpr bool has_kv_list_v = detail::detect<detail::kv_list, T>::value;
+
+/// Checks a store for the handler at compile time; each static_assert names the missing member.
+template <class Kv>
+constexpr bool check_coordination_store() {
+  using namespace detail;
+  static_assert(detect<kv_insert, Kv>::value,
+                "holdfast: a coordination store needs bool insert(const std::string& key, value) "
+                "(false when the key exists)");
+  static_assert(detect<kv_put, Kv>::value,
+                "holdfast: a coordination store needs void put(const std::string& key, value)");
+  static_assert(detect<kv_try_get, Kv>::value,
+                "holdfast: a coordination store needs std::optional<std::string> try_get(const "
+                "std::string& key)");
+  static_assert(detect<kv_get, Kv>::value,
+                "holdfast: a coordination store needs std::optional<std::string> get(const "
+                "std::string& key, std::chrono::milliseconds timeout)");
   return true;
 }
 

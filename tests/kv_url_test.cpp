@@ -1,0 +1,134 @@
+// kv/url.hpp and kv/any.hpp: the store URL grammar (every accepted form and the refusals, each
+// naming the offset), make_kv over a real directory and a real etcd, and any_kv's forwarding,
+// including the optional operations of a store that has only c10d's four.
+#include <doctest/doctest.h>
+
+#include <holdfast/kv/any.hpp>
+#include <holdfast/kv/in_process.hpp>
+#include <holdfast/kv/url.hpp>
+#include <string>
+#include <vector>
+
+#include "support/etcd_server.hpp"
+#include "support/temp_dir.hpp"
+
+using holdfast::kv_url;
+using holdfast::parse_kv_url;
+using namespace std::chrono_literals;
+
+TEST_CASE("kv url: file and etcd forms") {
+  auto f = parse_kv_url("file:///shared/dir/");
+  CHECK(f.scheme == kv_url::kind::file);
+  CHECK(f.directory == "/shared/dir");
+  CHECK(parse_kv_url("FILE:///x").directory == "/x");
+
+  auto e = parse_kv_url("etcd://10.0.0.5:2379,10.0.0.6,[::1]:2380/jobs/a");
+  CHECK(e.scheme == kv_url::kind::etcd);
+  CHECK(e.endpoints == std::vector<std::string>{"http://10.0.0.5:2379", "http://10.0.0.6:2379",
+                                                "http://[::1]:2380"});
+  CHECK(e.prefix == "jobs/a");
+  CHECK(parse_kv_url("etcd://h").prefix == "holdfast");
+  CHECK(parse_kv_url("etcd://h:1/p/").prefix == "p");
+  CHECK(parse_kv_url("etcd://[::1]").endpoints == std::vector<std::string>{"http://[::1]:2379"});
+}
+
+TEST_CASE("kv url: refusals name the url and the offset") {
+  const std::pair<const char*, const char*> bad[] = {
+      {"", "offset 0: unknown scheme"},
+      {"redis://h:1", "offset 0: unknown scheme"},
+      {"file://relative", "offset 7: expected an absolute directory"},
+      {"file://", "offset 7"},
+      {"file:///", "root directory"},
+      {"file:///a?x=1", "offset 9: no query"},
+      {"etcd://", "offset 7: no etcd member"},
+      {"etcd:///p", "offset 7: no etcd member"},
+      {"etcd://a,,b", "offset 9: empty member"},
+      {"etcd://a,", "offset 9: empty member"},
+      {"etcd://h:0", "port"},
+      {"etcd://h:70000", "bad member"},
+      {"etcd://h:x", "bad member"},
+      {"etcd://u@h:1", "'@' not allowed"},
+      {"etcd://h:1?ca=x", "'?' not allowed"},
+      {"etcd://h:1/a//b", "bad prefix"},
+      {"etcd://h:1/a/../b", "bad prefix"},
+      {"etcd://h:1/p?x", "no query"},
+      {"etcd://[::1:1", "bad member"},
+      {"etcd://h 1", "' ' not allowed"},
+  };
+  for (auto [url, why] : bad) {
+    INFO(url);
+    try {
+      parse_kv_url(url);
+      FAIL("accepted");
+    } catch (const holdfast::format_error& e) {
+      CHECK(std::string(e.what()).find(why) != std::string::npos);
+      CHECK(e.path() == url);
+    }
+  }
+  try {
+    parse_kv_url(std::string("file:///a\0b", 11));
+    FAIL("accepted a NUL");
+  } catch (const holdfast::format_error& e) {
+    CHECK(std::string(e.what()).find("offset 9: NUL") != std::string::npos);
+  }
+}
+
+TEST_CASE("make_kv: a directory and a real etcd behind one any_kv type") {
+  holdfast_test::temp_dir dir("kvurl");
+  holdfast::any_kv f = holdfast::make_kv("file://" + dir.path() + "/kv", {"run", 3});
+  CHECK(f.insert("a/b", "1"));
+  CHECK_FALSE(f.insert("a/b", "2"));
+  CHECK(f.try_get("a/b") == "1");
+  CHECK(f.list("a").size() == 1);
+  holdfast::filesystem_kv direct(dir.path() + "/kv", {"run", 3});  // the same files
+  CHECK(direct.try_get("a/b") == "1");
+
+  holdfast_test::etcd_server server;
+  const std::string url = "etcd://127.0.0.1:" + std::to_string(server.port()) + "/urltest";
+  holdfast::any_kv e = holdfast::make_kv(url, {"run", 3});
+  CHECK(e.insert("k", "v"));
+  CHECK(e.get("k", 100ms) == "v");
+  CHECK(e.supports(holdfast::kv_op::list));
+  holdfast::etcd_options o;
+  o.endpoints = {server.url()};
+  o.prefix = "urltest";
+  CHECK(holdfast::etcd_kv(o, {"run", 3}).try_get("k") == "v");  // the URL's prefix was used
+}
+
+namespace {
+// A store with c10d's operations only: no list, no erase.
+struct c10d_like_kv {
+  holdfast::in_process_kv inner;
+  bool insert(const std::string& k, std::string_view v) { return inner.insert(k, v); }
+  void put(const std::string& k, std::string_view v) { inner.put(k, v); }
+  std::optional<std::string> try_get(const std::string& k) { return inner.try_get(k); }
+  std::optional<std::string> get(const std::string& k, std::chrono::milliseconds t) {
+    return inner.get(k, t);
+  }
+};
+}  // namespace
+
+TEST_CASE("any_kv: forwards the four operations; optional ones only where the store has them") {
+  holdfast::in_process_kv base({"r", 0});
+  holdfast::any_kv full(base);
+  CHECK(full.supports(holdfast::kv_op::erase_prefix));
+  full.put("x/1", "a");
+  CHECK(full.erase_prefix("x") == 1);
+
+  holdfast::any_kv small(c10d_like_kv{holdfast::in_process_kv({"r", 0})});
+  CHECK(small.insert("k", "v"));
+  CHECK(small.try_get("k") == "v");
+  CHECK(small.get("missing", 1ms) == std::nullopt);
+  CHECK_FALSE(small.supports(holdfast::kv_op::list));
+  CHECK_FALSE(small.supports(holdfast::kv_op::erase));
+  CHECK(small.supports(holdfast::kv_op::get));
+  try {
+    small.list("p");
+    FAIL("listed");
+  } catch (const holdfast::error& e) {
+    CHECK(e.errnum() == ENOTSUP);
+    CHECK(e.path() == "p");
+  }
+  holdfast::any_kv copy = small;  // copies share the store
+  CHECK(copy.try_get("k") == "v");
+}
