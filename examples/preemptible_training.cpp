@@ -192,7 +192,14 @@ options parse(int argc, char** argv) {
       usage(argv[0]);
   }
   if (o.workers < 1 || o.workers > 64 || o.steps < 2) usage(argv[0]);
-  if (o.kv != "filesystem" && o.kv.rfind("etcd://", 0) != 0) usage(argv[0]);
+  if (o.kv != "filesystem") {
+    try {
+      holdfast::parse_kv_url(o.kv);
+    } catch (const holdfast::format_error& e) {
+      std::fprintf(stderr, "--kv: %s\n", e.what());
+      usage(argv[0]);
+    }
+  }
   return o;
 }
 
@@ -316,22 +323,24 @@ int run_worker(const options& o, Kv kv) {
   return 0;
 }
 
-// Calls f(kv) with the coordination store of incarnation `inc`: a filesystem_kv in the run
-// directory, or an etcd_kv when --kv=etcd://host:port.
-template <class F>
-int with_kv(const options& o, int inc, F f) {
-  if (o.kv == "filesystem")
-    return f(holdfast::filesystem_kv(o.dir + "/kv", {"train", static_cast<std::uint64_t>(inc)}));
-  holdfast::etcd_options eo;
-  eo.endpoints = {"http://" + o.kv.substr(std::strlen("etcd://"))};
-  // One etcd prefix per run directory, so runs sharing a cluster never see each other's keys.
-  eo.prefix = "holdfast-example/" + std::filesystem::path(o.dir).filename().string();
-  return f(holdfast::etcd_kv(eo, {"train", static_cast<std::uint64_t>(inc)}));
+// The coordination store of incarnation `inc`, from --kv: "filesystem" (the run directory's kv/
+// folder) or a store URL (holdfast/kv/url.hpp). An etcd URL without a prefix gets one per run
+// directory, so runs sharing a cluster never see each other's keys.
+holdfast::any_kv open_kv(const options& o, int inc) {
+  std::string url = o.kv;
+  if (url == "filesystem") {
+    url = "file://";  // appends: GCC 12 -Wrestrict misfires on "..." + string&&
+    url += o.dir;
+    url += "/kv";
+  } else if (holdfast::parse_kv_url(url).scheme == holdfast::kv_url::kind::etcd &&
+             url.find('/', std::strlen("etcd://")) == std::string::npos) {
+    url += "/holdfast-example/";
+    url += std::filesystem::path(o.dir).filename().string();
+  }
+  return holdfast::make_kv(url, {"train", static_cast<std::uint64_t>(inc)});
 }
 
-int worker_main(const options& o) {
-  return with_kv(o, o.incarnation, [&](auto kv) { return run_worker(o, std::move(kv)); });
-}
+int worker_main(const options& o) { return run_worker(o, open_kv(o, o.incarnation)); }
 
 // ---------------------------------------------------------------------------------------------
 // The driver: a scheduler in miniature.
@@ -435,7 +444,7 @@ std::string slurp(const std::string& path) {
 // worker's acknowledged run counter, and the recorded outcome (the agreed step, max + 1, or a
 // timeout naming the missing workers); the same for the final save of the grace path.
 template <class Kv>
-void print_agreement(const Kv& kv) {
+void print_agreement(Kv kv) {
   std::map<std::string, std::string> keys;
   for (const auto& [key, value] : kv.list("holdfast/train")) keys[key] = value;
   auto get = [&](const std::string& k) {
@@ -505,10 +514,7 @@ int driver_main(options o) {
       ::kill(w.pid, o.kill ? SIGKILL : SIGTERM);
     }
   });
-  with_kv(o, 1, [](auto kv) {
-    print_agreement(kv);
-    return 0;
-  });
+  print_agreement(open_kv(o, 1));
 
   if (o.kill) {
     int reported = 0;

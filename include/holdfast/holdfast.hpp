@@ -26,9 +26,11 @@
 #include "agreement.hpp"
 #include "handler.hpp"
 #include "kv.hpp"
+#include "kv/any.hpp"
 #include "kv/etcd.hpp"
 #include "kv/filesystem.hpp"
 #include "kv/in_process.hpp"
+#include "kv/url.hpp"
 
 // artifact store
 #include "checkpoint.hpp"
