@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <holdfast/kv/etcd.hpp>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -158,7 +159,7 @@ TEST_CASE("etcd_kv: garbage and error replies from a fake server are clear error
   };
   const expectation expected[] = {
       {EPROTO, "http"},    {EPROTO, "malformed reply"}, {EIO, "requested lease not found"},
-      {EIO, "status 500"}, {EPROTO, "truncated"},       {ETIMEDOUT, "no response"}};
+      {EIO, "status 500"}, {ECONNRESET, "truncated"},   {ETIMEDOUT, "no response"}};
   for (int m = 0; m < 6; ++m) {
     mode = m;
     CAPTURE(m);
@@ -267,6 +268,116 @@ TEST_CASE("etcd_kv: failover past a refused and a silent endpoint, sticking to t
   CHECK(contains(e.what(), refused));
   CHECK(contains(e.what(), silent.url()));
   CHECK(contains(e.what(), "no etcd endpoint reachable"));
+}
+
+TEST_CASE("etcd_kv: etcd's 'unavailable' answers (gRPC code 14) are EAGAIN and transient") {
+  const std::string kinds[] = {"leader changed", "no leader", "request timed out",
+                               "server stopped"};
+  std::string answer;  // set before each request; read on the server thread after it arrives
+  std::mutex mu;
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (r.target == "/v3/kv/range" && answer.empty())
+      return reply(200, R"({"header":{"revision":"3"}})");
+    if (r.target == "/v3/watch")  // the gateway's stream form: the error is an object
+      return reply::raw(reply::chunked_head() +
+                        reply::chunk(R"({"error":{"grpc_code":14,"http_code":503,)"
+                                     R"("message":"transport is closing",)"
+                                     R"("http_status":"Service Unavailable"}})"
+                                     "\n") +
+                        reply::last_chunk());
+    return reply(503, answer);
+  });
+  auto set_answer = [&](const std::string& a) {
+    std::lock_guard<std::mutex> lock(mu);
+    answer = a;
+  };
+  etcd_kv kv(options_for({fake.url()}, 500ms, 1000ms), ns0);
+  for (const auto& kind : kinds) {
+    CAPTURE(kind);
+    const std::string msg = "etcdserver: " + kind;
+    set_answer(R"({"error":")" + msg + R"(","code":14,"message":")" + msg + R"("})");
+    auto e = error_from([&] { kv.insert("k", "v"); });
+    INFO(e.what());
+    CHECK(e.errnum() == EAGAIN);
+    CHECK(holdfast::is_transient_kv_error(e));
+    CHECK(contains(e.what(), "etcd insert 'k'"));
+    CHECK(contains(e.what(), msg));
+  }
+  set_answer("");  // the range answers; the watch's stream carries the error object
+  auto e = error_from([&] { kv.get("k", 2s); });
+  CHECK(e.errnum() == EAGAIN);
+  CHECK(holdfast::is_transient_kv_error(e));
+  CHECK(contains(e.what(), "transport is closing"));
+
+  set_answer(R"({"error":"etcdserver: key is not provided","code":3,)"
+             R"("message":"etcdserver: key is not provided"})");
+  e = error_from([&] { kv.put("k", "v"); });
+  CHECK(e.errnum() == EIO);
+  CHECK_FALSE(holdfast::is_transient_kv_error(e));
+  CHECK(contains(e.what(), "key is not provided"));
+}
+
+TEST_CASE("etcd_kv: after 'unavailable' a read moves on to the next endpoint, a write does not") {
+  const std::string unavailable =
+      R"({"error":"etcdserver: leader changed","code":14,"message":"etcdserver: leader changed"})";
+  holdfast_test::http_server busy(
+      [&](const holdfast_test::seen_request&) { return reply(503, unavailable); });
+  holdfast_test::etcd_server server;
+  etcd_kv kv(options_for({busy.url(), server.url()}), ns0);
+  auto e = error_from([&] { kv.put("k", "v"); });  // sent to `busy`: its outcome is unknown
+  CHECK(e.errnum() == EAGAIN);
+  CHECK(busy.request_count() == 1);
+  CHECK_FALSE(kv.try_get("k").has_value());  // `busy` is suspect now: etcd answers at once
+  kv.put("k", "v");                          // the caller's retry lands on etcd too
+  CHECK(busy.request_count() == 1);
+
+  etcd_kv reader(options_for({busy.url(), server.url()}), ns0);
+  CHECK(reader.try_get("k") == std::optional<std::string>("v"));  // retried at once on etcd
+  CHECK(busy.request_count() == 2);
+}
+
+TEST_CASE("etcd_kv: an endpoint that timed out is skipped for suspect_for, then tried again") {
+  holdfast_test::etcd_server server;
+  std::atomic<bool> silent{true};
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request&) {
+    if (silent) return reply::delayed(60s, "");  // accepts, never answers: a frozen member
+    return reply(200, R"({"header":{"revision":"7"},"kvs":[{"key":"aw==","value":")" +
+                          holdfast::detail::base64_encode("from fake") + R"("}]})");
+  });
+  etcd_kv(options_for({server.url()}), ns0).put("k", "real");
+  auto o = options_for({fake.url(), server.url()}, 500ms, 1000ms);
+  o.suspect_for = 2000ms;
+  etcd_kv kv(o, ns0);
+
+  auto t0 = clk::now();
+  CHECK(kv.try_get("k") == std::optional<std::string>("real"));  // one request timeout
+  CHECK(ms_since(t0) >= 990);
+  CHECK(ms_since(t0) < 1900);
+  t0 = clk::now();
+  CHECK(kv.try_get("k") == std::optional<std::string>("real"));  // the suspect is skipped
+  CHECK(ms_since(t0) < 300);
+  CHECK(fake.request_count() == 1);
+
+  // The fake now answers and etcd hangs: a write to etcd times out and is not retried on the
+  // fake; 1 s later the fake's 2 s suspicion has run out while etcd's has not, so a read goes
+  // to the fake first.
+  silent = false;
+  server.freeze();
+  struct resume {
+    holdfast_test::etcd_server& s;
+    ~resume() { s.thaw(); }
+  } resume_on_exit{server};
+  t0 = clk::now();
+  auto e = error_from([&] { kv.put("k", "lost"); });
+  CHECK(e.errnum() == ETIMEDOUT);
+  CHECK(holdfast::is_transient_kv_error(e));
+  CHECK(ms_since(t0) < 1900);
+  CHECK(fake.request_count() == 1);
+  std::this_thread::sleep_for(1050ms);  // fake: marked >= 2050 ms ago; etcd: ~1050 ms ago
+  t0 = clk::now();
+  CHECK(kv.try_get("k") == std::optional<std::string>("from fake"));
+  CHECK(ms_since(t0) < 300);  // a healed suspect is tried before a fresh one
 }
 
 TEST_CASE("etcd_kv lease: a live client keeps its keys, a SIGKILLed one loses them") {

@@ -6,6 +6,9 @@
 // (SIGTERM, then SIGKILL) and removes the directories. When etcd is missing the constructor throws,
 // so the test FAILS (never skips): with CI=true the message says CI must install it; otherwise it
 // names the Debian package to install.
+//
+// etcd_member (one etcd process: start, health, signals) and etcd_scratch (where members keep
+// their data and logs) are shared with etcd_cluster.hpp.
 #pragma once
 
 #include <fcntl.h>
@@ -24,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <holdfast/detail/http.hpp>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -73,66 +77,155 @@ inline std::uint16_t free_loopback_port() {
   return ntohs(a.sin_port);
 }
 
-/// A running etcd member for one test.
-class etcd_server {
+/// `count` distinct free loopback ports.
+inline std::vector<std::uint16_t> free_loopback_ports(std::size_t count) {
+  std::vector<std::uint16_t> out;
+  while (out.size() < count) {
+    std::uint16_t p = free_loopback_port();
+    bool seen = false;
+    for (auto q : out) seen = seen || q == p;
+    if (!seen) out.push_back(p);
+  }
+  return out;
+}
+
+/// "http://127.0.0.1:PORT"
+inline std::string loopback_url(std::uint16_t port) {
+  return "http://127.0.0.1:" + std::to_string(port);
+}
+
+/// Where etcd members keep their data (on /dev/shm when it is writable and roomy: etcd fsyncs
+/// its WAL on every write, which costs nothing on tmpfs, so a loaded disk cannot push a test's
+/// requests past their timeouts) and their logs (a temp dir). Removed by the creating process.
+class etcd_scratch {
  public:
-  /// Starts etcd and waits up to `ready_timeout` for it to be healthy; throws on failure, with
-  /// the tail of etcd's log in the message.
-  explicit etcd_server(std::chrono::milliseconds ready_timeout = std::chrono::seconds(20))
-      : dir_("etcd") {
-    require_etcd();
-    owner_ = ::getpid();
-    // etcd fsyncs its WAL on every write; on tmpfs that costs nothing, so a loaded disk cannot
-    // push a test's requests past their timeouts. Falls back to the temp dir.
+  etcd_scratch() : dir_("etcd"), owner_(::getpid()) {
     std::string shm = "/dev/shm/holdfast-etcd-XXXXXX";
     if (shm_has_room() && ::mkdtemp(shm.data())) shm_ = shm;
-    data_root_ = shm_.empty() ? dir_.path() : shm_;
-    std::string last;
-    for (int attempt = 0; attempt < 3; ++attempt) {  // a port may be taken between probe and bind
-      try {
-        start(ready_timeout);
-        return;
-      } catch (const std::exception& e) {
-        last = e.what();
-        kill_now();
-      }
-    }
-    remove_shm();
-    throw std::runtime_error(last);
   }
-  etcd_server(const etcd_server&) = delete;
-  etcd_server& operator=(const etcd_server&) = delete;
-  ~etcd_server() {
-    if (::getpid() != owner_) return;
-    stop();
-    remove_shm();
+  etcd_scratch(const etcd_scratch&) = delete;
+  etcd_scratch& operator=(const etcd_scratch&) = delete;
+  ~etcd_scratch() {
+    if (::getpid() != owner_ || shm_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(shm_, ec);
+  }
+  /// A data directory path (not created) named `name`.
+  std::string data_dir(const std::string& name) const {
+    return (shm_.empty() ? dir_.path() : shm_) + "/" + name;
+  }
+  /// A log file path named `name`.
+  std::string log_path(const std::string& name) const { return dir_ / name; }
+
+ private:
+  // etcd preallocates a 64 MiB WAL segment: a container's default /dev/shm (64 MiB) is too small.
+  static bool shm_has_room() {
+    struct statvfs st {};
+    if (::access("/dev/shm", W_OK) != 0 || ::statvfs("/dev/shm", &st) != 0) return false;
+    return static_cast<unsigned long long>(st.f_bavail) * st.f_frsize >= (1ull << 30);
   }
 
-  /// "http://127.0.0.1:PORT", for etcd_options::endpoints.
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(client_port_); }
+  temp_dir dir_;
+  std::string shm_;
+  pid_t owner_;
+};
+
+/// What an etcd member is: its name, data directory, log file, ports and the flags that place
+/// it in its cluster (--initial-cluster and the like).
+struct etcd_member_spec {
+  std::string name, data_dir, log_path;
+  std::uint16_t client_port = 0, peer_port = 0;
+  std::vector<std::string> cluster_args;
+};
+
+/// One etcd process: started, checked for health, frozen, killed; SIGKILLed (and reaped) on
+/// destruction by the process that made it.
+class etcd_member {
+ public:
+  /// Describes the member; start() runs it.
+  explicit etcd_member(etcd_member_spec spec) : spec_(std::move(spec)), owner_(::getpid()) {}
+  etcd_member(const etcd_member&) = delete;
+  etcd_member& operator=(const etcd_member&) = delete;
+  ~etcd_member() {
+    if (::getpid() == owner_) kill_now();
+  }
+
+  /// "http://127.0.0.1:CLIENT_PORT"
+  std::string url() const { return loopback_url(spec_.client_port); }
   /// The client port.
-  std::uint16_t port() const { return client_port_; }
-  /// The process id of etcd (0 once stopped).
+  std::uint16_t port() const { return spec_.client_port; }
+  /// The process id (0 when not running).
   pid_t pid() const { return pid_; }
-  /// True while etcd runs.
+  /// True while the process runs (frozen or not).
   bool running() const { return pid_ > 0; }
+  /// True between freeze() and thaw().
+  bool frozen() const { return frozen_; }
 
-  /// Terminates etcd (SIGTERM, SIGKILL after 5 s) and waits for it; idempotent.
+  /// Forks and execs etcd on the spec's data directory and ports (a data directory that exists
+  /// is reused: the member rejoins its cluster).
+  void start() {
+    std::vector<std::string> args = command_line();
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) exec_child(argv);
+    frozen_ = false;
+    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  }
+
+  /// One GET /health: "" when it answers true, else why not.
+  std::string health_problem(std::chrono::milliseconds timeout) const {
+    namespace hd = holdfast::detail;
+    try {
+      auto r = hd::http_call(hd::http_endpoint{"127.0.0.1", spec_.client_port},
+                             hd::http_request{"GET", "/health", {}, {}},
+                             hd::http_timeouts{std::chrono::milliseconds(200), timeout});
+      if (r.status == 200 && r.body.find("\"true\"") != std::string::npos) return "";
+      return "status " + std::to_string(r.status) + ": " + r.body;
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+
+  /// Waits until /health answers true; throws std::runtime_error (with the log's tail) when the
+  /// process exits or `timeout` passes first.
+  void wait_healthy(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::string last = "no answer";
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (reap_if_exited())
+        throw std::runtime_error("etcd " + spec_.name + " exited; log:\n" + log_tail());
+      last = health_problem(std::chrono::milliseconds(1000));
+      if (last.empty()) return;
+      // Not serving yet: wait a little for the process to change state (or exit) and retry.
+      pollfd p{pidfd_, POLLIN, 0};
+      ::poll(&p, 1, 20);
+    }
+    throw std::runtime_error("etcd " + spec_.name + " at " + url() + " not healthy within " +
+                             std::to_string(timeout.count()) + " ms (" + last + "); log:\n" +
+                             log_tail());
+  }
+
+  /// Terminates it (SIGTERM, SIGKILL after 5 s) and waits for it; idempotent.
   void stop() {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGTERM);
+    if (frozen_) thaw();  // a stopped process handles SIGTERM only once continued
     if (!wait_exit(std::chrono::seconds(5))) kill_now();
     pid_ = 0;
   }
-  /// Kills etcd with SIGKILL at once (a crashed server).
+  /// Kills it with SIGKILL at once (a crash) and reaps it; idempotent.
   void kill_now() {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGKILL);
     wait_exit(std::chrono::seconds(10));
     pid_ = 0;
+    frozen_ = false;
   }
 
-  /// Freezes etcd with SIGSTOP and returns once it is stopped (kill alone returns before the
+  /// Freezes it with SIGSTOP and returns once it is stopped (kill alone returns before the
   /// stop takes effect, and a request sent at once could still be served): a hung server.
   void freeze() {
     if (pid_ <= 0) return;
@@ -141,15 +234,17 @@ class etcd_server {
     while (::waitid(P_PID, static_cast<id_t>(pid_), &si, WSTOPPED | WEXITED | WNOWAIT) != 0 &&
            errno == EINTR) {
     }
+    frozen_ = true;
   }
-  /// Resumes a frozen etcd (SIGCONT).
+  /// Resumes a frozen member (SIGCONT).
   void thaw() {
     if (pid_ > 0) ::kill(pid_, SIGCONT);
+    frozen_ = false;
   }
 
-  /// The last `max_bytes` of etcd's log, for failure messages.
+  /// The last `max_bytes` of its log, for failure messages.
   std::string log_tail(std::size_t max_bytes = 2000) const {
-    std::ifstream in(dir_ / "etcd.log");
+    std::ifstream in(spec_.log_path);
     std::stringstream ss;
     ss << in.rdbuf();
     std::string s = ss.str();
@@ -157,89 +252,40 @@ class etcd_server {
   }
 
  private:
-  void start(std::chrono::milliseconds ready_timeout) {
-    client_port_ = free_loopback_port();
-    std::uint16_t peer = free_loopback_port();
-    while (peer == client_port_) peer = free_loopback_port();
-    const std::string client = url();
-    const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
-    const std::string data = data_root_ + "/data-" + std::to_string(client_port_);
-    std::vector<std::string> args = {
-        etcd_binary(), "--name", "holdfast-test", "--data-dir", data, "--listen-client-urls",
-        client, "--advertise-client-urls", client, "--listen-peer-urls", peer_url,
-        "--initial-advertise-peer-urls", peer_url, "--initial-cluster", "holdfast-test=" + peer_url,
-        // one member: a short election gets it serving in ~0.1 s
-        "--heartbeat-interval", "20", "--election-timeout", "200", "--logger", "zap", "--log-level",
-        "warn"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string log = dir_ / "etcd.log";
-    pid_ = ::fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-      int nul = ::open("/dev/null", O_RDONLY);
-      if (nul >= 0) ::dup2(nul, 0);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
+  std::vector<std::string> command_line() const {
+    const std::string client = url(), peer = loopback_url(spec_.peer_port);
+    std::vector<std::string> args = {etcd_binary(),  "--name",
+                                     spec_.name,     "--data-dir",
+                                     spec_.data_dir, "--listen-client-urls",
+                                     client,         "--advertise-client-urls",
+                                     client,         "--listen-peer-urls",
+                                     peer,           "--initial-advertise-peer-urls",
+                                     peer,           "--logger",
+                                     "zap",          "--log-level",
+                                     "warn"};
+    args.insert(args.end(), spec_.cluster_args.begin(), spec_.cluster_args.end());
+    return args;
+  }
+
+  [[noreturn]] void exec_child(std::vector<char*>& argv) const {
+    int fd = ::open(spec_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
     }
-    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-    wait_healthy(ready_timeout);
+    int nul = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (nul >= 0) ::dup2(nul, 0);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
   }
 
-  void wait_healthy(std::chrono::milliseconds timeout) {
-    namespace hd = holdfast::detail;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    const hd::http_endpoint ep{"127.0.0.1", client_port_};
-    std::string last = "no answer";
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (exited()) {
-        pid_ = 0;
-        ::close(pidfd_);
-        pidfd_ = -1;
-        throw std::runtime_error("etcd exited during start-up; log:\n" + log_tail());
-      }
-      try {
-        auto r = hd::http_call(
-            ep, hd::http_request{"GET", "/health", {}, {}},
-            hd::http_timeouts{std::chrono::milliseconds(200), std::chrono::milliseconds(1000)});
-        if (r.status == 200 && r.body.find("\"true\"") != std::string::npos) return;
-        last = "status " + std::to_string(r.status) + ": " + r.body;
-      } catch (const std::exception& e) {
-        last = e.what();
-      }
-      // Not serving yet: wait a little for the process to change state (or exit) and retry.
-      pollfd p{pidfd_, POLLIN, 0};
-      ::poll(&p, 1, 20);
-    }
-    throw std::runtime_error("etcd at " + url() + " not healthy within " +
-                             std::to_string(timeout.count()) + " ms (" + last + "); log:\n" +
-                             log_tail());
-  }
-
-  // etcd preallocates a 64 MiB WAL segment: use /dev/shm only when it is writable and roomy
-  // (a container's default /dev/shm is 64 MiB).
-  static bool shm_has_room() {
-    struct statvfs st {};
-    if (::access("/dev/shm", W_OK) != 0 || ::statvfs("/dev/shm", &st) != 0) return false;
-    return static_cast<unsigned long long>(st.f_bavail) * st.f_frsize >= (1ull << 30);
-  }
-
-  void remove_shm() {
-    if (shm_.empty()) return;
-    std::error_code ec;
-    std::filesystem::remove_all(shm_, ec);
-    shm_.clear();
-  }
-
-  bool exited() {
+  // Reaps the process when it has exited; true then.
+  bool reap_if_exited() {
     int status = 0;
-    return pid_ > 0 && ::waitpid(pid_, &status, WNOHANG) == pid_;
+    if (pid_ <= 0 || ::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+    pid_ = 0;
+    close_pidfd();
+    return true;
   }
 
   bool wait_exit(std::chrono::milliseconds timeout) {
@@ -253,18 +299,86 @@ class etcd_server {
     int status = 0;
     while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
     }
-    if (pidfd_ >= 0) ::close(pidfd_);
-    pidfd_ = -1;
+    close_pidfd();
     return true;
   }
 
-  temp_dir dir_;
-  std::string shm_;        // etcd's data directory on tmpfs, when /dev/shm is writable
-  std::string data_root_;  // shm_ or dir_
-  pid_t owner_ = 0;
+  void close_pidfd() {
+    if (pidfd_ >= 0) ::close(pidfd_);
+    pidfd_ = -1;
+  }
+
+  etcd_member_spec spec_;
+  pid_t owner_;
   pid_t pid_ = 0;
   int pidfd_ = -1;
-  std::uint16_t client_port_ = 0;
+  bool frozen_ = false;
+};
+
+/// A running single-member etcd for one test.
+class etcd_server {
+ public:
+  /// Starts etcd and waits up to `ready_timeout` for it to be healthy; throws on failure, with
+  /// the tail of etcd's log in the message.
+  explicit etcd_server(std::chrono::milliseconds ready_timeout = std::chrono::seconds(20)) {
+    require_etcd();
+    std::string last;
+    for (int attempt = 0; attempt < 3; ++attempt) {  // a port may be taken between probe and bind
+      try {
+        start(ready_timeout);
+        return;
+      } catch (const std::exception& e) {
+        last = e.what();
+        if (member_) member_->kill_now();
+      }
+    }
+    throw std::runtime_error(last);
+  }
+  etcd_server(const etcd_server&) = delete;
+  etcd_server& operator=(const etcd_server&) = delete;
+  ~etcd_server() {
+    if (::getpid() == owner_) stop();
+  }
+
+  /// "http://127.0.0.1:PORT", for etcd_options::endpoints.
+  std::string url() const { return member_->url(); }
+  /// The client port.
+  std::uint16_t port() const { return member_->port(); }
+  /// The process id of etcd (0 once stopped).
+  pid_t pid() const { return member_->pid(); }
+  /// True while etcd runs.
+  bool running() const { return member_->running(); }
+
+  /// Terminates etcd (SIGTERM, SIGKILL after 5 s) and waits for it; idempotent.
+  void stop() { member_->stop(); }
+  /// Kills etcd with SIGKILL at once (a crashed server).
+  void kill_now() { member_->kill_now(); }
+  /// Freezes etcd with SIGSTOP and returns once it is stopped: a hung server.
+  void freeze() { member_->freeze(); }
+  /// Resumes a frozen etcd (SIGCONT).
+  void thaw() { member_->thaw(); }
+  /// The last `max_bytes` of etcd's log, for failure messages.
+  std::string log_tail(std::size_t max_bytes = 2000) const { return member_->log_tail(max_bytes); }
+
+ private:
+  void start(std::chrono::milliseconds ready_timeout) {
+    const auto ports = free_loopback_ports(2);
+    const std::string peer_url = loopback_url(ports[1]);
+    // one member: a short election gets it serving in ~0.1 s
+    member_.emplace(etcd_member_spec{"holdfast-test",
+                                     scratch_.data_dir("data-" + std::to_string(ports[0])),
+                                     scratch_.log_path("etcd.log"),
+                                     ports[0],
+                                     ports[1],
+                                     {"--initial-cluster", "holdfast-test=" + peer_url,
+                                      "--heartbeat-interval", "20", "--election-timeout", "200"}});
+    member_->start();
+    member_->wait_healthy(ready_timeout);
+  }
+
+  etcd_scratch scratch_;
+  pid_t owner_ = ::getpid();
+  std::optional<etcd_member> member_;  // declared last: destroyed (killed) before its scratch
 };
 
 }  // namespace holdfast_test

@@ -15,6 +15,8 @@
 //     line, header or chunk size throws holdfast::error with errno EPROTO.
 //   - Failures throw holdfast::error naming the operation ("resolve", "connect", "send", "recv",
 //     "http") and the URL: ECONNREFUSED, ETIMEDOUT, EHOSTUNREACH, EPROTO, or the errno of the call.
+//     A server that closes the connection before its response is complete throws
+//     http_connection_closed (EPROTO too), so a caller can tell a lost connection from garbage.
 //   - No SIGPIPE: requests are sent with MSG_NOSIGNAL.
 //   - An optional cancel flag (std::atomic<bool>) ends any wait within ~20 ms (ECANCELED), so a
 //     polling thread never holds up shutdown.
@@ -148,6 +150,13 @@ inline http_endpoint parse_http_url(std::string_view url, std::string* path = nu
   }
   return ep;
 }
+
+/// The server closed the connection before its response was complete: nothing, part of the
+/// head or part of the body arrived (errno EPROTO, as for any malformed response).
+class http_connection_closed : public error {
+ public:
+  using error::error;
+};
 
 // ---- internals -------------------------------------------------------------------------------
 
@@ -535,8 +544,9 @@ bool http_exchange(const http_endpoint& ep, const http_request& req, http_timeou
                     "no response within " + std::to_string(t.read.count()) + " ms");
       }
       if (n == 0)
-        throw error(EPROTO, "http", where,
-                    in.empty() ? "connection closed before a response" : "truncated response head");
+        throw http_connection_closed(
+            EPROTO, "http", where,
+            in.empty() ? "connection closed before a response" : "truncated response head");
       in.append(buf, static_cast<std::size_t>(n));
       find_head(head_end, sep);
       if (head_end == std::string::npos && in.size() > http_max_head)
@@ -562,7 +572,7 @@ bool http_exchange(const http_endpoint& ep, const http_request& req, http_timeou
     }
     if (n == 0) {
       if (body.complete_at_eof()) return true;
-      throw error(EPROTO, "http", where, "truncated body");
+      throw http_connection_closed(EPROTO, "http", where, "truncated body");
     }
     if (body.feed(std::string_view(buf, static_cast<std::size_t>(n)), sink) !=
         http_body_decoder::result::more)

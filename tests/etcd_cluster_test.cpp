@@ -1,0 +1,328 @@
+// etcd_kv against a real 3-member etcd cluster on loopback: a member frozen with SIGSTOP (it
+// accepts connections and never answers) costs each operation's first call about one request
+// timeout and later calls nothing; writes sent to it fail with transient errors and the retry
+// lands on a healthy member; a get whose member freezes under its watch moves on within about
+// two request timeouts without missing the put; killing the leader under a stream of operations
+// (retried on transient errors, inserts recognised by reading back) delays none past 3 s.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <holdfast/kv/etcd.hpp>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "support/etcd_cluster.hpp"
+
+using namespace std::chrono_literals;
+using holdfast::etcd_kv;
+using holdfast::etcd_options;
+using holdfast::kv_namespace;
+using clk = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr milliseconds request_timeout{1000};
+// A first call pays at most two request timeouts (the frozen member's, and one more in case an
+// election is under way); the margin covers a loaded 2-core machine.
+constexpr long long first_call_ms = 2 * request_timeout.count() + 500;
+constexpr long long skipped_ms = 300;  // a call that skips the suspect pays no timeout
+
+holdfast_test::etcd_cluster& cluster() {
+  static holdfast_test::etcd_cluster c;  // one per test binary: starting three members takes ~1 s
+  return c;
+}
+
+long long ms_since(clk::time_point t0) {
+  return std::chrono::duration_cast<milliseconds>(clk::now() - t0).count();
+}
+
+// The members' URLs, starting with member `first` and going round.
+std::vector<std::string> urls_from(int first) {
+  std::vector<std::string> urls = cluster().urls();
+  std::rotate(urls.begin(), urls.begin() + first, urls.end());
+  return urls;
+}
+
+etcd_options options_for(std::vector<std::string> endpoints, milliseconds suspect_for = 10s) {
+  etcd_options o;
+  o.endpoints = std::move(endpoints);
+  o.request_timeout = request_timeout;
+  o.connect_timeout = 500ms;
+  o.suspect_for = suspect_for;
+  return o;
+}
+
+// A fresh namespace per test case, so reruns and earlier cases never collide.
+kv_namespace fresh_ns() {
+  static std::uint64_t n = 0;
+  return kv_namespace("cluster", ++n);
+}
+
+// Freezes a member for a scope (thawing it even when a check throws) and, afterwards, waits
+// until the cluster is healthy again for the next case.
+struct frozen {
+  int member;
+  explicit frozen(int i) : member(i) { cluster().freeze(i); }
+  frozen(const frozen&) = delete;
+  frozen& operator=(const frozen&) = delete;
+  ~frozen() {
+    try {
+      thaw();
+    } catch (const std::exception& e) {
+      FAIL_CHECK(e.what());  // the cluster did not recover: later cases will fail too
+    }
+  }
+  void thaw() {
+    if (member < 0) return;
+    cluster().thaw(member);
+    member = -1;
+    cluster().wait_healthy(30s);
+  }
+};
+
+// Runs `op` twice on a client that has not met the frozen member yet: the first call within
+// first_call_ms (it pays the timeout), the second, which skips the suspect, within skipped_ms.
+void check_first_and_next(const std::string& name, etcd_kv& kv,
+                          const std::function<void(etcd_kv&)>& op) {
+  CAPTURE(name);
+  auto t0 = clk::now();
+  op(kv);
+  CHECK(ms_since(t0) < first_call_ms);
+  t0 = clk::now();
+  op(kv);
+  CHECK(ms_since(t0) < skipped_ms);
+}
+
+// Calls `op` until it returns without a transient error, at most until 10 s have passed.
+template <class Op>
+auto with_retries(Op op) {
+  const auto give_up = clk::now() + 10s;
+  for (;;) {
+    try {
+      return op();
+    } catch (const std::exception& e) {
+      if (!holdfast::is_transient_kv_error(e) || clk::now() > give_up) throw;
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+}
+
+// Inserts under the handler's contract: after a transient failure the key is read back first,
+// and the insert counts as done when it holds this writer's value.
+bool insert_with_retries(etcd_kv& kv, const std::string& key, const std::string& value) {
+  bool retried = false;
+  auto mine = [&] { return kv.try_get(key) == std::optional<std::string>(value); };
+  return with_retries([&] {
+    const bool again = retried;
+    retried = true;
+    if (again && mine()) return true;
+    return kv.insert(key, value) || (again && mine());  // applied late, after the read-back
+  });
+}
+
+}  // namespace
+
+TEST_CASE("etcd_cluster fixture: one leader, a put on one member is read on every member") {
+  auto& c = cluster();
+  REQUIRE(c.size() == 3);
+  c.wait_healthy(30s);
+  const int leader = c.leader();
+  CHECK((leader >= 0 && leader < 3));
+  const kv_namespace ns = fresh_ns();
+  etcd_kv(options_for({c.url(0)}), ns).put("hello", "world");
+  for (int i = 0; i < c.size(); ++i)
+    CHECK(etcd_kv(options_for({c.url(i)}), ns).try_get("hello") ==
+          std::optional<std::string>("world"));
+}
+
+TEST_CASE("etcd_kv on a cluster: a frozen first endpoint costs one timeout, then is skipped") {
+  auto& c = cluster();
+  c.wait_healthy(30s);
+  const int first = (c.leader() + 1) % c.size();  // a follower: no election muddles the timing
+  const kv_namespace ns = fresh_ns();
+  const auto urls = urls_from(first);
+  etcd_kv healthy(options_for({urls[1], urls[2]}), ns);
+  healthy.put("k", "v");
+  healthy.put("dir/a", "1");
+  frozen f(first);
+  auto fresh = [&] { return etcd_kv(options_for(urls), ns); };
+
+  SUBCASE("reads fail over") {
+    etcd_kv a = fresh(), b = fresh();
+    check_first_and_next("try_get", a, [](etcd_kv& kv) {
+      CHECK(kv.try_get("k") == std::optional<std::string>("v"));
+    });
+    check_first_and_next("list", b, [](etcd_kv& kv) { CHECK(kv.list("dir").size() == 1); });
+  }
+
+  SUBCASE("get returns a value put on a healthy member while it waits") {
+    etcd_kv kv = fresh();
+    std::thread putter([&] {
+      std::this_thread::sleep_for(1300ms);  // past the frozen range: the get is watching
+      try {
+        healthy.put("later", "arrived");
+      } catch (const std::exception&) {  // the get then times out: reported below
+      }
+    });
+    auto t0 = clk::now();
+    auto got = kv.get("later", 10s);
+    auto ms = ms_since(t0);
+    putter.join();
+    CHECK(got == std::optional<std::string>("arrived"));
+    CHECK(ms < first_call_ms);
+    t0 = clk::now();
+    CHECK(kv.get("later", 10s) == std::optional<std::string>("arrived"));
+    CHECK(ms_since(t0) < skipped_ms);
+  }
+
+  SUBCASE("writes sent to it fail with a transient error; the retry succeeds elsewhere") {
+    healthy.put("gone", "x");
+    // Each write is made twice with the same effect, so a late apply by the thawed member
+    // changes nothing; each returns true when it did its work.
+    const std::vector<std::pair<const char*, std::function<bool(etcd_kv&)>>> writes = {
+        {"put", [](etcd_kv& kv) { return kv.put("w/put", "mine"), true; }},
+        {"insert", [](etcd_kv& kv) { return kv.insert("w/insert", "mine"); }},
+        {"erase", [](etcd_kv& kv) { return kv.erase("gone"); }}};
+    for (const auto& w : writes) {
+      const std::string name = w.first;
+      CAPTURE(name);
+      etcd_kv kv = fresh();
+      auto t0 = clk::now();
+      try {
+        const bool done = w.second(kv);  // another member took it: allowed, not today's policy
+        CHECK(done);
+      } catch (const std::exception& e) {
+        INFO(e.what());
+        CHECK(holdfast::is_transient_kv_error(e));
+      }
+      CHECK(ms_since(t0) < first_call_ms);
+      t0 = clk::now();
+      CHECK(w.second(kv));
+      CHECK(ms_since(t0) < skipped_ms);
+    }
+    CHECK(healthy.try_get("w/put") == std::optional<std::string>("mine"));
+    CHECK(healthy.try_get("w/insert") == std::optional<std::string>("mine"));
+    CHECK_FALSE(healthy.try_get("gone").has_value());
+  }
+
+  SUBCASE("thawed, it serves again once suspect_for has passed") {
+    // Endpoints [first, other follower, leader]: the frozen one is marked, the follower serves.
+    const int leader = c.leader();
+    const int other = 3 - first - leader;
+    etcd_kv kv(options_for({c.url(first), c.url(other), c.url(leader)}, 1500ms), ns);
+    CHECK(kv.try_get("k") == std::optional<std::string>("v"));
+    f.thaw();
+    std::this_thread::sleep_for(1500ms);  // its suspicion runs out
+    {
+      frozen g(other);  // the current endpoint hangs: the leader serves
+      CHECK(kv.try_get("k") == std::optional<std::string>("v"));
+    }
+    frozen l(leader);  // now the leader hangs: next round is `first`, healthy again
+    auto t0 = clk::now();
+    CHECK(kv.try_get("k") == std::optional<std::string>("v"));
+    CHECK(ms_since(t0) < 3 * request_timeout.count() + 500);  // + an election under way
+  }
+}
+
+TEST_CASE("etcd_kv on a cluster: a get whose member freezes under its watch moves on") {
+  auto& c = cluster();
+  c.wait_healthy(30s);
+  const int first = (c.leader() + 1) % c.size();
+  const kv_namespace ns = fresh_ns();
+  const auto urls = urls_from(first);
+  etcd_kv kv(options_for(urls), ns);
+  etcd_kv healthy(options_for({urls[1], urls[2]}), ns);
+  CHECK_FALSE(kv.try_get("late").has_value());  // the client now sits on `first`
+
+  std::optional<std::string> got;
+  long long ms = -1;
+  std::string failure;
+  std::thread getter([&] {
+    auto t0 = clk::now();
+    try {
+      got = kv.get("late", 20s);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    ms = ms_since(t0);
+  });
+  std::this_thread::sleep_for(300ms);  // the get is watching on `first`
+  {
+    frozen f(first);
+    std::this_thread::sleep_for(100ms);
+    healthy.put("late", "seen");  // the frozen watch never delivers it: the next range must
+    getter.join();
+  }
+  CHECK_MESSAGE(failure.empty(), failure);
+  CHECK(got == std::optional<std::string>("seen"));
+  // The watch window (<= 1 request timeout) + the range that times out on the frozen member.
+  CHECK(ms < 2 * request_timeout.count() + 1000);
+}
+
+TEST_CASE("etcd_kv on a cluster: killing the leader delays no operation past 3 s") {
+  auto& c = cluster();
+  c.wait_healthy(30s);
+  const int leader = c.leader();
+  const kv_namespace ns = fresh_ns();
+  std::atomic<bool> stop{false};
+  std::atomic<int> after_kill{0};
+  std::atomic<bool> killed{false};
+  std::mutex mu;
+  std::vector<std::string> problems;
+  long long slowest = 0;
+  auto note = [&](long long ms, const std::string& problem) {
+    std::lock_guard<std::mutex> lock(mu);
+    slowest = std::max(slowest, ms);
+    if (!problem.empty()) problems.push_back(problem);
+  };
+  // Runs one operation (with its retries), noting how long it took and what went wrong.
+  auto timed = [&](const std::function<std::string()>& op) {
+    auto t0 = clk::now();
+    std::string problem;
+    try {
+      problem = op();
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    note(ms_since(t0), problem);
+    return problem.empty();
+  };
+  auto worker = [&](int id) {  // worker 0 starts on the leader, worker 1 on a follower
+    etcd_kv kv(options_for(urls_from((leader + id) % c.size())), ns);
+    for (int i = 0; !stop; ++i) {
+      const std::string key = "w" + std::to_string(id) + "/" + std::to_string(i);
+      const std::string value = "writer " + std::to_string(id) + " op " + std::to_string(i);
+      const bool ok =
+          timed([&] { return insert_with_retries(kv, key, value) ? "" : "insert lost: " + key; }) &&
+          timed([&] { return with_retries([&] { kv.put(key + "/p", value); }), std::string(); }) &&
+          timed([&] {
+            auto got = with_retries([&] { return kv.get(key, 1s); });
+            return got == std::optional<std::string>(value) ? "" : "get missed " + key;
+          });
+      if (!ok) return;
+      if (killed) ++after_kill;
+    }
+  };
+  std::thread w1(worker, 0), w2(worker, 1);
+  std::this_thread::sleep_for(500ms);
+  c.kill(leader);
+  killed = true;
+  std::this_thread::sleep_for(3s);
+  stop = true;
+  w1.join();
+  w2.join();
+  c.restart(leader);  // leave the cluster whole for later cases
+  c.wait_healthy(30s);
+  CHECK_MESSAGE(problems.empty(), (problems.empty() ? std::string() : problems.front()));
+  CHECK(after_kill > 0);
+  CHECK(slowest < 3000);
+}
