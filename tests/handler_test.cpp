@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/c10d_like_kv.hpp"
 #include "support/child.hpp"
 #include "support/handler_harness.hpp"
 #include "support/temp_dir.hpp"
@@ -707,6 +708,25 @@ struct failing_kv {
 
 using failing_handler_t = holdfast::preemption_handler<config_t, failing_kv>;
 
+// One worker (task 0 of 1) over a failing_kv whose faults the test sets after construction.
+struct lone_worker {
+  job j{1};
+  outcome o;
+  scenario sc;
+  failing_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("f", "0"))};
+  failing_handler_t h;
+  explicit lone_worker(milliseconds ack_timeout = 2000ms)
+      : sc(with_ack_timeout(ack_timeout)),
+        h(make_config(j, 0, sc, &o), kv, {0, 1, "f"},
+          holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc)) {}
+  static scenario with_ack_timeout(milliseconds t) {
+    scenario s;
+    s.n = 1;
+    s.ack_timeout = t;
+    return s;
+  }
+};
+
 // One worker over `kv`, noticed at once; runs steps until run() returns stopped or throws
 // (at most 5 s). Returns "saved <step>" or the exception ("timeout <ids>", "unreachable <what>",
 // "error <what>"), and how long it took.
@@ -741,84 +761,58 @@ std::string run_noticed(failing_handler_t& h, job& j, double* ms = nullptr) {
 }  // namespace
 
 TEST_CASE("threads: transient store failures mid-agreement are retried; the agreement succeeds") {
-  job j(1);
-  outcome o;
-  scenario sc;
-  sc.n = 1;
-  failing_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("f", "0"))};
-  failing_handler_t h(make_config(j, 0, sc, &o), kv, {0, 1, "f"},
-                      holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
-  kv.f->errnum = ECONNRESET;
-  kv.f->puts = 3;  // the ack fails three times, then lands
-  auto r = run_noticed(h, j);
+  lone_worker w;
+  w.kv.f->errnum = ECONNRESET;
+  w.kv.f->puts = 3;  // the ack fails three times, then lands
+  auto r = run_noticed(w.h, w.j);
   CHECK(r.rfind("saved ", 0) == 0);
-  CHECK(kv.f->puts == 0);
-  CHECK(o.st.saves == 1);
+  CHECK(w.kv.f->puts == 0);
+  CHECK(w.o.st.saves == 1);
 }
 
 TEST_CASE("threads: an insert applied but unanswered is recognised on retry: exactly once") {
-  job j(1);
-  outcome o;
-  scenario sc;
-  sc.n = 1;
-  failing_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("f", "0"))};
-  failing_handler_t h(make_config(j, 0, sc, &o), kv, {0, 1, "f"},
-                      holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
-  kv.f->applied_inserts = 2;  // the claim and the step: applied, then "timed out"
-  auto r = run_noticed(h, j);
+  lone_worker w;
+  w.kv.f->applied_inserts = 2;  // the claim and the step: applied, then "timed out"
+  auto r = run_noticed(w.h, w.j);
   REQUIRE(r.rfind("saved ", 0) == 0);
   auto claim =
-      holdfast::parse_agreement_value(kv.inner.try_get("holdfast/f/r0/claim").value_or(""));
+      holdfast::parse_agreement_value(w.kv.inner.try_get("holdfast/f/r0/claim").value_or(""));
   REQUIRE(claim);
   CHECK(claim->writer == 0);
-  CHECK(kv.f->applied_inserts == 0);  // both inserts were applied and their answers lost
-  auto step = kv.inner.try_get("holdfast/f/r0/step");
+  CHECK(w.kv.f->applied_inserts == 0);  // both inserts were applied and their answers lost
+  auto step = w.kv.inner.try_get("holdfast/f/r0/step");
   REQUIRE(step);
   auto v = holdfast::parse_agreement_value(*step);
   REQUIRE(v);
   CHECK(v->what == holdfast::agreement_value::kind::step);
   CHECK(v->writer == 0);
-  CHECK(o.st.saved_steps == std::vector<std::int64_t>{v->step});
+  CHECK(w.o.st.saved_steps == std::vector<std::int64_t>{v->step});
 }
 
 TEST_CASE("threads: a put failing for good records a timeout naming this worker, then raises it") {
-  job j(1);
-  outcome o;
-  scenario sc;
-  sc.n = 1;
-  sc.ack_timeout = 200ms;
-  failing_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("f", "0"))};
-  failing_handler_t h(make_config(j, 0, sc, &o), kv, {0, 1, "f"},
-                      holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
-  kv.f->puts = -1;  // EIO: not transient, no retry
-  CHECK(run_noticed(h, j) == "timeout 0,");
-  auto v = holdfast::parse_agreement_value(kv.inner.try_get("holdfast/f/r0/step").value_or(""));
+  lone_worker w(200ms);
+  w.kv.f->puts = -1;  // EIO: not transient, no retry
+  CHECK(run_noticed(w.h, w.j) == "timeout 0,");
+  auto v = holdfast::parse_agreement_value(w.kv.inner.try_get("holdfast/f/r0/step").value_or(""));
   REQUIRE(v);
   CHECK(v->what == holdfast::agreement_value::kind::timeout);
   CHECK(v->tasks == std::vector<int>{0});
-  CHECK_THROWS_AS(h.run([] {}), holdfast::agreement_timeout);  // sticky
-  CHECK(o.st.saves == 0);
+  CHECK_THROWS_AS(w.h.run([] {}), holdfast::agreement_timeout);  // sticky
+  CHECK(w.o.st.saves == 0);
 }
 
 TEST_CASE("threads: a store unreachable past the deadline gives agreement_unreachable, no save") {
-  job j(1);
-  outcome o;
-  scenario sc;
-  sc.n = 1;
-  sc.ack_timeout = 200ms;
-  failing_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("f", "0"))};
-  failing_handler_t h(make_config(j, 0, sc, &o), kv, {0, 1, "f"},
-                      holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
-  kv.f->errnum = ETIMEDOUT;
-  kv.f->calls = -1;
+  lone_worker w(200ms);
+  w.kv.f->errnum = ETIMEDOUT;
+  w.kv.f->calls = -1;
   double ms = 0;
-  auto r = run_noticed(h, j, &ms);
+  auto r = run_noticed(w.h, w.j, &ms);
   CHECK(r.rfind("unreachable agree 'holdfast/f/r0/step'", 0) == 0);
   CHECK(r.find("Connection timed out") != std::string::npos);
   // retried until the deadline (200 ms), then recording retried for one more ack_timeout
   CHECK(ms >= 350);
   CHECK(ms < 400 * 1.1 + 300);
-  CHECK(o.st.saves == 0);
+  CHECK(w.o.st.saves == 0);
 }
 
 TEST_CASE("threads: the restore agreement resumes every worker from the newest common step") {
@@ -1029,17 +1023,6 @@ TEST_CASE("process: an async Checkpointer is waited for again before the Exit po
 }
 
 namespace {
-// A store with c10d's operations only (PyTorch's Store: compareSet, set, check + get, wait):
-// no list, no erase. The handler must agree over it.
-struct c10d_like_kv {
-  holdfast::in_process_kv inner;
-  bool insert(const std::string& k, std::string_view v) { return inner.insert(k, v); }
-  void put(const std::string& k, std::string_view v) { inner.put(k, v); }
-  std::optional<std::string> try_get(const std::string& k) { return inner.try_get(k); }
-  std::optional<std::string> get(const std::string& k, std::chrono::milliseconds t) {
-    return inner.get(k, t);
-  }
-};
 
 // 4 threads over `kv` (a c10d-like store, directly or in an any_kv); task 1 is noticed after 20
 // steps; `dead` stops stepping at step 10 without a notice. Returns each worker's outcome.
@@ -1078,10 +1061,11 @@ TEST_CASE("threads: a store with c10d's operations only (no list) serves the agr
     CHECK(first_saves(out).size() == 1);
     for (auto& o : out) CHECK(o.st.saves == 1);
   };
-  check(agree_over(c10d_like_kv{holdfast::in_process_kv({"c", 0})}));
-  check(agree_over(holdfast::any_kv(c10d_like_kv{holdfast::in_process_kv({"c", 1})})));
+  check(agree_over(holdfast_test::c10d_like_kv{holdfast::in_process_kv({"c", 0})}));
+  check(
+      agree_over(holdfast::any_kv(holdfast_test::c10d_like_kv{holdfast::in_process_kv({"c", 1})})));
   // a dead worker: the others record and raise the same timeout, read task by task
-  auto out = agree_over(c10d_like_kv{holdfast::in_process_kv({"c", 2})}, 2);
+  auto out = agree_over(holdfast_test::c10d_like_kv{holdfast::in_process_kv({"c", 2})}, 2);
   for (int t : {0, 1, 3}) {
     CHECK(out[static_cast<std::size_t>(t)].error == "timeout");
     CHECK(out[static_cast<std::size_t>(t)].missing == std::vector<int>{2});

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "support/c10d_like_kv.hpp"
 #include "support/etcd_server.hpp"
 #include "support/temp_dir.hpp"
 
@@ -95,19 +96,6 @@ TEST_CASE("make_kv: a directory and a real etcd behind one any_kv type") {
   CHECK(holdfast::etcd_kv(o, {"run", 3}).try_get("k") == "v");  // the URL's prefix was used
 }
 
-namespace {
-// A store with c10d's operations only: no list, no erase.
-struct c10d_like_kv {
-  holdfast::in_process_kv inner;
-  bool insert(const std::string& k, std::string_view v) { return inner.insert(k, v); }
-  void put(const std::string& k, std::string_view v) { inner.put(k, v); }
-  std::optional<std::string> try_get(const std::string& k) { return inner.try_get(k); }
-  std::optional<std::string> get(const std::string& k, std::chrono::milliseconds t) {
-    return inner.get(k, t);
-  }
-};
-}  // namespace
-
 TEST_CASE("any_kv: forwards the four operations; optional ones only where the store has them") {
   holdfast::in_process_kv base({"r", 0});
   holdfast::any_kv full(base);
@@ -115,7 +103,7 @@ TEST_CASE("any_kv: forwards the four operations; optional ones only where the st
   full.put("x/1", "a");
   CHECK(full.erase_prefix("x") == 1);
 
-  holdfast::any_kv small(c10d_like_kv{holdfast::in_process_kv({"r", 0})});
+  holdfast::any_kv small(holdfast_test::c10d_like_kv{holdfast::in_process_kv({"r", 0})});
   CHECK(small.insert("k", "v"));
   CHECK(small.try_get("k") == "v");
   CHECK(small.get("missing", 1ms) == std::nullopt);

@@ -206,38 +206,6 @@ using kv_erase_prefix =
     decltype(std::declval<T&>().erase_prefix(std::declval<const std::string&>()));
 }  // namespace detail
 
-/// True when T has every kv_store operation with the expected signature.
-template <class T>
-inline constexpr bool is_kv_store_v =
-    detail::detect<detail::kv_insert, T>::value&& detail::detect<detail::kv_put, T>::value&&
-        detail::detect<detail::kv_try_get, T>::value&& detail::detect<detail::kv_get, T>::value&&
-            detail::detect<detail::kv_list, T>::value&& detail::detect<detail::kv_erase, T>::value&&
-                detail::detect<detail::kv_erase_prefix, T>::value;
-
-/// Checks a key-value backend at compile time; each static_assert names the missing member.
-template <class Kv>
-constexpr bool check_kv_store() {
-  using namespace detail;
-  static_assert(detect<kv_insert, Kv>::value,
-                "holdfast: a kv_store needs bool insert(const std::string& key, value) "
-                "(false when the key exists)");
-  static_assert(detect<kv_put, Kv>::value,
-                "holdfast: a kv_store needs void put(const std::string& key, value)");
-  static_assert(detect<kv_try_get, Kv>::value,
-                "holdfast: a kv_store needs std::optional<std::string> try_get(const "
-                "std::string& key)");
-  static_assert(detect<kv_get, Kv>::value,
-                "holdfast: a kv_store needs std::optional<std::string> get(const std::string& "
-                "key, std::chrono::milliseconds timeout)");
-  static_assert(detect<kv_list, Kv>::value,
-                "holdfast: a kv_store needs kv_pairs list(const std::string& prefix)");
-  static_assert(detect<kv_erase, Kv>::value,
-                "holdfast: a kv_store needs erase(const std::string& key)");
-  static_assert(detect<kv_erase_prefix, Kv>::value,
-                "holdfast: a kv_store needs erase_prefix(const std::string& prefix)");
-  return true;
-}
-
 /// True when T has the four operations the preemption handler needs: insert, put, try_get and
 /// a blocking get — what PyTorch's c10d store offers too (compareSet, set, check + get, wait).
 /// Listing and erasing are optional there (detected: has_kv_list_v).
@@ -250,21 +218,41 @@ inline constexpr bool is_coordination_store_v =
 template <class T>
 inline constexpr bool has_kv_list_v = detail::detect<detail::kv_list, T>::value;
 
+/// True when T has every kv_store operation with the expected signature.
+template <class T>
+inline constexpr bool is_kv_store_v = is_coordination_store_v<T>&& has_kv_list_v<T>&&
+    detail::detect<detail::kv_erase, T>::value&& detail::detect<detail::kv_erase_prefix, T>::value;
+
 /// Checks a store for the handler at compile time; each static_assert names the missing member.
 template <class Kv>
 constexpr bool check_coordination_store() {
   using namespace detail;
   static_assert(detect<kv_insert, Kv>::value,
-                "holdfast: a coordination store needs bool insert(const std::string& key, value) "
+                "holdfast: a store needs bool insert(const std::string& key, value) "
                 "(false when the key exists)");
   static_assert(detect<kv_put, Kv>::value,
-                "holdfast: a coordination store needs void put(const std::string& key, value)");
+                "holdfast: a store needs void put(const std::string& key, value)");
   static_assert(detect<kv_try_get, Kv>::value,
-                "holdfast: a coordination store needs std::optional<std::string> try_get(const "
+                "holdfast: a store needs std::optional<std::string> try_get(const "
                 "std::string& key)");
   static_assert(detect<kv_get, Kv>::value,
-                "holdfast: a coordination store needs std::optional<std::string> get(const "
-                "std::string& key, std::chrono::milliseconds timeout)");
+                "holdfast: a store needs std::optional<std::string> get(const std::string& "
+                "key, std::chrono::milliseconds timeout)");
+  return true;
+}
+
+/// Checks a key-value backend (all seven operations) at compile time; each static_assert names
+/// the missing member.
+template <class Kv>
+constexpr bool check_kv_store() {
+  using namespace detail;
+  static_assert(check_coordination_store<Kv>());
+  static_assert(detect<kv_list, Kv>::value,
+                "holdfast: a kv_store needs kv_pairs list(const std::string& prefix)");
+  static_assert(detect<kv_erase, Kv>::value,
+                "holdfast: a kv_store needs erase(const std::string& key)");
+  static_assert(detect<kv_erase_prefix, Kv>::value,
+                "holdfast: a kv_store needs erase_prefix(const std::string& prefix)");
   return true;
 }
 
