@@ -700,21 +700,12 @@ class basic_step_agreement {
   /// published counter, and a worker only waits once its counter passed its published one.
   instruction decide(std::int64_t counter, time_point now, duration mean_step = duration::zero()) {
     now_ = now;
+    if (agreeing())  // the outcome is not known: a step past the published counter may be it
+      return verdict(my_counter_ >= 0 && counter > my_counter_ ? agreement_action::wait
+                                                               : agreement_action::proceed);
     switch (state_) {
-      case agreement_state::idle:
-      case agreement_state::exiting:
-      case agreement_state::stopped:
-        return verdict(agreement_action::proceed);
       case agreement_state::failed:
         return verdict(agreement_action::fail);
-      case agreement_state::noticed:
-      case agreement_state::claimed:
-      case agreement_state::acked:
-      case agreement_state::final_noticed:
-      case agreement_state::final_claimed:
-      case agreement_state::final_acked:
-        if (my_counter_ >= 0 && counter > my_counter_) return verdict(agreement_action::wait);
-        return verdict(agreement_action::proceed);
       case agreement_state::step_published:
       case agreement_state::final_published:
         return next_in_published(counter);
@@ -727,6 +718,8 @@ class basic_step_agreement {
         }
         return verdict(agreement_action::proceed);
       }
+      default:  // idle, exiting, stopped
+        break;
     }
     return verdict(agreement_action::proceed);
   }
