@@ -726,3 +726,188 @@ TEST_CASE("sweep_stale_temps: only the temp pattern, only older than the thresho
   CHECK(exists(dir / ".holdfast-tmp.1.0123456789abcdef.dir"));  // directories are never touched
   CHECK_THROWS_AS(holdfast::sweep_stale_temps(dir / "nope", 0ms), holdfast::error);
 }
+
+namespace {
+
+template <class P>
+void refuses_directory(const char* label) {
+  CAPTURE(label);
+  holdfast_test::temp_dir dir("pubdir");
+  const std::string target = dir / "target";
+  make_dir(target);
+  write_plain(target + "/inside", "kept");
+  struct stat before {};
+  REQUIRE(::lstat(target.c_str(), &before) == 0);
+  const P pub;
+  try {
+    pub.publish(target, "a file");
+    FAIL("published over a directory");
+  } catch (const holdfast::error& e) {
+    CHECK(e.errnum() == EISDIR);
+    CHECK(e.path() == target);
+  }
+  struct stat after {};
+  REQUIRE(::lstat(target.c_str(), &after) == 0);
+  CHECK(S_ISDIR(after.st_mode));
+  CHECK(after.st_ino == before.st_ino);  // the same directory, never moved aside
+  CHECK(slurp(target + "/inside") == "kept");
+  CHECK(holdfast::detail::list_directory<holdfast::posix_io>(dir.path()) ==
+        std::vector<std::string>{"target"});   // no temp, no directory under a temp name
+  CHECK_FALSE(pub.publish_once(target, "x"));  // exists: not replaced
+  CHECK(slurp(target + "/inside") == "kept");
+}
+
+// fault_io that makes a directory at the target right after publish's own check found none,
+// as a concurrent process could: the exchange then meets a directory.
+struct dir_appears_io : fault_io {
+  static std::string& armed() {
+    static std::string path;
+    return path;
+  }
+  static int lstat(const char* p, struct stat* st) noexcept {
+    int r = fault_io::lstat(p, st);
+    if (r != 0 && !armed().empty() && armed() == p) {
+      ::mkdir(p, 0755);
+      armed().clear();
+    }
+    return r;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("publish onto an existing directory: every policy refuses (EISDIR), the dir untouched") {
+  refuses_directory<holdfast::basic_publisher<holdfast::durable>>("durable");
+  refuses_directory<holdfast::basic_publisher<holdfast::durable_tolerate_einval>>(
+      "durable_tolerate_einval");
+  refuses_directory<holdfast::basic_publisher<holdfast::data_only>>("data_only");
+  refuses_directory<holdfast::basic_publisher<holdfast::no_sync>>("no_sync");
+  refuses_directory<holdfast::basic_publisher<holdfast::durable, no_renameat2_io>>(
+      "durable, no renameat2");
+
+  // A directory made between the check and the rename: swapped back by durable's exchange,
+  // refused by the others' rename.
+  holdfast_test::temp_dir dir("pubrace");
+  const std::string target = dir / "late";
+  auto race = [&](const auto& pub, const char* label) {
+    CAPTURE(label);
+    holdfast::detail::remove_tree<holdfast::posix_io>(target);
+    dir_appears_io::armed() = target;
+    try {
+      pub.publish(target, "a file");
+      FAIL("published over a directory");
+    } catch (const holdfast::error& e) {
+      CHECK(e.errnum() == EISDIR);
+      CHECK(e.path() == target);
+    }
+    struct stat st {};
+    REQUIRE(::lstat(target.c_str(), &st) == 0);
+    CHECK(S_ISDIR(st.st_mode));
+    CHECK(holdfast::detail::list_directory<holdfast::posix_io>(dir.path()) ==
+          std::vector<std::string>{"late"});
+  };
+  race(holdfast::basic_publisher<holdfast::durable, dir_appears_io>(), "durable");
+  race(holdfast::basic_publisher<holdfast::no_sync, dir_appears_io>(), "no_sync");
+}
+
+TEST_CASE("a NUL in a target or staging path is refused (EINVAL), never cut short") {
+  holdfast_test::temp_dir dir("nul");
+  const holdfast::publisher pub;
+  const std::string cut = dir / "a";
+  const std::string with_nul = cut + std::string("\0.json", 6);
+  for (int kind = 0; kind < 3; ++kind) {
+    CAPTURE(kind);
+    try {
+      if (kind == 0) pub.publish(with_nul, "x");
+      if (kind == 1) pub.publish_once(with_nul, "x");
+      if (kind == 2) {
+        make_dir(dir / "stage");
+        pub.publish_directory(dir / "stage", with_nul);
+      }
+      FAIL("accepted");
+    } catch (const holdfast::error& e) {
+      CHECK(e.errnum() == EINVAL);
+      CHECK(e.path() == cut + "\\x00.json");  // shown, not cut
+    }
+    CHECK_FALSE(exists(cut));
+  }
+  make_dir(dir / "stage2");
+  CHECK_THROWS_AS(pub.publish_directory(dir / std::string("stage2\0x", 8), dir / "t"),
+                  holdfast::error);
+  CHECK_FALSE(exists(dir / "t"));
+  CHECK(temps_in(dir.path()).empty());
+}
+
+namespace {
+// posix_io that, right after a stat of a directory named "victim" succeeds, swaps it for a
+// symlink to the directory `outside()`: what another process can do mid-removal.
+struct swap_io : holdfast::posix_io {
+  static std::string& outside() {
+    static std::string p;
+    return p;
+  }
+  static std::string& victim() {  // full path of the directory to swap once
+    static std::string p;
+    return p;
+  }
+  static void swap_now() {
+    if (victim().empty()) return;
+    std::string v = std::exchange(victim(), std::string());
+    ::rename(v.c_str(), (outside() + ".moved").c_str());  // out of the tree
+    ::symlink(outside().c_str(), v.c_str());
+  }
+  static int lstat(const char* p, struct stat* st) noexcept {
+    int r = posix_io::lstat(p, st);
+    if (r == 0 && victim() == p) swap_now();
+    return r;
+  }
+  static int fstatat(int d, const char* p, struct stat* st, int f) noexcept {
+    int r = posix_io::fstatat(d, p, st, f);
+    if (r == 0 && std::string(p) == "victim") swap_now();
+    return r;
+  }
+};
+}  // namespace
+
+TEST_CASE("tree removal unlinks a symlink swapped in mid-removal, never follows it") {
+  holdfast_test::temp_dir dir("swap");
+  for (bool top : {false, true}) {
+    CAPTURE(top);
+    // outside/: what must survive. tree/victim/: swapped for a symlink to outside/ after its
+    // type was checked (the victim is the tree's root itself, or a directory inside it).
+    holdfast::detail::remove_tree<holdfast::posix_io>(dir / "tree");
+    make_dir(dir / "outside");
+    write_plain(dir / "outside/precious", "keep me");
+    make_dir(dir / "tree");
+    write_plain(dir / "tree/a", "a");
+    make_dir(dir / "tree/victim");
+    write_plain(dir / "tree/victim/precious", "tree copy");
+    swap_io::outside() = dir / "outside";
+    swap_io::victim() = dir / "tree/victim";
+    const std::string root = top ? dir / "tree/victim" : dir / "tree";
+    try {
+      holdfast::detail::remove_tree<swap_io>(root);
+    } catch (const holdfast::error&) {  // whether it reports is secondary; what it removed is not
+    }
+    CHECK(swap_io::victim().empty());  // the swap happened
+    CHECK(slurp(dir / "outside/precious") == "keep me");
+    CHECK_FALSE(exists(dir / "tree/victim"));  // the symlink itself was unlinked
+    if (!top) CHECK_FALSE(exists(dir / "tree"));
+    CHECK(slurp(dir / "outside.moved/precious") == "tree copy");  // moved away: not ours
+    holdfast::detail::remove_tree<holdfast::posix_io>(dir / "tree");
+    holdfast::detail::remove_tree<holdfast::posix_io>(dir / "outside");
+    holdfast::detail::remove_tree<holdfast::posix_io>(dir / "outside.moved");
+  }
+}
+
+TEST_CASE("copy_to_local's copies never match the temp pattern: a sweep cannot take one in use") {
+  holdfast_test::temp_dir dir("copysweep");
+  make_dir(dir / "local");
+  write_plain(dir / "shard.bin", "shard");
+  auto copy = holdfast::copy_to_local(dir / "shard.bin", dir / "local");
+  const std::string name = holdfast::detail::split_path(copy.path()).second;
+  CHECK_FALSE(holdfast::is_temp_name(name));
+  CHECK(name.rfind(std::string(holdfast::local_copy_prefix), 0) == 0);
+  CHECK(holdfast::sweep_stale_temps(dir / "local", 0ms) == 0);
+  CHECK(slurp(copy.path()) == "shard");
+}

@@ -1,6 +1,8 @@
 // The artifact store: Horovod's URL and layout expectations as tables, validation, local output
 // directories, and sync (nanosecond change detection, deletions, atomic copies under injected
-// failures and under SIGKILL at every point).
+// failures and under SIGKILL at every point; the manifest at the destination: restarts in new
+// processes and new local directories, adoption of a manifest-less remote, strict parsing,
+// concurrent syncs of two origins).
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -58,16 +60,21 @@ void age(const std::string& path) {
   set_mtime(path, static_cast<std::int64_t>(st.st_mtim.tv_sec) - 3600, st.st_mtim.tv_nsec);
 }
 
-// Every regular file under `root` (relative path -> content) and every directory ("dir/").
+// Every regular file under `root` (relative path -> content) and every directory ("dir/"), without
+// sync's own files (the manifest and its lock remotely, the origin file locally).
 std::map<std::string, std::string> snapshot(const std::string& root,
                                             const std::vector<std::string>& skip_top = {}) {
   std::map<std::string, std::string> out;
   if (!fs::exists(root)) return out;
+  std::vector<std::string> skip = skip_top;
+  for (auto name :
+       {holdfast::sync_manifest_name, holdfast::sync_lock_name, holdfast::sync_origin_name})
+    skip.emplace_back(name);
   for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator();
        ++it) {
     std::string rel = fs::relative(it->path(), root).string();
     bool skipped = false;
-    for (const auto& s : skip_top)
+    for (const auto& s : skip)
       if (rel == s || rel.rfind(s + "/", 0) == 0) skipped = true;
     if (skipped) {
       if (it->is_directory()) it.disable_recursion_pending();
@@ -384,7 +391,8 @@ TEST_CASE_TEMPLATE("sync mirrors creations, modifications within one second, and
   holdfast::sync_options del;
   del.propagate_deletions = true;
   auto r6 = s.sync("run_001", local, del);
-  CHECK(r6.deleted == std::vector<std::string>{"b.txt", "sub"});
+  // The files this directory uploaded, then the directories their removal emptied.
+  CHECK(r6.deleted == std::vector<std::string>{"b.txt", "sub", "sub/deeper", "sub/deeper/c.bin"});
   CHECK(r6.copied.empty());
   CHECK(snapshot(remote) == snapshot(local));
 
@@ -466,9 +474,12 @@ TEST_CASE("sync with each system call failing in turn never leaves a partial or 
   write_file(local + "/d/e/c", "c");
   using store_t = holdfast::basic_store<holdfast::basic_local_filesystem<fault_io>>;
   auto expected = snapshot(local);
-  // With deletions: remote entries the local tree lacks, which the sync must remove.
+  // With deletions: remote files this local directory uploaded earlier (its manifest entries)
+  // and has since deleted, which the sync must remove, with the directory `old` they leave
+  // empty.
   const std::map<std::string, std::string> extraneous = {
       {"old/", ""}, {"old/x", "stale"}, {"zz", "stale too"}, {"d/gone", "g"}};
+  const std::string origin = store_t::create(dir / "origin").origin_of(local);
 
   for (bool deletions : {false, true}) {
     CAPTURE(deletions);
@@ -476,8 +487,18 @@ TEST_CASE("sync with each system call failing in turn never leaves a partial or 
     o.propagate_deletions = deletions;
     auto prepare = [&](const store_t& s) {
       if (!deletions) return;
-      for (const auto& e : extraneous)
-        if (e.first.back() != '/') write_file(s.run_path("r") + "/" + e.first, e.second);
+      holdfast::sync_manifest m;
+      for (const auto& e : extraneous) {
+        if (e.first.back() == '/') continue;
+        write_file(s.run_path("r") + "/" + e.first, e.second);
+        holdfast::sync_manifest_entry entry;
+        entry.origin = origin;
+        entry.size = static_cast<std::int64_t>(e.second.size());
+        entry.mode = 0100644;
+        m.files[e.first] = entry;
+      }
+      write_file(s.run_path("r") + "/" + std::string(holdfast::sync_manifest_name),
+                 holdfast::format_sync_manifest(m));
     };
     std::uint64_t total = 0;
     {
@@ -505,11 +526,13 @@ TEST_CASE("sync with each system call failing in turn never leaves a partial or 
       }
       fault_plan::disarm();
       failures += failed ? 1 : 0;
+      std::string op = holdfast::testing::to_string(fault_plan::last_failed());
       if (!failed) {
-        std::string op = holdfast::testing::to_string(fault_plan::last_failed());
         // Only closing a read-only descriptor (a local input, a directory scan) may fail
-        // unnoticed: the descriptor is gone either way and nothing was written through it.
-        CHECK((op == "close" || op == "closedir"));
+        // unnoticed: the descriptor is gone either way and nothing was written through it; and
+        // unlinking the manifest's displaced old version after the new one is in place (a
+        // temp publish.hpp documents, for sweep_stale_temps).
+        CHECK((op == "close" || op == "closedir" || op == "unlink"));
       }
       std::string remote = s.run_path("r");
       // Whatever exists under a final name is complete: a mirrored file, or an untouched
@@ -517,13 +540,16 @@ TEST_CASE("sync with each system call failing in turn never leaves a partial or 
       for (const auto& entry : snapshot(remote)) {
         const std::string& rel = entry.first;
         CAPTURE(rel);
+        if (holdfast::is_temp_name(fs::path(rel).filename().string())) continue;
         bool mirrored = expected.count(rel) && expected.at(rel) == entry.second;
         bool stale = extraneous.count(rel) && extraneous.at(rel) == entry.second;
         CHECK((mirrored || stale));
       }
-      CHECK(!has_temp(remote));
-      // A clean retry finishes the mirror.
-      s.sync("r", local, o);
+      if (failed || op != "unlink") CHECK(!has_temp(remote));
+      // A clean retry finishes the mirror (and sweeps a leftover temp).
+      holdfast::sync_options retry = o;
+      retry.sweep_temps_older_than = std::chrono::seconds(0);
+      s.sync("r", local, retry);
       CHECK(snapshot(remote) == expected);  // extraneous entries gone too
       fs::remove_all(root);
     }
@@ -585,6 +611,478 @@ TEST_CASE("a copier SIGKILLed at any point of a sync never leaves a partial remo
     CHECK(!has_temp(remote));
     fs::remove_all(root);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// sync across restarts: the manifest at the destination
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+holdfast::sync_options with_deletions() {
+  holdfast::sync_options o;
+  o.propagate_deletions = true;
+  return o;
+}
+
+std::string manifest_of(const std::string& run_dir) {
+  return run_dir + "/" + std::string(holdfast::sync_manifest_name);
+}
+
+// The manifest of a run, parsed.
+holdfast::sync_manifest read_manifest(const std::string& run_dir) {
+  std::string path = manifest_of(run_dir);
+  return holdfast::parse_sync_manifest(read_file(path), path);
+}
+
+}  // namespace
+
+TEST_CASE("a preempted job's next attempt, in a new process and a new local dir, keeps its files") {
+  // The pattern at the top of store.hpp on a mount: each attempt writes into a fresh scratch
+  // directory and syncs with deletions. Attempt 2 must not delete what attempt 1 uploaded.
+  holdfast_test::temp_dir dir("attempts");
+  holdfast::store_options so;
+  so.local_temp_dir = dir / "scratch";
+  fs::create_directories(so.local_temp_dir);
+  using store_t = holdfast::basic_store<holdfast::mounted_remote>;
+  const std::string remote = store_t::create(dir / "remote", so).run_path("run-7");
+
+  holdfast_test::child first([&] {
+    auto s = store_t::create(dir / "remote", so);
+    auto out = s.local_output_dir("run-7");
+    for (int i = 1; i <= 10; ++i)
+      write_file(out.path() + "/logs/events." + std::to_string(i),
+                 "attempt 1, event " + std::to_string(i));
+    auto r = s.sync("run-7", out.path(), with_deletions());
+    CHILD_REQUIRE(r.copied.size() == 10);
+    CHILD_REQUIRE(r.deleted.empty());
+    ::_exit(0);  // preempted: the scratch directory is left behind, as after a SIGKILL
+  });
+  auto r1 = first.wait(std::chrono::seconds(60));
+  CHECK_MESSAGE(r1.ok(), r1.failures);
+  auto after_first = snapshot(remote);
+  CHECK(after_first.size() == 11);  // logs/ and its 10 files
+
+  holdfast_test::child second([&] {
+    auto s = store_t::create(dir / "remote", so);
+    auto out = s.local_output_dir("run-7");  // a new, empty directory: a new origin
+    auto r = s.sync("run-7", out.path(), with_deletions());
+    CHILD_REQUIRE(r.deleted.empty());
+    CHILD_REQUIRE(r.copied.empty());
+    write_file(out.path() + "/logs/events.11", "attempt 2");
+    r = s.sync("run-7", out.path(), with_deletions());
+    CHILD_REQUIRE(r.copied == std::vector<std::string>{"logs/events.11"});
+    CHILD_REQUIRE(r.deleted.empty());
+    fs::remove(out.path() + "/logs/events.11");  // a file this attempt uploaded, deleted
+    r = s.sync("run-7", out.path(), with_deletions());
+    CHILD_REQUIRE(r.deleted == std::vector<std::string>{"logs/events.11"});
+  });
+  auto r2 = second.wait(std::chrono::seconds(60));
+  CHECK_MESSAGE(r2.ok(), r2.failures);
+  CHECK(snapshot(remote) == after_first);  // all 10 of attempt 1 kept, whole
+  CHECK(!fs::exists(remote + "/logs/events.11"));
+  auto m = read_manifest(remote);
+  CHECK(m.files.size() == 10);
+  CHECK(!has_temp(remote));
+}
+
+TEST_CASE("a restart in the same local dir re-copies nothing unchanged and deletes its own") {
+  holdfast_test::temp_dir dir("restart");
+  using store_t = holdfast::basic_store<holdfast::mounted_remote>;
+  const std::string local = dir / "local";  // kept across attempts (a node-local disk)
+  const std::string remote = store_t::create(dir / "remote").run_path("r");
+  const std::vector<std::string> names = {"a.txt", "logs/b.txt", "logs/deep/c.txt"};
+  for (const auto& n : names) {
+    write_file(local + "/" + n, "content of " + n);
+    age(local + "/" + n);  // not racily clean: the rule under test is the manifest's
+  }
+  holdfast_test::child first([&] {
+    auto r = store_t::create(dir / "remote").sync("r", local, with_deletions());
+    CHILD_REQUIRE(r.copied == names);
+  });
+  auto r1 = first.wait(std::chrono::seconds(60));
+  CHECK_MESSAGE(r1.ok(), r1.failures);
+
+  holdfast_test::child second([&] {
+    auto s = store_t::create(dir / "remote");
+    auto r = s.sync("r", local, with_deletions());
+    CHILD_REQUIRE(r.copied.empty());
+    CHILD_REQUIRE(r.unchanged == names);
+    fs::remove_all(local + "/logs/deep");  // uploaded by the first process from this dir
+    r = s.sync("r", local, with_deletions());
+    CHILD_REQUIRE(r.deleted == (std::vector<std::string>{"logs/deep", "logs/deep/c.txt"}));
+    CHILD_REQUIRE(r.copied.empty());
+  });
+  auto r2 = second.wait(std::chrono::seconds(60));
+  CHECK_MESSAGE(r2.ok(), r2.failures);
+  CHECK(snapshot(remote) == snapshot(local));
+  auto m = read_manifest(remote);
+  CHECK(m.files.size() == 2);
+  std::string origin = store_t::create(dir / "remote").origin_of(local);
+  for (const auto& e : m.files) CHECK(e.second.origin == origin);
+}
+
+TEST_CASE("a remote written without a manifest (the previous release) is adopted, not deleted") {
+  holdfast_test::temp_dir dir("adopt");
+  auto s = holdfast::store::create(dir / "remote");
+  std::string remote = s.run_path("r");
+  write_file(remote + "/a.txt", "old a");
+  write_file(remote + "/logs/b.txt", "old b");
+  write_file(remote + "/only-remote/c.txt", "old c");
+  std::string local = dir / "local";
+  write_file(local + "/a.txt", "new a");
+  write_file(local + "/d.txt", "new d");
+  auto r = s.sync("r", local, with_deletions());
+  CHECK(r.deleted.empty());
+  CHECK(r.copied == std::vector<std::string>{"a.txt", "d.txt"});
+  CHECK(read_file(remote + "/a.txt") == "new a");
+  CHECK(read_file(remote + "/logs/b.txt") == "old b");
+  CHECK(read_file(remote + "/only-remote/c.txt") == "old c");
+  auto m = read_manifest(remote);
+  CHECK(m.files.size() == 2);  // only what this origin uploaded
+  CHECK(m.files.count("a.txt") == 1);
+  CHECK(m.files.count("d.txt") == 1);
+  // Deleting locally removes what this directory uploaded, never the adopted files.
+  fs::remove(local + "/d.txt");
+  fs::remove(local + "/a.txt");
+  r = s.sync("r", local, with_deletions());
+  CHECK(r.deleted == std::vector<std::string>{"a.txt", "d.txt"});
+  CHECK(read_file(remote + "/logs/b.txt") == "old b");
+  CHECK(read_file(remote + "/only-remote/c.txt") == "old c");
+  // Readers of the layout see the same files as before: the manifest is one more dot-file.
+  CHECK(snapshot(remote) == (std::map<std::string, std::string>{{"logs/", ""},
+                                                                {"logs/b.txt", "old b"},
+                                                                {"only-remote/", ""},
+                                                                {"only-remote/c.txt", "old c"}}));
+}
+
+TEST_CASE("manifest format: round trip, and every malformation a format_error naming the line") {
+  holdfast::sync_manifest m;
+  const std::string o1(32, 'a'), o2 = "0123456789abcdef0123456789abcdef";
+  holdfast::sync_manifest_entry e;
+  e.origin = o1;
+  e.size = 12;
+  e.mtime_ns = 1330712280123456789;
+  e.ino = 4242;
+  e.mode = 0100644;
+  m.files["logs/events.1"] = e;
+  e.origin = o2;
+  e.mtime_ns = -5;  // before 1970
+  e.racy = true;
+  e.mode = 0100600;
+  m.files["odd names/a b\\c\nd\te\x7f\xc3\xa9"] = e;
+  const std::string text = holdfast::format_sync_manifest(m);
+  CHECK(text ==
+        "holdfast-sync-manifest 1\n"
+        "file " +
+            o1 +
+            " 12 1330712280123456789 4242 100644 - logs/events.1\n"
+            "file " +
+            o2 +
+            " 12 -5 4242 100600 r odd names/a b\\\\c\\nd\\x09e\\x7f\xc3\xa9\n"
+            "end 2\n");
+  auto back = holdfast::parse_sync_manifest(text, "m");
+  CHECK(back.files == m.files);
+  CHECK(holdfast::parse_sync_manifest("holdfast-sync-manifest 1\nend 0\n", "m").files.empty());
+
+  const std::string head = "holdfast-sync-manifest 1\n";
+  const std::string line = "file " + o1 + " 1 2 3 100644 - x\n";
+  struct row {
+    std::string text;
+    const char* where;  // "line N: ..." fragment
+  };
+  const row rows[] = {
+      {"", "line 1: empty"},
+      {"holdfast-sync-manifest 1", "line 1: truncated"},
+      {"hello\n", "line 1: not a holdfast sync manifest"},
+      {"holdfast-sync-manifest 2\nend 0\n", "line 1: format version 2"},
+      {"holdfast-sync-manifest x\nend 0\n", "line 1: bad format version"},
+      {head, "line 1: truncated: no end line"},
+      {head + line, "line 2: truncated: no end line"},
+      {head + line.substr(0, 30), "line 2: truncated"},
+      {head + line + "end 2\n", "line 3: the end line counts 2"},
+      {head + line + "end 1\nfile", "line 4: truncated"},
+      {head + line + "end 1\n\n", "line 4: text after the end line"},
+      {head + "file zz 1 2 3 100644 - x\nend 1\n", "line 2: bad origin"},
+      {head + "file " + o1 + " -1 2 3 100644 - x\nend 1\n", "line 2: bad size"},
+      {head + "file " + o1 + " 1 2x 3 100644 - x\nend 1\n", "line 2: bad mtime"},
+      {head + "file " + o1 + " 1 2 3 100648 - x\nend 1\n", "line 2: bad mode"},
+      {head + "file " + o1 + " 1 2 3 100644 ? x\nend 1\n", "line 2: bad flags"},
+      {head + "file " + o1 + " 1 2 3 100644 -\nend 1\n", "line 2: too few fields"},
+      {head + "file " + o1 + " 1 2 3 100644 - ../escape\nend 1\n", "line 2: '.' or '..'"},
+      {head + "file " + o1 + " 1 2 3 100644 - a/../../b\nend 1\n", "line 2: '.' or '..'"},
+      {head + "file " + o1 + " 1 2 3 100644 - /etc/passwd\nend 1\n", "line 2: absolute path"},
+      {head + "file " + o1 + " 1 2 3 100644 - a//b\nend 1\n", "line 2: empty path component"},
+      {head + "file " + o1 + " 1 2 3 100644 - \nend 1\n", "line 2: empty path"},
+      {head + "file " + o1 + " 1 2 3 100644 - a\\x00b\nend 1\n", "line 2: NUL"},
+      {head + "file " + o1 + " 1 2 3 100644 - a\\qb\nend 1\n", "line 2: bad escape"},
+      {head + "file " + o1 + " 1 2 3 100644 - .holdfast-sync-manifest\nend 1\n",
+       "line 2: a name sync reserves"},
+      {head + line + line + "end 2\n", "line 3: duplicate path 'x'"},
+      {head + "garbage\nend 0\n", "line 2: expected 'file' or 'end'"},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.text);
+    try {
+      holdfast::parse_sync_manifest(r.text, "/remote/runs/r/.holdfast-sync-manifest");
+      FAIL("parsed");
+    } catch (const holdfast::format_error& err) {
+      CHECK(err.errnum() == EINVAL);
+      CHECK(err.path() == "/remote/runs/r/.holdfast-sync-manifest");
+      CHECK(std::string(err.what()).find(r.where) != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a truncated or garbled manifest stops the sync before anything is deleted or copied") {
+  holdfast_test::temp_dir dir("badmanifest");
+  auto s = holdfast::store::create(dir / "remote");
+  std::string remote = s.run_path("r");
+  std::string local = dir / "local";
+  for (const char* n : {"a", "b", "logs/c"}) write_file(local + "/" + n, n);
+  s.sync("r", local);
+  const std::string good = read_file(manifest_of(remote));
+  auto before = snapshot(remote);
+  REQUIRE(before.size() == 4);
+  fs::remove_all(local + "/logs");
+  fs::remove(local + "/a");
+  write_file(local + "/new", "new");  // would be copied by a sync that went ahead
+  const std::string garbled = [&] {
+    std::string g = good;
+    g[g.find(" 100")] = 'X';  // the first file line loses its mode field's separator
+    return g;
+  }();
+  const std::pair<std::string, const char*> cases[] = {
+      {good.substr(0, good.size() / 2), "truncated"},
+      {good.substr(0, good.rfind("end ")), "no end line"},
+      {garbled, "line 2:"},
+  };
+  for (const auto& c : cases) {
+    const std::string& text = c.first;
+    const char* why = c.second;
+    CAPTURE(text);
+    write_file(manifest_of(remote), text);
+    try {
+      s.sync("r", local, with_deletions());
+      FAIL("synced");
+    } catch (const holdfast::format_error& e) {
+      CHECK(e.path() == manifest_of(remote));
+      CHECK(std::string(e.what()).find(why) != std::string::npos);
+      CHECK(std::string(e.what()).find("line ") != std::string::npos);
+    }
+    CHECK(snapshot(remote) == before);  // nothing deleted, nothing copied
+    CHECK(read_file(manifest_of(remote)) == text);
+  }
+  // Removing the manifest is the way out: the remote is adopted, nothing deleted.
+  fs::remove(manifest_of(remote));
+  auto r = s.sync("r", local, with_deletions());
+  CHECK(r.deleted.empty());
+  CHECK(r.copied == std::vector<std::string>{"b", "new"});
+}
+
+TEST_CASE("origin ids: made with a scratch dir, stable, malformed origin files rejected") {
+  holdfast_test::temp_dir dir("origin");
+  holdfast::store_options so;
+  so.local_temp_dir = dir.path();
+  auto s = holdfast::basic_store<holdfast::mounted_remote>::create(dir / "remote", so);
+  auto out = s.local_output_dir("r");
+  REQUIRE(fs::exists(out.path() + "/" + std::string(holdfast::sync_origin_name)));
+  std::string id = s.origin_of(out.path());
+  CHECK(id.size() == 32);
+  CHECK(id.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(s.origin_of(out.path()) == id);
+  CHECK(read_file(out.path() + "/.holdfast-origin") == "holdfast-origin 1\n" + id + "\n");
+  auto other = s.local_output_dir("r");
+  CHECK(s.origin_of(other.path()) != id);
+  // Never uploaded.
+  write_file(out.path() + "/x", "x");
+  CHECK(s.sync("r", out.path()).copied == std::vector<std::string>{"x"});
+  CHECK(!fs::exists(s.run_path("r") + "/.holdfast-origin"));
+  write_file(out.path() + "/.holdfast-origin", "holdfast-origin 1\nnot-hex\n");
+  auto text = error_text<holdfast::format_error>([&] { s.origin_of(out.path()); });
+  CHECK(text.find(out.path() + "/.holdfast-origin") != std::string::npos);
+  CHECK(text.find("line 2") != std::string::npos);
+}
+
+TEST_CASE("concurrent syncs of two origins to one run lose no manifest entries") {
+  holdfast_test::shm_temp_dir dir("concurrent");
+  using store_t = holdfast::basic_store<holdfast::mounted_remote>;
+  const std::string remote = store_t::create(dir / "remote").run_path("r");
+  const int rounds = sanitized ? 8 : 25;
+  int gate[2];
+  REQUIRE(::pipe(gate) == 0);
+  std::vector<holdfast_test::child> kids;
+  for (const char* who : {"one", "two"})
+    kids.emplace_back([&, who] {
+      ::close(gate[1]);
+      char c;
+      (void)!::read(gate[0], &c, 1);  // both start when the parent closes the gate
+      auto s = store_t::create(dir / "remote");
+      std::string local = dir / who;
+      for (int i = 0; i < rounds; ++i) {
+        write_file(local + "/logs/" + who + "." + std::to_string(i), who);
+        // a file each round that this origin then deletes again
+        write_file(local + "/tmp-" + who, std::to_string(i));
+        s.sync("r", local, with_deletions());
+        fs::remove(local + "/tmp-" + who);
+        auto r = s.sync("r", local, with_deletions());
+        CHILD_REQUIRE(r.deleted == std::vector<std::string>{"tmp-" + std::string(who)});
+      }
+    });
+  ::close(gate[0]);
+  ::close(gate[1]);
+  for (auto& k : kids) {
+    auto r = k.wait(std::chrono::seconds(120));
+    CHECK_MESSAGE(r.ok(), r.failures);
+  }
+  auto m = read_manifest(remote);
+  auto s = store_t::create(dir / "remote");
+  CHECK(m.files.size() == static_cast<std::size_t>(2 * rounds));
+  for (const char* who : {"one", "two"}) {
+    std::string origin = s.origin_of(dir / who);
+    for (int i = 0; i < rounds; ++i) {
+      std::string rel = "logs/" + std::string(who) + "." + std::to_string(i);
+      CAPTURE(rel);
+      REQUIRE(m.files.count(rel) == 1);
+      CHECK(m.files.at(rel).origin == origin);
+      CHECK(read_file(remote + "/" + rel) == who);
+    }
+  }
+  CHECK(!has_temp(remote));
+}
+
+namespace {
+// posix_io whose flock answers ENOLCK, as an NFSv3 mount without a lock manager does.
+struct no_lock_io : holdfast::posix_io {
+  static int flock(int, int) noexcept {
+    errno = ENOLCK;
+    return -1;
+  }
+};
+}  // namespace
+
+TEST_CASE("where the run directory cannot be locked, sync fails unless told to go on") {
+  holdfast_test::temp_dir dir("nolock");
+  auto s = holdfast::basic_store<holdfast::basic_local_filesystem<no_lock_io>>::create(dir / "r");
+  write_file(dir / "local/a", "a");
+  try {
+    s.sync("r", dir / "local");
+    FAIL("synced without the lock");
+  } catch (const holdfast::error& e) {
+    CHECK(e.errnum() == ENOLCK);
+    CHECK(e.operation() == "flock");
+    CHECK(e.path() == s.run_path("r") + "/" + std::string(holdfast::sync_lock_name));
+  }
+  holdfast::sync_options o;
+  o.tolerate_no_lock = true;
+  CHECK(s.sync("r", dir / "local", o).copied == std::vector<std::string>{"a"});
+}
+
+TEST_CASE("sync refuses a local dir inside the run dir, or around it, naming both") {
+  holdfast_test::temp_dir dir("nested");
+  auto s = holdfast::basic_store<holdfast::mounted_remote>::create(dir / "remote");
+  std::string remote = s.run_path("r");
+  std::string inside = remote + "/staging";
+  write_file(inside + "/weights", "precious");
+  write_file(remote + "/other", "o");
+  for (bool deletions : {false, true}) {
+    holdfast::sync_options o;
+    o.propagate_deletions = deletions;
+    try {
+      s.sync("r", inside, o);
+      FAIL("synced");
+    } catch (const holdfast::error& e) {
+      CHECK(e.errnum() == EINVAL);
+      CHECK(e.path() == inside);
+      CHECK(std::string(e.what()).find(remote) != std::string::npos);
+    }
+    // Through a symlink, too.
+    fs::create_directory_symlink(inside, dir / "link");
+    CHECK_THROWS_AS(s.sync("r", dir / "link", o), holdfast::error);
+    fs::remove(dir / "link");
+  }
+  CHECK(read_file(inside + "/weights") == "precious");
+  CHECK(read_file(remote + "/other") == "o");
+  // The run directory inside the local one: every sync would copy the mirror into itself.
+  auto outer = error_text<holdfast::error>([&] { s.sync("r", dir.path()); });
+  CHECK(outer.find(dir.path()) != std::string::npos);
+  CHECK(outer.find(remote) != std::string::npos);
+  CHECK(!fs::exists(remote + "/remote"));
+  // ... also when the run directory does not exist yet: refused before it is made.
+  auto fresh = holdfast::basic_store<holdfast::mounted_remote>::create(dir / "fresh");
+  CHECK_THROWS_AS(fresh.sync("r", dir.path()), holdfast::error);
+  CHECK(!fs::exists(dir / "fresh"));
+  // NUL in the local path would cut it.
+  CHECK(error_text<holdfast::error>([&] { s.sync("r", std::string("/tmp\0/x", 7)); }).find("NUL") !=
+        std::string::npos);
+}
+
+TEST_CASE("deletions never follow a symlink out of the run directory") {
+  holdfast_test::temp_dir dir("escape");
+  auto s = holdfast::store::create(dir / "remote");
+  std::string remote = s.run_path("r");
+  std::string local = dir / "local";
+  write_file(local + "/logs/a", "a");
+  write_file(local + "/keep", "k");
+  s.sync("r", local);
+  // Someone replaces the remote logs directory by a symlink to a directory outside the run
+  // holding a file of the same name.
+  write_file(dir / "outside/a", "not the run's");
+  fs::remove_all(remote + "/logs");
+  fs::create_directory_symlink(dir / "outside", remote + "/logs");
+  fs::remove_all(local + "/logs");
+  auto r = s.sync("r", local, with_deletions());
+  CHECK(r.deleted.empty());
+  CHECK(read_file(dir / "outside/a") == "not the run's");
+  CHECK(read_manifest(remote).files.count("logs/a") == 0);  // forgotten: not there to delete
+  CHECK(read_file(remote + "/keep") == "k");
+}
+
+namespace {
+// posix_io that swaps the directory named "victim" for a symlink to `outside()` right after its
+// type was checked, as another process could mid-removal.
+struct swap_io : holdfast::posix_io {
+  static std::string& outside() {
+    static std::string p;
+    return p;
+  }
+  static bool& armed() {
+    static bool a = false;
+    return a;
+  }
+  static int lstat(const char* p, struct stat* st) noexcept {  // a path-based removal's check
+    int r = posix_io::lstat(p, st);
+    std::string path = p;
+    if (r == 0 && armed() && path.size() > 7 && path.substr(path.size() - 7) == "/victim") {
+      armed() = false;
+      ::rename(p, (outside() + ".moved").c_str());
+      ::symlink(outside().c_str(), p);
+    }
+    return r;
+  }
+  static int fstatat(int d, const char* p, struct stat* st, int f) noexcept {
+    int r = posix_io::fstatat(d, p, st, f);
+    if (r == 0 && armed() && std::string(p) == "victim") {
+      armed() = false;
+      ::renameat(d, "victim", AT_FDCWD, (outside() + ".moved").c_str());  // out of the tree
+      ::symlinkat(outside().c_str(), d, "victim");
+    }
+    return r;
+  }
+};
+}  // namespace
+
+TEST_CASE("reclaiming a dataset unlinks a symlink swapped in mid-removal, never follows it") {
+  holdfast_test::temp_dir dir("reclaimswap");
+  auto s = holdfast::basic_store<holdfast::basic_local_filesystem<swap_io>>::create(dir / "p");
+  write_file(dir / "outside/precious", "keep me");
+  write_file(s.train_data_path() + "/victim/part-0", "p0");
+  swap_io::outside() = dir / "outside";
+  swap_io::armed() = true;
+  CHECK(s.reclaim_intermediate_data() == std::vector<std::string>{s.train_data_path()});
+  CHECK_FALSE(swap_io::armed());  // the swap happened
+  CHECK(read_file(dir / "outside/precious") == "keep me");
+  CHECK_FALSE(fs::exists(s.train_data_path()));
 }
 
 TEST_CASE("reclaim_intermediate_data removes datasets only when called, with their indices") {

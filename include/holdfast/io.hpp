@@ -76,6 +76,17 @@ struct posix_io {
     return ::linkat(olddir, from, newdir, to, flags);
   }
   static int unlink(const char* path) noexcept { return ::unlink(path); }
+  // names relative to a directory descriptor (tree removal that never follows a symlink)
+  static int openat(int dir, const char* path, int flags, mode_t mode) noexcept {
+    return ::openat(dir, path, flags, mode);
+  }
+  static int fstatat(int dir, const char* path, struct stat* st, int flags) noexcept {
+    return ::fstatat(dir, path, st, flags);
+  }
+  static int unlinkat(int dir, const char* path, int flags) noexcept {
+    return ::unlinkat(dir, path, flags);
+  }
+  static DIR* fdopendir(int fd) noexcept { return ::fdopendir(fd); }
   static int mkdir(const char* path, mode_t mode) noexcept { return ::mkdir(path, mode); }
   static int rmdir(const char* path) noexcept { return ::rmdir(path); }
   static DIR* opendir(const char* path) noexcept { return ::opendir(path); }

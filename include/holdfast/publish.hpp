@@ -5,6 +5,7 @@
 // the target sees the old version or the new one, whole.
 //
 // Protocol of publish(target, bytes, mode), every call through the Io policy:
+//   0. lstat the target: a directory there is refused (EISDIR), before any temp is written;
 //   1. open "<dir>/.holdfast-tmp.<pid>.<16 hex>.<name>" O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|
 //      O_CLOEXEC, mode 0600 (a new suffix on EEXIST);
 //   2. write everything (short writes and EINTR finished);
@@ -14,8 +15,10 @@
 //   6. (durable) open the parent directory;
 //   7. rename over the target. durable: renameat2 RENAME_EXCHANGE, so the old version stays at
 //      the temp name until step 8 succeeds (no target yet: rename; no exchange support: a hard
-//      link of the old version as backup, then rename). publish_once: renameat2
-//      RENAME_NOREPLACE, falling back to link + unlink on ENOSYS/EINVAL/EOPNOTSUPP;
+//      link of the old version as backup, then rename); an lstat of the temp name then checks
+//      that what was exchanged is no directory made since step 0 (else it is exchanged back).
+//      publish_once: renameat2 RENAME_NOREPLACE, falling back to link + unlink on
+//      ENOSYS/EINVAL/EOPNOTSUPP;
 //   8. (durable) fsync the parent directory, close it checked; unlink the old version.
 //
 // Guarantees:
@@ -30,6 +33,15 @@
 //     process, and a power loss once the directory entry reaches disk), `no_sync` (atomic for
 //     concurrent readers only). A custom policy states all three members (see durable).
 //   - publish_once never replaces an existing target: it returns false, and leaves no temp.
+//   - publish replaces files only: an existing directory at the target is refused under every
+//     Durability policy with holdfast::error(EISDIR, "publish", target) and left untouched —
+//     never renamed, never exchanged to a temp name. (publish_once over one returns false.)
+//   - A target or staging path containing NUL is refused (EINVAL, the path shown with \x00),
+//     never cut short at the NUL by the system calls.
+//   - detail::remove_tree (publish_directory's displaced tree, remove_committed_directory,
+//     store.hpp) never follows a symlink: below the given path, names are resolved relative to
+//     open directories (openat O_NOFOLLOW|O_DIRECTORY, fstatat and unlinkat
+//     AT_SYMLINK_NOFOLLOW), so a symlink swapped in mid-removal is unlinked, not entered.
 //   - Temps match one pattern (is_temp_name), so sweep_stale_temps can remove what a killed
 //     writer left and nothing else.
 //   - publish_directory syncs every file and directory in the staging tree, renames it into
@@ -158,6 +170,23 @@ inline constexpr bool is_durability_policy_v =
 inline constexpr unsigned rename_noreplace = 1u;  // RENAME_NOREPLACE
 inline constexpr unsigned rename_exchange = 2u;   // RENAME_EXCHANGE
 
+/// A path as shown in a message: NUL and other control bytes become \xNN.
+inline std::string printable(std::string_view s) {
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (char c : s) {
+    auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      out += "\\x";
+      out += hex[u >> 4];
+      out += hex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 /// {directory, name} of a path; the directory is "." for a bare name.
 inline std::pair<std::string, std::string> split_path(const std::string& path) {
   std::string p = path;
@@ -183,21 +212,24 @@ inline std::string temp_suffix(unsigned attempt) {
   return s;
 }
 
-/// "<dir>/.holdfast-tmp.<pid>.<hex>.<name>", the name cut so the whole stays within 255 bytes.
+/// "<dir>/<prefix><pid>.<hex>.<name>" (prefix ".holdfast-tmp." unless given), the name cut so
+/// the whole stays within 255 bytes.
 template <class Io>
-std::string temp_path_for(const std::string& dir, const std::string& name, unsigned attempt) {
+std::string temp_path_for(const std::string& dir, const std::string& name, unsigned attempt,
+                          std::string_view prefix = temp_prefix) {
   std::string base =
-      std::string(temp_prefix) + std::to_string(Io::getpid()) + "." + temp_suffix(attempt) + ".";
+      std::string(prefix) + std::to_string(Io::getpid()) + "." + temp_suffix(attempt) + ".";
   constexpr std::size_t name_max = 255;
   base += name.substr(0, name_max > base.size() ? name_max - base.size() : 0);
   return dir == "/" ? "/" + base : dir + "/" + base;
 }
 
-/// Creates a fresh temp next to `target` (O_CREAT|O_EXCL|O_NOFOLLOW, 0600).
+/// Creates a fresh temp next to `target` (O_CREAT|O_EXCL|O_NOFOLLOW, 0600), named with `prefix`.
 template <class Io>
-basic_fd<Io> create_temp(const std::string& dir, const std::string& name, int extra_flags = 0) {
+basic_fd<Io> create_temp(const std::string& dir, const std::string& name, int extra_flags = 0,
+                         std::string_view prefix = temp_prefix) {
   for (unsigned attempt = 0;; ++attempt) {
-    std::string temp = temp_path_for<Io>(dir, name, attempt);
+    std::string temp = temp_path_for<Io>(dir, name, attempt, prefix);
     int fd = Io::open(temp.c_str(),
                       O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | extra_flags, 0600);
     if (fd >= 0) return basic_fd<Io>(fd, temp);
@@ -273,7 +305,76 @@ std::vector<std::string> list_directory(const std::string& dir) {
   }
 }
 
-/// Removes a file or a directory tree (no symlink is followed). ENOENT is not an error.
+/// unlinkat; ENOENT is not an error.
+template <class Io>
+void unlink_at(int dir, const std::string& name, int flags, const std::string& shown) {
+  if (Io::unlinkat(dir, name.c_str(), flags) != 0 && errno != ENOENT)
+    throw error(errno, "unlinkat", shown);
+}
+
+/// Removes the entries of the directory open as `fd` (owned: closed here), then nothing else.
+/// Every name is resolved relative to a directory descriptor and never through a symlink.
+template <class Io>
+void remove_entries(int fd, const std::string& shown);
+
+/// Removes `name` in the open directory `dir` — a file, a symlink (the link itself), or a whole
+/// tree — never following a symlink, even one swapped in while the removal runs.
+template <class Io>
+void remove_at(int dir, const std::string& name, const std::string& shown) {
+  struct stat st {};
+  if (Io::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return;
+    throw error(errno, "fstatat", shown);
+  }
+  if (!S_ISDIR(st.st_mode)) return unlink_at<Io>(dir, name, 0, shown);
+  int fd = Io::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return;
+    // ELOOP: replaced by a symlink since the fstatat; ENOTDIR: by a file. Unlink it, unfollowed.
+    if (errno == ELOOP || errno == ENOTDIR) return unlink_at<Io>(dir, name, 0, shown);
+    throw error(errno, "openat", shown);
+  }
+  remove_entries<Io>(fd, shown);
+  if (Io::unlinkat(dir, name.c_str(), AT_REMOVEDIR) != 0) {
+    if (errno == ENOENT) return;
+    if (errno == ENOTDIR) return unlink_at<Io>(dir, name, 0, shown);  // a symlink swapped in
+    throw error(errno, "unlinkat", shown);
+  }
+}
+
+template <class Io>
+void remove_entries(int fd, const std::string& shown) {
+  DIR* d = Io::fdopendir(fd);
+  if (!d) {
+    int e = errno;
+    Io::close(fd);
+    throw error(e, "fdopendir", shown);
+  }
+  // The stream stays open (its descriptor anchors the *at calls) until the entries are gone.
+  struct closer {
+    DIR* d;
+    ~closer() {
+      if (d) Io::closedir(d);
+    }
+  } keep{d};
+  std::vector<std::string> names;
+  for (;;) {
+    errno = 0;
+    dirent* e = Io::readdir(d);
+    if (!e) {
+      if (errno != 0) throw error(errno, "readdir", shown);
+      break;
+    }
+    std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(std::move(n));
+  }
+  for (const auto& n : names) remove_at<Io>(::dirfd(d), n, shown + "/" + n);
+}
+
+/// Removes a file or a directory tree. No symlink is ever followed: below `path`, every name is
+/// resolved relative to an open directory (openat O_NOFOLLOW|O_DIRECTORY, fstatat and unlinkat
+/// with AT_SYMLINK_NOFOLLOW), so a symlink swapped in mid-removal is unlinked, not entered.
+/// ENOENT is not an error.
 template <class Io>
 void remove_tree(const std::string& path) {
   struct stat st {};
@@ -281,11 +382,21 @@ void remove_tree(const std::string& path) {
     if (errno == ENOENT) return;
     throw error(errno, "lstat", path);
   }
-  if (S_ISDIR(st.st_mode)) {
-    for (const auto& n : list_directory<Io>(path)) remove_tree<Io>(path + "/" + n);
-    if (Io::rmdir(path.c_str()) != 0 && errno != ENOENT) throw error(errno, "rmdir", path);
-  } else if (Io::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    throw error(errno, "unlink", path);
+  auto unlink_path = [&] {
+    if (Io::unlink(path.c_str()) != 0 && errno != ENOENT) throw error(errno, "unlink", path);
+  };
+  if (!S_ISDIR(st.st_mode)) return unlink_path();
+  int fd = Io::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return;
+    if (errno == ELOOP || errno == ENOTDIR) return unlink_path();  // swapped since the lstat
+    throw error(errno, "open", path);
+  }
+  remove_entries<Io>(fd, path);
+  if (Io::rmdir(path.c_str()) != 0) {
+    if (errno == ENOENT) return;
+    if (errno == ENOTDIR) return unlink_path();
+    throw error(errno, "rmdir", path);
   }
 }
 
@@ -389,9 +500,29 @@ class basic_publisher {
     void operator()(const fd_type& fd) const { write_all(fd, bytes.data(), bytes.size()); }
   };
 
+  // A path with NUL would be cut at it by every system call: refused, as is a missing name.
+  static void check_path(const std::string& path) {
+    if (path.find('\0') != std::string::npos)
+      throw error(EINVAL, "publish", detail::printable(path), "the path contains NUL");
+  }
   static void check_name(const std::string& target, const std::string& name) {
+    check_path(target);
     if (name.empty() || name == "." || name == "..")
       throw error(EINVAL, "publish", target, "the target must name a file");
+  }
+
+  // publish replaces files: an existing directory at the target is refused before any temp is
+  // written (a rename over it would fail, and an exchange would move the directory aside).
+  static void refuse_directory(const std::string& target) {
+    struct stat st {};
+    if (Io::lstat(target.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) throw_is_directory(target);
+    } else if (errno != ENOENT && errno != ENOTDIR) {
+      throw error(errno, "lstat", target);
+    }
+  }
+  [[noreturn]] static void throw_is_directory(const std::string& target) {
+    throw error(EISDIR, "publish", target, "the target is a directory; publish replaces files");
   }
 
   static void sync_dir(const std::string& dir) {
@@ -404,6 +535,7 @@ class basic_publisher {
   bool run(const std::string& target, Writer& writer, mode_t mode, bool once) const {
     auto [dir, name] = detail::split_path(target);
     check_name(target, name);
+    if (!once) refuse_directory(target);
     fd_type fd = detail::create_temp<Io>(dir, name);
     detail::unlink_guard<Io> temp(fd.path());
     writer(static_cast<const fd_type&>(fd));
@@ -416,8 +548,10 @@ class basic_publisher {
 
     if (once) return link_once(target, temp, dirfd);
     if constexpr (!Durability::sync_parent) {
-      if (Io::rename(temp.path().c_str(), target.c_str()) != 0)
+      if (Io::rename(temp.path().c_str(), target.c_str()) != 0) {
+        if (errno == EISDIR) throw_is_directory(target);  // made since refuse_directory
         throw error(errno, "rename", target);
+      }
       temp.release();
       return true;
     } else {
@@ -464,6 +598,16 @@ class basic_publisher {
     if (Io::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, target.c_str(),
                       detail::rename_exchange) == 0) {
       exchanged = true;  // temp's guard now unlinks the old version
+      // An exchange swaps a directory as readily as a file: one made at the target since
+      // refuse_directory goes back, untouched, instead of sitting at a temp name for good.
+      struct stat st {};
+      if (Io::lstat(temp.path().c_str(), &st) != 0 || S_ISDIR(st.st_mode)) {
+        int e = S_ISDIR(st.st_mode) ? EISDIR : errno;
+        Io::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, target.c_str(),
+                      detail::rename_exchange);
+        if (e == EISDIR) throw_is_directory(target);
+        throw error(e, "lstat", temp.path());
+      }
     } else if (errno != ENOENT && !detail::unsupported(errno)) {
       throw error(errno, "renameat2", target);
     } else {
@@ -474,6 +618,7 @@ class basic_publisher {
       if (Io::rename(temp.path().c_str(), target.c_str()) != 0) {
         int e = errno;
         if (!backup.empty()) Io::unlink(backup.c_str());
+        if (e == EISDIR) throw_is_directory(target);
         throw error(e, "rename", target);
       }
       temp.release();
@@ -539,6 +684,7 @@ class basic_publisher {
   bool move_directory(const std::string& staging, const std::string& target, bool replace) const {
     auto [tdir, tname] = detail::split_path(target);
     check_name(target, tname);
+    check_path(staging);
     std::string sdir = detail::split_path(staging).first;
     sync_tree(staging);
 

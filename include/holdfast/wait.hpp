@@ -14,8 +14,10 @@
 //     ENOSYS, EMFILE, ENOSPC, a missing parent directory, …) it falls back to poll_wait's loop.
 //   - poll_wait backs off from `initial_interval`, doubling, to `max_interval`; it uses only
 //     open and read, so it works on every filesystem.
-//   - copy_to_local copies through one descriptor into a 0600 temp in $TMPDIR (or /tmp), owned
-//     by a move-only handle that unlinks it when dropped (only in the process that made it).
+//   - copy_to_local copies through one descriptor into a 0600 file in $TMPDIR (or /tmp), owned
+//     by a move-only handle that unlinks it when dropped (only in the process that made it). Its
+//     name, ".holdfast-copy.<pid>.<hex>.<name>", never matches the publish temp pattern, so
+//     sweep_stale_temps on that directory cannot remove a copy another process is using.
 // Caveats:
 //   - A file written in place (not published) may be read while still being written: pair
 //     await_file with publish.hpp, or with a commit marker.
@@ -33,6 +35,7 @@
 #include <cstdlib>  // getenv: $TMPDIR for copy_to_local
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>  // sleep_for: poll_wait's interval
 #include <utility>
 
@@ -197,8 +200,13 @@ class basic_local_copy {
 /// The local copy type for the default Io policy.
 using local_copy = basic_local_copy<posix_io>;
 
-/// Copies `path` through one descriptor into a new 0600 temp under `local_dir` (default
-/// $TMPDIR, else /tmp). For libraries that only open local paths. On failure nothing is left.
+/// The prefix of copy_to_local's files: ".holdfast-copy.<pid>.<hex>.<name>" (not a publish temp,
+/// so sweep_stale_temps never removes a copy in use).
+inline constexpr std::string_view local_copy_prefix = ".holdfast-copy.";
+
+/// Copies `path` through one descriptor into a new 0600 file under `local_dir` (default
+/// $TMPDIR, else /tmp), named with local_copy_prefix. For libraries that only open local paths. On
+/// failure nothing is left.
 template <class Io = posix_io>
 basic_local_copy<Io> copy_to_local(const std::string& path, std::string local_dir = "") {
   if (local_dir.empty()) {
@@ -206,7 +214,8 @@ basic_local_copy<Io> copy_to_local(const std::string& path, std::string local_di
     local_dir = t && *t ? t : "/tmp";
   }
   auto src = open_file<Io>(path, O_RDONLY);
-  auto dst = detail::create_temp<Io>(local_dir, detail::split_path(path).second);
+  auto dst =
+      detail::create_temp<Io>(local_dir, detail::split_path(path).second, 0, local_copy_prefix);
   basic_local_copy<Io> copy(dst.path());
   std::string buf(1 << 20, '\0');
   for (;;) {

@@ -62,6 +62,10 @@ enum class io_op : unsigned {
   inotify_add_watch,
   madvise,
   lseek,
+  openat,
+  fstatat,
+  unlinkat,
+  fdopendir,
   count_
 };
 
@@ -105,7 +109,11 @@ inline const char* to_string(io_op op) noexcept {
                                       "inotify_init1",
                                       "inotify_add_watch",
                                       "madvise",
-                                      "lseek"};
+                                      "lseek",
+                                      "openat",
+                                      "fstatat",
+                                      "unlinkat",
+                                      "fdopendir"};
   auto i = static_cast<unsigned>(op);
   return i < static_cast<unsigned>(io_op::count_) ? names[i] : "?";
 }
@@ -280,6 +288,18 @@ struct fault_io : posix_io {
   }
   static int unlink(const char* p) noexcept {
     return fault_plan::hit(io_op::unlink) ? fail(-1) : posix_io::unlink(p);
+  }
+  static int openat(int d, const char* p, int f, mode_t m) noexcept {
+    return fault_plan::hit(io_op::openat) ? fail(-1) : posix_io::openat(d, p, f, m);
+  }
+  static int fstatat(int d, const char* p, struct stat* st, int f) noexcept {
+    return fault_plan::hit(io_op::fstatat) ? fail(-1) : posix_io::fstatat(d, p, st, f);
+  }
+  static int unlinkat(int d, const char* p, int f) noexcept {
+    return fault_plan::hit(io_op::unlinkat) ? fail(-1) : posix_io::unlinkat(d, p, f);
+  }
+  static DIR* fdopendir(int fd) noexcept {
+    return fault_plan::hit(io_op::fdopendir) ? fail<DIR*>(nullptr) : posix_io::fdopendir(fd);
   }
   static int mkdir(const char* p, mode_t m) noexcept {
     return fault_plan::hit(io_op::mkdir) ? fail(-1) : posix_io::mkdir(p, m);
