@@ -12,11 +12,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <holdfast/termination.hpp>
 #include <holdfast/testing/fault_io.hpp>
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -55,6 +57,10 @@ class scoped_disposition {
     sigemptyset(&sa.sa_mask);
     ::sigaction(sig, &sa, &old_);
   }
+  // Any disposition (flags and mask included).
+  scoped_disposition(int sig, const struct sigaction& sa) : sig_(sig) {
+    ::sigaction(sig, &sa, &old_);
+  }
   ~scoped_disposition() { ::sigaction(sig_, &old_, nullptr); }
   scoped_disposition(const scoped_disposition&) = delete;
   scoped_disposition& operator=(const scoped_disposition&) = delete;
@@ -77,6 +83,42 @@ volatile sig_atomic_t info_signo = 0;
 void info_handler(int, siginfo_t* info, void*) {
   info_hits = info_hits + 1;
   info_signo = info ? info->si_signo : -1;
+}
+
+// A handler that records the signal mask it runs with: was SIGUSR2 blocked, was its own signal?
+volatile sig_atomic_t probe_hits = 0;
+volatile sig_atomic_t probe_usr2_blocked = -1;
+volatile sig_atomic_t probe_self_blocked = -1;
+void mask_probe(int sig) {
+  sigset_t now;
+  ::pthread_sigmask(SIG_BLOCK, nullptr, &now);
+  probe_hits = probe_hits + 1;
+  probe_usr2_blocked = sigismember(&now, SIGUSR2);
+  probe_self_blocked = sigismember(&now, sig);
+}
+void mask_probe_info(int sig, siginfo_t*, void*) { mask_probe(sig); }
+void reset_probe() {
+  probe_hits = 0;
+  probe_usr2_blocked = -1;
+  probe_self_blocked = -1;
+}
+// A disposition for mask_probe (or mask_probe_info with SA_SIGINFO) with these flags and mask.
+struct sigaction probe_action(int flags, std::initializer_list<int> blocked = {}) {
+  struct sigaction sa {};
+  if (flags & SA_SIGINFO)
+    sa.sa_sigaction = mask_probe_info;
+  else
+    sa.sa_handler = mask_probe;
+  sa.sa_flags = flags;
+  sigemptyset(&sa.sa_mask);
+  for (int b : blocked) sigaddset(&sa.sa_mask, b);
+  return sa;
+}
+// SA_RESETHAND is 0x80000000, an unsigned literal, while sa_flags is an int.
+constexpr int resethand = static_cast<int>(SA_RESETHAND);
+bool is_probe(const struct sigaction& sa) {
+  return (sa.sa_flags & SA_SIGINFO) ? sa.sa_sigaction == mask_probe_info
+                                    : sa.sa_handler == mask_probe;
 }
 
 // Waits (with a deadline) for `pred`, checking every millisecond.
@@ -219,6 +261,97 @@ TEST_CASE("a handler installed earlier still runs, in both forms, and is restore
   }
 }
 
+TEST_CASE("chaining honours the earlier handler's sa_mask, SA_NODEFER and SA_RESETHAND") {
+  // Each case first shows what the kernel does with the handler alone, then the same through a
+  // started notice: the chained call must see the same mask and the same one-shot reset. Both
+  // handler forms (sa_handler, SA_SIGINFO) each time.
+  const int forms[] = {0, SA_SIGINFO};
+  SUBCASE("sa_mask is blocked while the earlier handler runs, and its own signal too") {
+    for (int form : forms) {
+      CAPTURE(form);
+      scoped_disposition mine(SIGUSR1, probe_action(form, {SIGUSR2}));
+      reset_probe();
+      ::raise(SIGUSR1);  // the kernel alone
+      REQUIRE(probe_hits == 1);
+      CHECK(probe_usr2_blocked == 1);
+      CHECK(probe_self_blocked == 1);
+      reset_probe();
+      signal_notice<SIGUSR1> n;
+      n.start();
+      ::raise(SIGUSR1);
+      CHECK(n.noticed());
+      REQUIRE(probe_hits == 1);
+      CHECK(probe_usr2_blocked == 1);
+      CHECK(probe_self_blocked == 1);
+      sigset_t after;
+      ::pthread_sigmask(SIG_BLOCK, nullptr, &after);
+      CHECK(sigismember(&after, SIGUSR2) == 0);  // and unblocked again afterwards
+    }
+  }
+  SUBCASE("SA_NODEFER: the signal itself is not blocked while the earlier handler runs") {
+    for (int form : forms) {
+      CAPTURE(form);
+      scoped_disposition mine(SIGUSR1, probe_action(form | SA_NODEFER));
+      reset_probe();
+      ::raise(SIGUSR1);
+      REQUIRE(probe_hits == 1);
+      CHECK(probe_self_blocked == 0);
+      CHECK(probe_usr2_blocked == 0);
+      reset_probe();
+      signal_notice<SIGUSR1> n;
+      n.start();
+      ::raise(SIGUSR1);
+      CHECK(n.noticed());
+      REQUIRE(probe_hits == 1);
+      CHECK(probe_self_blocked == 0);
+      CHECK(probe_usr2_blocked == 0);
+    }
+  }
+  SUBCASE("SA_RESETHAND: called once, then SIG_DFL, which stop() leaves in place") {
+    for (int form : forms) {
+      CAPTURE(form);
+      const struct sigaction oneshot = probe_action(form | resethand);
+      scoped_disposition mine(SIGUSR1, oneshot);
+      reset_probe();
+      ::raise(SIGUSR1);  // the kernel alone: one call, then the default action
+      CHECK(probe_hits == 1);
+      CHECK((current_disposition(SIGUSR1).sa_handler == SIG_DFL));
+      for (int round = 0; round < 2; ++round) {  // the same handler installed again is armed again
+        CAPTURE(round);
+        ::sigaction(SIGUSR1, &oneshot, nullptr);
+        reset_probe();
+        {
+          signal_notice<SIGUSR1> n;
+          n.start();
+          ::raise(SIGUSR1);
+          ::raise(SIGUSR1);  // the notice sees it; the one-shot handler is not called again
+          CHECK(n.count() == 2);
+          CHECK(probe_hits == 1);
+        }
+        CHECK((current_disposition(SIGUSR1).sa_handler == SIG_DFL));  // as the kernel leaves it
+      }
+    }
+  }
+  SUBCASE("SA_RESETHAND never delivered: stop() restores it as it was, still one-shot") {
+    for (int form : forms) {
+      CAPTURE(form);
+      scoped_disposition mine(SIGUSR1, probe_action(form | resethand, {SIGUSR2}));
+      {
+        signal_notice<SIGUSR1> n;
+        n.start();
+      }
+      auto sa = current_disposition(SIGUSR1);
+      CHECK(is_probe(sa));
+      CHECK((sa.sa_flags & resethand) != 0);
+      CHECK(sigismember(&sa.sa_mask, SIGUSR2) == 1);
+      reset_probe();
+      ::raise(SIGUSR1);
+      CHECK(probe_hits == 1);
+      CHECK((current_disposition(SIGUSR1).sa_handler == SIG_DFL));
+    }
+  }
+}
+
 TEST_CASE("two configs watching one signal both see it, the last to stop restores") {
   scoped_disposition mine(SIGTERM, plain_handler);
   plain_hits = 0;
@@ -261,6 +394,79 @@ TEST_CASE("signal_notice<SIGUSR1, SIGTERM> reports which signal came first") {
   CHECK(last.noticed());
   CHECK(last.signal() == 64);
   static_assert(signal_notice<>::signals[0] == SIGTERM);
+}
+
+TEST_CASE("signal_notice: a time left per signal, the deadline is the first signal's") {
+  scoped_disposition ign1(SIGUSR1, SIG_IGN);
+  scoped_disposition ign2(SIGUSR2, SIG_IGN);
+  using std::chrono::system_clock;
+  SUBCASE("set_time_left and the {signal, time} list are the same") {
+    signal_notice<SIGUSR2, SIGUSR1> a;
+    CHECK_FALSE(a.time_left(SIGUSR2));
+    a.set_time_left(SIGUSR2, 10s).set_time_left(SIGUSR1, 2500ms);
+    signal_notice<SIGUSR2, SIGUSR1> b({{SIGUSR2, 10s}, {SIGUSR1, 2500ms}});
+    for (auto* n : {&a, &b}) {
+      CHECK(n->time_left(SIGUSR2) == 10s);
+      CHECK(n->time_left(SIGUSR1) == 2500ms);
+      CHECK_FALSE(n->time_left(SIGTERM));
+    }
+  }
+  SUBCASE("arrival + the first signal's time; a later signal does not move it") {
+    signal_notice<SIGUSR2, SIGUSR1> n({{SIGUSR2, 10s}, {SIGUSR1, 2500ms}});
+    n.start();
+    CHECK_FALSE(n.deadline());
+    const auto before = system_clock::now();
+    ::raise(SIGUSR1);
+    const auto after = system_clock::now();
+    ::raise(SIGUSR2);
+    REQUIRE(n.deadline());
+    CHECK(*n.deadline() >= before + 2500ms);
+    CHECK(*n.deadline() <= after + 2500ms);
+    const auto d = *n.deadline();
+    auto moved = std::move(n);  // kept by a move, while running and after stop
+    CHECK(moved.deadline() == d);
+    moved.stop();
+    CHECK(moved.deadline() == d);
+    moved.start();  // a new start clears the notice, not the times
+    CHECK_FALSE(moved.deadline());
+    ::raise(SIGUSR2);
+    REQUIRE(moved.deadline());
+    CHECK(*moved.deadline() - system_clock::now() > 9s);
+  }
+  SUBCASE("a signal without a time announces no deadline") {
+    signal_notice<SIGUSR2, SIGUSR1> n({{SIGUSR2, 10s}});
+    n.start();
+    ::raise(SIGUSR1);
+    CHECK(n.noticed());
+    CHECK_FALSE(n.deadline());
+  }
+  SUBCASE("through termination_config and any_of: announced and capping the grace") {
+    using notice = holdfast::any_of<signal_notice<SIGUSR1>, holdfast::file_notice>;
+    holdfast_test::temp_dir dir("term");
+    holdfast::termination_config<notice, holdfast::no_exit> cfg(
+        notice(signal_notice<SIGUSR1>({{SIGUSR1, 5s}}), holdfast::file_notice(dir / "x", 10s)),
+        holdfast::no_exit{}, 60s);
+    cfg.start();
+    ::raise(SIGUSR1);
+    cfg.stop();
+    REQUIRE(cfg.announced_deadline());
+    auto grace = *cfg.grace_deadline() - *cfg.noticed_at();
+    CHECK(grace > 5s - 200ms);
+    CHECK(grace < 5s + 200ms);
+  }
+  SUBCASE("a signal not watched, or a negative time, is EINVAL") {
+    signal_notice<SIGUSR2, SIGUSR1> n;
+    for (auto bad : {std::pair{SIGTERM, 1s}, std::pair{SIGUSR1, -1s}}) {
+      try {
+        n.set_time_left(bad.first, bad.second);
+        FAIL("no error");
+      } catch (const holdfast::error& e) {
+        CHECK(e.errnum() == EINVAL);
+      }
+    }
+    CHECK_THROWS_AS((signal_notice<SIGUSR1>({{SIGTERM, 1s}})), holdfast::error);
+    CHECK_FALSE(n.time_left(SIGUSR1));
+  }
 }
 
 TEST_CASE("a signal sent by another process is noticed, SIG_DFL comes back after stop") {
@@ -531,23 +737,46 @@ TEST_CASE("gce_preempted_notice: preempted TRUE is a notice, FALSE is not") {
 }
 
 namespace {
-// An IMDSv2 metadata service: a token from PUT, then spot/instance-action with that token.
+// Whether a request carries a header at all (seen_request::header says "" for absent and empty).
+bool has_header(const seen_request& r, const std::string& name) {
+  for (const auto& h : r.headers)
+    if (seen_request::lower(h.first) == seen_request::lower(name)) return true;
+  return false;
+}
+
+// An IMDSv2 metadata service: a token from PUT, then spot/instance-action with that token. With
+// `put` other than answer, token PUTs get no answer (as behind a hop limit of 1: the reply never
+// comes back) or a 403; `v1` lets GETs without a token through (IMDSv1), else they get 401.
 struct fake_imds {
+  enum put_mode { answer, no_answer, forbidden };
+  std::atomic<int> put{answer};
+  std::atomic<bool> bad_put_once{false};  // only the first PUT gets `put`, later ones a token
+  std::atomic<bool> v1{false};
+  std::atomic<int> puts{0};
   std::atomic<int> tokens{0};
-  std::atomic<int> action_gets{0};
+  std::atomic<int> action_gets{0};  // answered GETs, with a token or (v1) without
+  std::atomic<int> v1_gets{0};      // answered GETs without a token
   std::atomic<bool> notice{false};
   std::atomic<bool> expire_token{false};
   std::string body = R"({"action":"terminate","time":"2017-09-18T08:22:00Z"})";
   std::string token() const { return "tok-" + std::to_string(tokens.load()); }
   reply operator()(const seen_request& r) {
     if (r.method == "PUT" && r.target == "/latest/api/token") {
+      ++puts;
       if (r.header("X-aws-ec2-metadata-token-ttl-seconds").empty()) return reply(400, "");
+      int mode = bad_put_once.exchange(false) ? put.exchange(answer) : put.load();
+      if (mode == no_answer) return reply::delayed(10s, reply::response(200, "too-late"));
+      if (mode == forbidden) return reply(403, "Forbidden");
       ++tokens;
       return reply(200, token());
     }
     if (r.method == "GET" && r.target == "/latest/meta-data/spot/instance-action") {
-      if (expire_token.exchange(false) || r.header("X-aws-ec2-metadata-token") != token())
+      if (!has_header(r, "X-aws-ec2-metadata-token") && v1.load()) {
+        ++v1_gets;
+      } else if (expire_token.exchange(false) || r.header("X-aws-ec2-metadata-token") != token() ||
+                 tokens.load() == 0) {
         return reply(401, "");
+      }
       ++action_gets;
       return notice.load() ? reply(200, body) : reply(404, "<?xml version=\"1.0\"?>Not Found");
     }
@@ -580,6 +809,53 @@ TEST_CASE("aws_spot_notice: IMDSv2 token flow, 404 is no notice, the action time
   CHECK(seen[0].method == "PUT");
   CHECK(seen[0].header("X-aws-ec2-metadata-token-ttl-seconds") == "21600");
   CHECK(seen[1].header("X-aws-ec2-metadata-token") == "tok-1");
+}
+
+TEST_CASE("aws_spot_notice: a token PUT with no answer or a 403 falls back to IMDSv1 GETs") {
+  for (int mode : {fake_imds::no_answer, fake_imds::forbidden}) {
+    CAPTURE(mode);
+    fake_imds imds;
+    imds.put = mode;
+    imds.v1 = true;
+    http_server srv([&](const seen_request& r) { return imds(r); });
+    log_lines log;
+    holdfast::aws_spot_notice n(fast(srv.url(), log));
+    n.start();
+    CHECK(eventually([&] { return imds.v1_gets.load() >= 3; }));
+    CHECK_FALSE(n.noticed());
+    CHECK(imds.puts.load() == 1);  // not asked again on every poll (each would wait it out)
+    imds.notice = true;
+    CHECK(eventually([&] { return n.noticed(); }));
+    n.stop();
+    REQUIRE(n.deadline());
+    CHECK(std::chrono::duration_cast<std::chrono::seconds>(n.deadline()->time_since_epoch())
+              .count() == 1505722920);
+    CHECK(n.failures() == 0);
+    CHECK(log.size() == 0);
+    for (const auto& r : srv.requests())
+      if (r.method == "GET") CHECK_FALSE(has_header(r, "X-aws-ec2-metadata-token"));
+  }
+}
+
+TEST_CASE("aws_spot_notice: IMDSv2 only, after a PUT with no answer: the next poll gets a token") {
+  fake_imds imds;
+  imds.put = fake_imds::no_answer;
+  imds.bad_put_once = true;
+  http_server srv([&](const seen_request& r) { return imds(r); });
+  log_lines log;
+  holdfast::aws_spot_notice n(fast(srv.url(), log));
+  n.start();
+  CHECK(eventually([&] { return imds.action_gets.load() >= 2; }));  // with the token
+  CHECK(imds.tokens.load() == 1);
+  CHECK(imds.puts.load() == 2);
+  imds.notice = true;
+  CHECK(eventually([&] { return n.noticed(); }));
+  n.stop();
+  CHECK(n.failures() == 1);  // the first poll: no token, and IMDSv1 refused (401)
+  REQUIRE(log.size() == 1);
+  CAPTURE(log.at(0));
+  CHECK(log.at(0).find("401") != std::string::npos);
+  CHECK(log.at(0).find("token") != std::string::npos);
 }
 
 TEST_CASE("aws_spot_notice: malformed documents and a refused token are no notice, logged once") {
@@ -989,6 +1265,123 @@ TEST_CASE("presets: the table of notice, exit code and grace") {
   CHECK(p::aws_spot().notice().interval() == 5s);
   CHECK(p::gce_cpu().notice().poller().endpoint.url() ==
         holdfast::detail::parse_http_url(holdfast::gce_metadata_url()).url());
+}
+
+namespace {
+// The `///` comment right above `struct slurm` in whichever termination header defines it,
+// joined into one line with single spaces.
+std::string slurm_preset_doc() {
+  std::vector<std::string> files = {HOLDFAST_SOURCE_DIR "/include/holdfast/termination.hpp"};
+  const std::string dir = HOLDFAST_SOURCE_DIR "/include/holdfast/termination";
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') files.push_back(dir + "/" + e->d_name);
+    ::closedir(d);
+  }
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      if (lines[i].rfind("struct slurm ", 0) != 0) continue;
+      std::vector<std::string> doc;
+      for (std::size_t j = i; j > 0 && lines[j - 1].rfind("///", 0) == 0; --j)
+        doc.insert(doc.begin(), lines[j - 1].substr(3));
+      std::string joined;
+      for (const auto& l : doc) {
+        std::istringstream words(l);
+        for (std::string w; words >> w;) joined += (joined.empty() ? "" : " ") + w;
+      }
+      return joined;
+    }
+  }
+  return {};
+}
+}  // namespace
+
+TEST_CASE("presets::slurm says which --signal form reaches the trainer and when SIGKILL follows") {
+  const std::string doc = slurm_preset_doc();
+  REQUIRE_FALSE(doc.empty());
+  CAPTURE(doc);
+  auto says = [&doc](const char* text) { return doc.find(text) != std::string::npos; };
+  // tasks started with srun: the plain form; a trainer run by the batch script: B: and exec
+  CHECK(says("srun"));
+  CHECK(says("`--signal=USR1@120`"));
+  CHECK(says("`--signal=B:USR1@120`"));
+  CHECK(says("batch script"));
+  CHECK(says("`exec`"));
+  CHECK(says("forward"));
+  // preemption: SIGTERM, then SIGKILL after GraceTime + KillWait (site settings, 30 s default)
+  CHECK(says("SIGTERM"));
+  CHECK(says("SIGKILL"));
+  CHECK(says("GraceTime + KillWait"));
+  CHECK(says("30 s"));
+  CHECK(says("not 120 s"));
+}
+
+TEST_CASE("presets::slurm: the deadline is the first signal's: SIGUSR1 120 s, SIGTERM 30 s") {
+  scoped_disposition term(SIGTERM, SIG_DFL);  // not chained: the notice takes it over
+  scoped_disposition usr1(SIGUSR1, SIG_DFL);
+  using std::chrono::system_clock;
+  struct case_ {
+    int first, second;
+    std::chrono::seconds left;
+  };
+  for (auto c : {case_{SIGUSR1, SIGTERM, 120s}, case_{SIGTERM, SIGUSR1, 30s}}) {
+    CAPTURE(c.first);
+    holdfast::presets::slurm p;
+    p.start();
+    CHECK_FALSE(p.announced_deadline());
+    const auto wall_before = system_clock::now();
+    ::raise(c.first);
+    const auto wall_after = system_clock::now();
+    ::raise(c.second);  // a later signal does not move the deadline
+    REQUIRE(p.noticed());
+    CHECK(p.notice().signal() == c.first);
+    REQUIRE(p.announced_deadline());
+    CHECK(*p.announced_deadline() >= wall_before + c.left);
+    CHECK(*p.announced_deadline() <= wall_after + c.left);
+    // the grace (120 s) ends at the earlier of notice + grace and the deadline
+    REQUIRE(p.grace_deadline());
+    auto grace = *p.grace_deadline() - *p.noticed_at();
+    CHECK(grace > c.left - 200ms);
+    CHECK(grace < c.left + 200ms);
+    p.stop();
+    CHECK(p.announced_deadline() == p.announced_deadline());  // stable, and kept after stop
+    CHECK(*p.announced_deadline() <= wall_after + c.left);
+  }
+}
+
+TEST_CASE("presets::slurm takes the --signal time and GraceTime + KillWait of the site") {
+  scoped_disposition term(SIGTERM, SIG_DFL);
+  scoped_disposition usr1(SIGUSR1, SIG_DFL);
+  using p = holdfast::presets::slurm;
+  static_assert(p::default_usr1_time_left == 120s);
+  static_assert(p::default_term_time_left == 30s);
+  CHECK(p().notice().time_left(SIGUSR1) == 120s);
+  CHECK(p().notice().time_left(SIGTERM) == 30s);
+  p site(60s, 300s, 45s);  // grace 60 s, --signal=USR1@300, GraceTime 15 + KillWait 30
+  CHECK(site.grace_period() == 60s);
+  CHECK(site.notice().time_left(SIGUSR1) == 300s);
+  CHECK(site.notice().time_left(SIGTERM) == 45s);
+  site.start();
+  const auto wall = std::chrono::system_clock::now();
+  ::raise(SIGTERM);
+  site.stop();
+  REQUIRE(site.announced_deadline());
+  CHECK(*site.announced_deadline() - wall >= 45s);
+  CHECK(*site.announced_deadline() - wall < 46s);
+  auto grace = *site.grace_deadline() - *site.noticed_at();  // the deadline is the earlier
+  CHECK(grace > 45s - 200ms);
+  CHECK(grace < 45s + 200ms);
+  p usr1_first(60s, 300s, 45s);
+  usr1_first.start();
+  ::raise(SIGUSR1);
+  usr1_first.stop();
+  grace = *usr1_first.grace_deadline() - *usr1_first.noticed_at();  // the grace is the earlier
+  CHECK(grace == 60s);
+  REQUIRE(usr1_first.announced_deadline());
+  CHECK(*usr1_first.announced_deadline() - std::chrono::system_clock::now() > 290s);
 }
 
 // ---- detect_platform ---------------------------------------------------------------------------

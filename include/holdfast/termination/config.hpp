@@ -1,0 +1,100 @@
+// holdfast/termination/config.hpp — termination_config<Notice, Exit>: where the preemption
+// notice comes from, how to exit, how long the grace period is, and an optional save override
+// (after TF's TerminationConfig). The preemption handler (handler.hpp) consumes it.
+//
+// Guarantees:
+//   - The Notice is checked at compile time (check_notice_policy names the member missing).
+//   - grace_deadline() is noticed_at() + grace_period(), but no later than the deadline the
+//     notice announced (AWS's `time`, a signal's configured time left).
+//   - Nothing runs until start().
+// Caveats:
+//   - grace_deadline() converts the announced wall-clock deadline to the steady clock when it is
+//     called: a step of the wall clock in between moves it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <utility>
+
+#include "exit.hpp"
+#include "notice.hpp"
+#include "signal.hpp"  // signal_notice<>: the default Notice
+
+HOLDFAST_NAMESPACE_BEGIN
+
+/// Where the notice comes from, how to exit, the grace period, and an optional save override
+/// (TF's TerminationConfig). The handler (handler.hpp) consumes it.
+template <class Notice = signal_notice<>, class Exit = exit_with<42>>
+class termination_config {
+  static_assert(check_notice_policy<Notice>());
+
+ public:
+  using notice_type = Notice;
+  using exit_type = Exit;
+  /// A save override: called with the agreed step instead of the default checkpoint.
+  using save_fn = std::function<void(std::int64_t step)>;
+  /// The exit code, or -1 when the Exit policy does not announce one.
+  static constexpr int exit_code = exit_code_of<Exit>::value;
+
+  explicit termination_config(Notice notice = Notice(), Exit exit = Exit(),
+                              std::chrono::milliseconds grace = std::chrono::milliseconds(0),
+                              save_fn save = {})
+      : notice_(std::move(notice)), exit_(std::move(exit)), grace_(grace), save_(std::move(save)) {}
+
+  /// The notice source.
+  Notice& notice() noexcept { return notice_; }
+  const Notice& notice() const noexcept { return notice_; }
+  /// The exit policy.
+  Exit& exit_policy() noexcept { return exit_; }
+  const Exit& exit_policy() const noexcept { return exit_; }
+  /// How long training may go on after the notice (0: save at the next agreed step and exit).
+  std::chrono::milliseconds grace_period() const noexcept { return grace_; }
+  termination_config& set_grace_period(std::chrono::milliseconds g) noexcept {
+    grace_ = g;
+    return *this;
+  }
+  /// The save override, if set.
+  const save_fn& save_override() const noexcept { return save_; }
+  bool has_save_override() const noexcept { return static_cast<bool>(save_); }
+  termination_config& set_save_override(save_fn f) {
+    save_ = std::move(f);
+    return *this;
+  }
+
+  /// Starts and stops the notice source.
+  void start() { notice_.start(); }
+  void stop() noexcept { notice_.stop(); }
+  bool noticed() const noexcept { return notice_.noticed(); }
+  std::optional<std::chrono::steady_clock::time_point> noticed_at() const noexcept {
+    return notice_.noticed_at();
+  }
+  std::optional<std::chrono::system_clock::time_point> announced_deadline() const noexcept {
+    return notice_.deadline();
+  }
+  /// When the grace period ends: noticed_at + grace, but no later than the announced deadline.
+  std::optional<std::chrono::steady_clock::time_point> grace_deadline() const noexcept {
+    auto at = notice_.noticed_at();
+    if (!at) return std::nullopt;
+    auto end = *at + grace_;
+    if (auto d = notice_.deadline()) {
+      auto left = *d - std::chrono::system_clock::now();
+      auto capped = std::chrono::steady_clock::now() +
+                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+      if (capped < end) end = capped;
+    }
+    return end;
+  }
+  /// Runs the exit policy. Returns only when it does (no_exit, or a callable that returns).
+  void exit(const exit_context& ctx) { invoke_exit(exit_, ctx); }
+  void exit() { invoke_exit(exit_, exit_context{notice_.noticed_at(), {}}); }
+
+ private:
+  Notice notice_;
+  Exit exit_;
+  std::chrono::milliseconds grace_;
+  save_fn save_;
+};
+
+HOLDFAST_NAMESPACE_END

@@ -1,0 +1,197 @@
+// holdfast/termination/polled.hpp — notices found by polling on a background thread:
+// polled_notice<F> (any callable) and file_notice (a file appears).
+//
+// Guarantees:
+//   - A polling notice runs one background thread; stop() wakes it through a condition variable
+//     (and a callable taking `const std::atomic<bool>& stopping` sees it set), so it returns
+//     within a few tens of milliseconds; no thread is left.
+//   - Bad input never escapes a polling thread: an exception from a poll (a malformed or
+//     truncated response, a slow or unreachable server, a failed stat) counts as "no notice" and
+//     is logged once per run of failures through the notice's log hook (stderr by default).
+//   - Once noticed, a polling notice stops polling and stays noticed; a poll_result's deadline
+//     becomes deadline().
+// Caveats:
+//   - polled_notice<F>::stop() waits for a poll in progress; F should be short, or take a
+//     `const std::atomic<bool>&` (true when stopping) and return early.
+#pragma once
+
+#include <sys/stat.h>  // stat: file_notice's poll
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+#include "../error.hpp"
+#include "../io.hpp"
+#include "notice.hpp"  // log_fn, poll_result, notice_record
+
+HOLDFAST_NAMESPACE_BEGIN
+
+/// A notice found by calling `F` on a background thread every `interval` (1 s by default).
+/// F returns bool or poll_result; it may take `const std::atomic<bool>& stopping`.
+template <class F>
+class polled_notice {
+  static_assert(std::is_invocable_v<F&, const std::atomic<bool>&> || std::is_invocable_v<F&>,
+                "holdfast: polled_notice<F> needs F() or F(const std::atomic<bool>& stopping)");
+
+ public:
+  /// Polls `poll` every `interval` (at least 1 ms) once started; failures go to `log`.
+  explicit polled_notice(F poll, std::chrono::milliseconds interval = std::chrono::seconds(1),
+                         log_fn log = log_to_stderr)
+      : s_(std::make_unique<shared>(
+            std::move(poll), std::max(interval, std::chrono::milliseconds(1)), std::move(log))) {}
+  polled_notice(polled_notice&&) noexcept = default;
+  polled_notice& operator=(polled_notice&& o) noexcept {
+    if (this != &o) {
+      stop();
+      s_ = std::move(o.s_);
+      thread_ = std::move(o.thread_);
+    }
+    return *this;
+  }
+  /// Stops the thread (promptly).
+  ~polled_notice() { stop(); }
+
+  /// Starts the polling thread (the first poll is immediate). No-op when running or noticed.
+  void start() {
+    if (thread_.joinable() || s_->rec.noticed.load()) return;
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      s_->stop_requested = false;
+    }
+    s_->stopping.store(false);
+    thread_ = std::thread([s = s_.get()] { run(*s); });
+  }
+  /// Wakes and joins the thread; cancels an HTTP request in flight. The outcome stays.
+  void stop() noexcept {
+    if (!s_ || !thread_.joinable()) return;
+    s_->stopping.store(true);
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      s_->stop_requested = true;
+    }
+    s_->cv.notify_all();
+    thread_.join();
+  }
+  /// True while the thread runs.
+  bool running() const noexcept { return thread_.joinable(); }
+
+  /// True once a poll found a notice.
+  bool noticed() const noexcept { return s_->rec.noticed.load(std::memory_order_acquire); }
+  /// When the poll that found the notice returned (steady clock).
+  std::optional<std::chrono::steady_clock::time_point> noticed_at() const noexcept {
+    return s_->rec.noticed_at();
+  }
+  /// The deadline the source announced, if any.
+  std::optional<std::chrono::system_clock::time_point> deadline() const noexcept {
+    return s_->rec.deadline();
+  }
+  /// Polls completed (with or without a notice), and polls that failed.
+  std::uint64_t polls() const noexcept { return s_->polls.load(); }
+  std::uint64_t failures() const noexcept { return s_->failures.load(); }
+  /// Replaces the log hook; call before start().
+  void set_log(log_fn log) { s_->log = std::move(log); }
+  /// The interval between polls.
+  std::chrono::milliseconds interval() const noexcept { return s_->interval; }
+  /// The poller (e.g. to read its endpoint).
+  const F& poller() const noexcept { return s_->fn; }
+
+ private:
+  struct shared {
+    shared(F f, std::chrono::milliseconds i, log_fn l)
+        : fn(std::move(f)), interval(i), log(std::move(l)) {}
+    F fn;
+    std::chrono::milliseconds interval;
+    log_fn log;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop_requested = false;  // under mu
+    std::atomic<bool> stopping{false};
+    detail::notice_record rec;
+    std::atomic<std::uint64_t> polls{0}, failures{0};
+    bool failing = false;  // polling thread only
+  };
+
+  static void fail(shared& s, const char* what) noexcept {
+    s.failures.fetch_add(1);
+    if (s.failing || s.stopping.load()) return;  // once per run of failures; quiet on shutdown
+    s.failing = true;
+    try {
+      if (s.log) s.log(std::string("notice poll failed (treated as no notice): ") + what);
+    } catch (...) {
+    }
+  }
+
+  static bool poll_once(shared& s) noexcept {
+    try {
+      poll_result r;
+      if constexpr (std::is_invocable_v<F&, const std::atomic<bool>&>)
+        r = s.fn(static_cast<const std::atomic<bool>&>(s.stopping));
+      else
+        r = s.fn();
+      s.polls.fetch_add(1);
+      s.failing = false;
+      if (r.noticed) s.rec.record(r.deadline);
+      return r.noticed;
+    } catch (const std::exception& e) {
+      fail(s, e.what());
+    } catch (...) {
+      fail(s, "unknown exception");
+    }
+    return false;
+  }
+
+  static void run(shared& s) noexcept {
+    for (;;) {
+      if (poll_once(s)) return;
+      std::unique_lock<std::mutex> lock(s.mu);
+      if (s.cv.wait_for(lock, s.interval, [&s] { return s.stop_requested; })) return;
+    }
+  }
+
+  std::unique_ptr<shared> s_;
+  std::thread thread_;
+};
+
+namespace detail {
+/// file_notice's poll: does the path exist?
+template <class Io>
+struct file_exists {
+  std::string path;
+  bool operator()() const {
+    struct stat st {};
+    if (Io::stat(path.c_str(), &st) == 0) return true;
+    if (errno == ENOENT || errno == ENOTDIR) return false;
+    throw error(errno, "stat", path);
+  }
+};
+}  // namespace detail
+
+/// A notice when a file appears (Kubernetes preStop hooks, batch schedulers, tests).
+template <class Io = posix_io>
+class basic_file_notice : public polled_notice<detail::file_exists<Io>> {
+ public:
+  /// Watches `path`, checking every `interval` (1 s by default) with stat.
+  explicit basic_file_notice(std::string path,
+                             std::chrono::milliseconds interval = std::chrono::seconds(1),
+                             log_fn log = log_to_stderr)
+      : polled_notice<detail::file_exists<Io>>(detail::file_exists<Io>{std::move(path)}, interval,
+                                               std::move(log)) {}
+  /// The watched path.
+  const std::string& path() const noexcept { return this->poller().path; }
+};
+/// file_notice over the POSIX calls.
+using file_notice = basic_file_notice<>;
+
+HOLDFAST_NAMESPACE_END
