@@ -1473,3 +1473,37 @@ TEST_CASE("ISO 8601 times: UTC, fractions, offsets, anything else is a format_er
     CHECK_THROWS_AS(parse_iso8601(bad, "doc"), holdfast::format_error);
   }
 }
+
+namespace {
+// An Exit policy that throws instead of ending the process (what a Python host does).
+struct raise_exit {
+  int code;
+  static constexpr bool returns = true;
+  void operator()(const holdfast::exit_context&) const {
+    throw std::runtime_error("exit " + std::to_string(code));
+  }
+};
+}  // namespace
+
+TEST_CASE("with_exit keeps a preset's notices, grace and save override with another Exit") {
+  static_assert(holdfast::exit_code_v<holdfast::presets::kubernetes> == 143);
+  static_assert(holdfast::exit_code_v<holdfast::presets::generic> == 42);
+  std::int64_t saved = -1;
+  holdfast::presets::slurm preset(std::chrono::seconds(77));
+  preset.set_save_override([&](std::int64_t s) { saved = s; });
+  auto cfg = holdfast::with_exit(std::move(preset),
+                                 raise_exit{holdfast::exit_code_v<holdfast::presets::slurm>});
+  static_assert(
+      std::is_same_v<decltype(cfg), holdfast::rebind_exit_t<holdfast::presets::slurm, raise_exit>>);
+  static_assert(
+      std::is_same_v<decltype(cfg)::notice_type, holdfast::signal_notice<SIGUSR1, SIGTERM>>);
+  CHECK(cfg.grace_period() == std::chrono::seconds(77));
+  REQUIRE(cfg.has_save_override());
+  cfg.save_override()(5);
+  CHECK(saved == 5);
+  CHECK_THROWS_WITH(cfg.exit(), "exit 143");
+  cfg.start();  // the notices still work: SIGUSR1 is seen
+  ::raise(SIGUSR1);
+  CHECK(cfg.noticed());
+  cfg.stop();
+}

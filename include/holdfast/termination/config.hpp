@@ -97,4 +97,26 @@ class termination_config {
   save_fn save_;
 };
 
+/// `config` (a termination_config or a preset) with `exit` as its Exit policy: the same notices,
+/// grace period and save override. For a host that must not end the process from inside a call
+/// (a Python extension raises instead), keeping a platform's notices and grace:
+/// `auto cfg = holdfast::with_exit(holdfast::presets::kubernetes(), raise_preempted{143});`
+template <class Notice, class Exit, class NewExit>
+termination_config<Notice, NewExit> with_exit(termination_config<Notice, Exit> config,
+                                              NewExit exit) {
+  auto grace = config.grace_period();
+  auto save = config.save_override();
+  return termination_config<Notice, NewExit>(std::move(config.notice()), std::move(exit), grace,
+                                             std::move(save));
+}
+
+/// The type with_exit gives for `Config` and `NewExit`.
+template <class Config, class NewExit>
+using rebind_exit_t = termination_config<typename Config::notice_type, NewExit>;
+
+/// The exit code a config's Exit policy announces (42 for presets::generic, 143 for
+/// presets::kubernetes, -1 for a callable), kept by a host that rebinds the Exit.
+template <class Config>
+inline constexpr int exit_code_v = Config::exit_code;
+
 HOLDFAST_NAMESPACE_END
