@@ -7,11 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <holdfast/cache.hpp>
 #include <holdfast/detail/crc32c.hpp>
 #include <holdfast/testing/fault_io.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/child.hpp"
@@ -541,4 +543,434 @@ TEST_CASE("a failed create throws the first error and leaves no temp file behind
     CHECK(std::filesystem::is_empty(dir.path()));  // removed on every path
   }
   CHECK(failed_creates >= 3);  // open, the header/index pwrites and mmap each fail creation
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input from other writers (pfio, killed processes, wrong lengths): reported, never obeyed.
+
+namespace {
+
+// Overwrites slot `slot`'s 16-byte pfio entry in an existing file (nothing else changes).
+void poke_entry(const std::string& path, std::uint64_t slot, std::uint64_t off, std::int64_t len) {
+  std::string e(16, '\0');
+  set_entry(e, 0, off, len);
+  auto fd = hf::open_file(path, O_RDWR);
+  hf::pwrite_all(fd, e.data(), 16, static_cast<off_t>(16 * slot));
+}
+
+// Runs `fn` in a forked child; true when it returned normally (no signal, no failure).
+template <class F>
+bool in_child(F&& fn) {
+  holdfast_test::child c(std::forward<F>(fn));
+  auto r = c.wait(std::chrono::seconds(30));
+  INFO(r.failures);
+  CHECK(r.term_signal == 0);  // SIGBUS here: an entry was read past the end of the file
+  return r.ok();
+}
+
+// In a child: `fn` must throw corrupt_cache naming `path` and `slot`.
+template <class F>
+void child_require_corrupt(F&& fn, const std::string& path, std::uint64_t slot) {
+  bool thrown = false;
+  try {
+    fn();
+  } catch (const hf::corrupt_cache& e) {
+    thrown = true;
+    CHILD_REQUIRE(e.path() == path);
+    CHILD_REQUIRE(e.slot() == slot);
+    CHILD_REQUIRE(e.errnum() == EBADMSG);
+  }
+  CHILD_REQUIRE(thrown);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE(
+    "attach validates every entry: past the end (no SIGBUS), into the index, into "
+    "another item, negative lengths",
+    Cache, pfio_mp, pfio_pread) {
+  holdfast_test::temp_dir dir("cache");
+  const std::string good = valid_file<pfio_mp>(dir);  // index 64, items [64,74) [74,94) [94,124)
+  struct bad {
+    const char* what;
+    std::uint64_t slot, off;
+    std::int64_t len;
+  };
+  const bad table[] = {
+      {"past the end of the file, inside the mapping", 1, 124 + 3 * 4096, 100},
+      {"straddling the end of the file", 2, 120, 50},
+      {"into the index", 1, 40, 10},
+      {"into another slot's item", 2, 64 + 5, 10},
+      {"length below -1", 0, 64, -3},
+  };
+  const std::string path = dir / "live.cache";
+  for (const auto& b : table) {
+    INFO(std::string(b.what));
+    spit(path, good);
+    poke_entry(path, b.slot, b.off, b.len);
+    const std::string before = slurp(path);
+    CHECK(in_child(
+        [&] { child_require_corrupt([&] { Cache a(hf::attach_cache, path, 4); }, path, b.slot); }));
+    CHECK(slurp(path) == before);  // nothing written
+  }
+  // A live file that goes bad after the attach: each get checks the entry against the file
+  // size it knows (refreshed once on a miss), so the bad entry is reported, not followed.
+  spit(path, good);
+  Cache live(hf::attach_cache, path, 4);
+  for (const auto& b : table) {
+    INFO(std::string(b.what));
+    if (std::string(b.what) == "into another slot's item") continue;  // checked at open only
+    poke_entry(path, b.slot, b.off, b.len);
+    CHECK(in_child([&] {
+      std::string buf;  // get_into first: it copies the bytes (was: SIGBUS past the end)
+      child_require_corrupt([&] { (void)live.get_into(b.slot, buf); }, path, b.slot);
+      child_require_corrupt([&] { (void)live.get(b.slot); }, path, b.slot);
+      child_require_corrupt([&] { (void)live.contains(b.slot); }, path, b.slot);
+    }));
+    spit(path, good);
+  }
+  // An entry past the end becomes good when the file grows to hold its item (a writer appended
+  // it): the miss refreshes the size once and the item reads.
+  poke_entry(path, 3, 124, 6);
+  {
+    auto fd = hf::open_file(path, O_RDWR);
+    hf::pwrite_all(fd, "grown!", 6, 124);
+  }
+  auto v = live.get(3);
+  REQUIRE(v.has_value());
+  CHECK(std::string(v->data(), v->size()) == "grown!");
+}
+
+TEST_CASE("a reader with a smaller reserve than the writer maps the items past it") {
+  holdfast_test::temp_dir dir("cache");
+  pfio_mp writer(hf::create_cache, 64, in(dir));  // reserves 64 GiB of address space
+  hf::cache_options small = in(dir);
+  small.reserve = 64 * 1024;
+  pfio_mp reader(hf::attach_cache, writer.path(), 64, small);
+  REQUIRE(writer.put(0, "first"));
+  auto first = reader.get(0);
+  REQUIRE(first.has_value());
+  const std::string big(8192, 'b');
+  for (std::uint64_t i = 1; i < 40; ++i) REQUIRE(writer.put(i, big + std::to_string(i)));
+  REQUIRE(writer.size_bytes() > 4 * small.reserve);
+  for (std::uint64_t i = 1; i < 40; ++i) {
+    auto v = reader.get(i);  // was: corrupt_cache "past the end of the file (65536 bytes)"
+    REQUIRE(v.has_value());
+    CHECK((*v == big + std::to_string(i)));
+  }
+  CHECK(*first == "first");  // a view from before the new mapping stays valid
+  CHECK(reader.filled() == 40);
+  CHECK_FALSE(reader.put(50, "x"));  // this object's own puts still stop at its reservation
+}
+
+TEST_CASE("threads of one reader refresh the size and grow the mapping while a writer appends") {
+  holdfast_test::temp_dir dir("cache");
+  const std::uint64_t n = 300;
+  pfio_mp writer(hf::create_cache, n, in(dir));
+  hf::cache_options small = in(dir);
+  small.reserve = 16 * 1024;
+  pfio_mp reader(hf::attach_cache, writer.path(), n, small);
+  auto item = [](std::uint64_t i) { return std::string(1000 + i * 37 % 3000, char('a' + i % 26)); };
+  std::atomic<bool> done{false};
+  std::atomic<int> bad{0};
+  std::atomic<std::uint64_t> seen{0};
+  auto check = [&](std::uint64_t i, bool view, std::string& buf) {
+    try {
+      if (view) {
+        if (auto v = reader.get(i)) bad += *v != item(i), ++seen;
+      } else if (reader.get_into(i, buf)) {
+        bad += buf != item(i), ++seen;
+      }
+    } catch (...) {
+      ++bad;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::string buf;
+      for (auto k = static_cast<std::uint64_t>(t); !done.load(); ++k) check(k * 7 % n, k % 2, buf);
+      for (std::uint64_t i = 0; i < n; ++i) check(i, (i + static_cast<std::uint64_t>(t)) % 2, buf);
+    });
+  for (std::uint64_t i = 0; i < n; ++i) REQUIRE(writer.put(i, item(i)));
+  done = true;
+  for (auto& th : threads) th.join();
+  CHECK(bad.load() == 0);
+  CHECK(seen.load() >= 4 * n);
+  for (std::uint64_t i = 0; i < n; ++i) CHECK((*reader.get(i) == item(i)));
+}
+
+TEST_CASE("mmap refused with ENOMEM (ulimit -v): get_into reads with pread, get says ENOMEM") {
+  holdfast_test::temp_dir dir("cache");
+  struct disarm {
+    ~disarm() { fault_plan::disarm(); }
+  } guard;
+  using mm = hf::basic_file_cache<hf::mmap_read, hf::flock_lock, hf::sync_never, hf::pfio_format,
+                                  fault_io>;
+  pfio_mp writer(hf::create_cache, 16, in(dir));
+  hf::cache_options small = in(dir);
+  small.reserve = 64 * 1024;
+  mm reader(hf::attach_cache, writer.path(), 16, small);
+  const std::string big(100000, 'z');
+  REQUIRE(writer.put(3, big));  // past the reader's mapping
+  fault_plan::arm(fault{io_op::mmap, 1, ENOMEM, 1, 1000});
+  std::string buf;
+  CHECK(reader.get_into(3, buf));
+  CHECK((buf == big));
+  CHECK(reader.contains(3));
+  CHECK(reader.entry(3).has_value());
+  CHECK(fault_plan::calls(io_op::pread) == 1);
+  try {
+    (void)reader.get(3);
+    FAIL("get returned a view of an unmapped item");
+  } catch (const hf::corrupt_cache& e) {
+    FAIL("a valid item reported corrupt: " << std::string(e.what()));
+  } catch (const hf::error& e) {
+    CHECK(e.errnum() == ENOMEM);
+    CHECK(e.path() == writer.path());
+    CHECK(std::string(e.what()).find("get_into") != std::string::npos);
+  }
+  fault_plan::disarm();  // the kernel relents: the next get maps it
+  auto v = reader.get(3);
+  REQUIRE(v.has_value());
+  CHECK((*v == big));
+}
+
+TEST_CASE(
+    "preload of a pfio file another process is still filling: later items are not yet "
+    "visible") {
+  holdfast_test::temp_dir dir("cache");
+  const std::string path = dir / "filling.cache";
+  REQUIRE(run_pfio_compat({"write", path, "150", "4"}) == 0);  // slots 0, 4, 8, ... empty
+  pfio_mp mm(hf::preload_cache, path, 150);
+  pfio_pread pr(hf::preload_cache, path, 150);
+  CHECK(mm.filled() == 112);
+  // a pfio writer appends slot 4 after the open
+  REQUIRE(run_pfio_compat({"put", path, "150", "4"}) == 0);
+  auto not_visible = [](const auto& c, std::uint64_t i) {
+    CHECK_FALSE(c.get(i).has_value());  // was: corrupt_cache (past the end of the file)
+    std::string buf = "untouched";
+    CHECK_FALSE(c.get_into(i, buf));
+    CHECK(buf == "untouched");
+    CHECK_FALSE(c.contains(i));
+    CHECK_FALSE(c.entry(i).has_value());
+  };
+  not_visible(mm, 4);
+  not_visible(pr, 4);
+  CHECK(mm.filled() == 112);
+  CHECK(pr.filled() == 112);
+  CHECK(std::string(*mm.get(5)) == item_for_pfio(5));
+  // a put in flight (entry written, data not yet): preload opens, the slot reads empty
+  REQUIRE(run_pfio_compat({"put", path, "150", "12", "entry-only"}) == 0);
+  pfio_mp later(hf::preload_cache, path, 150);
+  CHECK(std::string(*later.get(4)) == item_for_pfio(4));
+  not_visible(later, 12);
+  CHECK(later.filled() == 113);
+  CHECK(pfio_pread::preload(path, 150).filled() == 113);
+}
+
+TEST_CASE(
+    "a pfio writer killed between its entry and its data: the next put's item is found "
+    "overlapping, never returned as the other slot's") {
+  holdfast_test::temp_dir dir("cache");
+  const std::string path = dir / "killed.cache";
+  REQUIRE(run_pfio_compat({"write", path, "150", "4"}) == 0);
+  REQUIRE(run_pfio_compat({"put", path, "150", "12", "entry-only"}) == 0);  // killed here
+  REQUIRE(run_pfio_compat({"put", path, "150", "8"}) == 0);  // its item lands where 12 points
+  ::chmod(path.c_str(), 0400);
+  auto refused = [&](auto open) {
+    try {
+      open();
+      FAIL("a file with overlapping items was accepted");
+    } catch (const hf::corrupt_cache& e) {
+      INFO(std::string(e.what()));
+      CHECK(e.path() == path);
+      CHECK((e.slot() == 8 || e.slot() == 12));
+      CHECK(std::string(e.what()).find("overlaps") != std::string::npos);
+    }
+  };
+  refused([&] { pfio_mp c(hf::preload_cache, path, 150); });  // was: get(12) = item 8's bytes
+  refused([&] { pfio_pread c(hf::preload_cache, path, 150); });
+  ::chmod(path.c_str(), 0600);
+  refused([&] { pfio_mp c(hf::attach_cache, path, 150); });
+  // treated as empty on request: both slots dropped, the rest reads
+  hf::cache_options drop;
+  drop.on_bad_slot = hf::bad_slot_policy::treat_as_empty;
+  auto c = pfio_mp::preload(path, 150, drop);
+  CHECK(c.dropped_slots() == 2);
+  CHECK_FALSE(c.get(8).has_value());
+  CHECK_FALSE(c.get(12).has_value());
+  CHECK(c.filled() == 112);
+  CHECK(std::string(*c.get(9)) == item_for_pfio(9));
+}
+
+TEST_CASE("a live pfio put in flight reads as empty, then as its item once the data lands") {
+  holdfast_test::temp_dir dir("cache");
+  const std::string path = dir / "live.cache";
+  REQUIRE(run_pfio_compat({"write", path, "150", "4"}) == 0);
+  REQUIRE(run_pfio_compat({"put", path, "150", "8", "entry-only"}) == 0);
+  pfio_mp c(hf::attach_cache, path, 150);
+  CHECK_FALSE(c.get(8).has_value());
+  CHECK_FALSE(c.put(8, "mine"));  // the slot is taken by the pfio put
+  auto e = hf::detail::get_le64(slurp(path).substr(16 * 8, 8).data());
+  {
+    auto fd = hf::open_file(path, O_RDWR);  // the pfio writer finishes its put
+    auto data = item_for_pfio(8);
+    hf::pwrite_all(fd, data.data(), data.size(), static_cast<off_t>(e));
+  }
+  REQUIRE(c.get(8).has_value());
+  CHECK(std::string(*c.get(8)) == item_for_pfio(8));
+}
+
+namespace {
+// A get_into buffer that records what it was asked to hold (and refuses to hold much).
+struct probe_buffer {
+  std::size_t asked = 0;
+  std::string bytes;
+  void resize(std::size_t n) {
+    asked = std::max(asked, n);
+    if (n > (std::size_t{1} << 20)) throw std::length_error("probe_buffer: asked for too much");
+    bytes.resize(n);
+  }
+  char* data() { return &bytes[0]; }
+};
+}  // namespace
+
+TEST_CASE("pread_read checks an entry's length against the file before allocating") {
+  holdfast_test::temp_dir dir("cache");
+  pfio_pread c(hf::create_cache, 4, in(dir));
+  REQUIRE(c.put(0, "abc"));
+  const std::string path = c.path();
+  pfio_pread live(hf::attach_cache, path, 4);
+  poke_entry(path, 1, c.data_offset(), std::int64_t{1} << 62);
+  poke_entry(path, 2, c.data_offset(), std::int64_t{3} << 30);  // 3 GiB in a 67-byte file
+  for (std::uint64_t slot : {1u, 2u}) {
+    CAPTURE(slot);
+    try {
+      (void)live.get(slot);  // was: std::bad_alloc for 2^62
+      FAIL("no error");
+    } catch (const hf::corrupt_cache& e) {
+      CHECK(e.slot() == slot);
+      CHECK(std::string(e.what()).find("past the end of the file") != std::string::npos);
+    }
+    probe_buffer buf;
+    CHECK_THROWS_AS(live.get_into(slot, buf), hf::corrupt_cache);
+    CHECK(buf.asked == 0);  // was: resized to the entry's length before the short read
+  }
+}
+
+TEST_CASE_TEMPLATE("a length below -1 is corrupt for every operation, and nothing is written",
+                   Cache, pfio_mp, pfio_pread, checked_mp, checked_pread) {
+  holdfast_test::temp_dir dir("cache");
+  Cache c(hf::create_cache, 4, in(dir));
+  REQUIRE(c.put(0, "a"));
+  {
+    std::string e(8, '\0');
+    hf::detail::put_le64(&e[0], static_cast<std::uint64_t>(std::int64_t{-7}));
+    auto fd = hf::open_file(c.path(), O_RDWR);
+    hf::pwrite_all(
+        fd, e.data(), 8,
+        static_cast<off_t>(Cache::format::header_size + 2 * Cache::format::entry_size + 8));
+  }
+  const auto size = c.size_bytes();
+  auto corrupt_at_2 = [&](auto op) {
+    try {
+      op();
+      FAIL("a length of -7 was accepted");
+    } catch (const hf::corrupt_cache& e) {
+      CHECK(e.slot() == 2);
+      CHECK(e.path() == c.path());
+      CHECK(std::string(e.what()).find("-7") != std::string::npos);
+    }
+  };
+  corrupt_at_2([&] { (void)c.contains(2); });  // was: true
+  corrupt_at_2([&] { (void)c.filled(); });     // was: 2
+  corrupt_at_2([&] { (void)c.put(2, "x"); });  // was: false
+  corrupt_at_2([&] { (void)c.get(2); });
+  corrupt_at_2([&] { (void)c.entry(2); });
+  corrupt_at_2([&] {
+    std::string buf;
+    (void)c.get_into(2, buf);
+  });
+  corrupt_at_2([&] { Cache a(hf::attach_cache, c.path(), 4); });
+  CHECK(c.size_bytes() == size);  // nothing written
+  CHECK(c.contains(0));           // the other slots go on
+  CHECK(c.put(1, "b"));
+}
+
+TEST_CASE("a wrong pfio length is reported: too small (more index after it), too large") {
+  holdfast_test::temp_dir dir("cache");
+  const std::string path = dir / "py.cache";
+  REQUIRE(run_pfio_compat({"write", path, "150", "4"}) == 0);  // slot 149 filled, 148 empty
+  const std::uint64_t any = ~std::uint64_t{0};
+  auto refused = [&](auto open, std::uint64_t slot, const char* why) {
+    try {
+      open();
+      FAIL("a wrong length was accepted");
+    } catch (const hf::corrupt_cache& e) {
+      INFO(std::string(e.what()));
+      CHECK(e.path() == path);
+      if (slot != any) CHECK(e.slot() == slot);
+      CHECK(std::string(e.what()).find(why) != std::string::npos);
+    }
+  };
+  for (std::uint64_t n : {100u, 148u, 149u}) {  // the next 16 bytes: empty or filled entries
+    CAPTURE(n);
+    refused([&] { pfio_mp c(hf::preload_cache, path, n); }, n, "too small");  // was: accepted
+    refused([&] { pfio_pread c(hf::preload_cache, path, n); }, n, "too small");
+    refused([&] { pfio_mp c(hf::attach_cache, path, n); }, n, "too small");
+  }
+  // the first item (at 16 * 150) lies inside a longer index: its slot is named
+  refused([&] { pfio_mp c(hf::preload_cache, path, 151); }, any, "too large");
+  refused([&] { pfio_pread c(hf::attach_cache, path, 160); }, any, "too large");
+  CHECK(pfio_mp::preload(path, 150).filled() == 112);  // the right length
+  // a fresh holdfast file of 50 empty slots told 40: slot 40's (0, -1) follows the index
+  pfio_mp fresh(hf::create_cache, 50, in(dir));
+  CHECK_THROWS_AS(pfio_mp::attach(fresh.path(), 40), hf::corrupt_cache);
+  CHECK(pfio_mp::attach(fresh.path(), 50).filled() == 0);
+}
+
+TEST_CASE_TEMPLATE("preload can treat bad slots as empty and count them", Cache, checked_mp,
+                   checked_pread, pfio_mp, pfio_pread) {
+  holdfast_test::temp_dir dir("cache");
+  std::string f = valid_file<Cache>(dir);  // slots 0-2 filled with 10, 20, 30 bytes
+  const std::uint64_t index = Cache::format::header_size + 4 * Cache::format::entry_size;
+  std::uint64_t first_bad = 2;
+  if (Cache::format::checksummed) {
+    f[index + 10 + 3] ^= 0x40;  // a byte of slot 1's item: its checksum fails
+    first_bad = 1;
+  }
+  set_entry(f, Cache::format::header_size + 2 * Cache::format::entry_size, f.size() - 5, 30);
+  const std::string path = dir / "bad.cache";
+  spit(path, f);
+  ::chmod(path.c_str(), 0400);
+  try {
+    Cache c(hf::preload_cache, path, 4);
+    FAIL("refused by default");
+  } catch (const hf::corrupt_cache& e) {
+    CHECK(e.slot() == first_bad);
+  }
+  hf::cache_options o;
+  o.on_bad_slot = hf::bad_slot_policy::treat_as_empty;
+  Cache c(hf::preload_cache, path, 4, o);
+  const std::uint64_t dropped = Cache::format::checksummed ? 2 : 1;
+  CHECK(c.dropped_slots() == dropped);
+  CHECK(c.filled() == 3 - dropped);
+  CHECK(std::string(c.get(0)->data(), c.get(0)->size()) == std::string(10, 'a'));
+  for (std::uint64_t i = first_bad; i < 4; ++i) {
+    CAPTURE(i);
+    CHECK_FALSE(c.get(i).has_value());
+    CHECK_FALSE(c.contains(i));
+    CHECK_FALSE(c.entry(i).has_value());
+    std::string buf = "untouched";
+    CHECK_FALSE(c.get_into(i, buf));
+    CHECK(buf == "untouched");
+  }
+  CHECK(slurp(path) == f);  // the file is not changed
+  CHECK(Cache::preload(dir / "bad.cache", 4, o).dropped_slots() == dropped);
+  CHECK(Cache::preload(dir / "bad.cache", 4, o).frozen());
+  // a good file drops nothing
+  CHECK(Cache::preload(path, 4, o).length() == 4);
+  spit(dir / "good.cache", valid_file<Cache>(dir));
+  CHECK(Cache::preload(dir / "good.cache", 4, o).dropped_slots() == 0);
 }

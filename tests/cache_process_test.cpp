@@ -1,20 +1,24 @@
 // The cache across real processes: 4 writers + 4 readers (fork) doing 100,000 operations, a
 // forked child reopening its own descriptor, creator-only removal, ENOSPC and every other
 // injected syscall failure of a put, read-only preload (files and directories, as another
-// user), and writers SIGKILLed in the middle of puts.
+// user), writers SIGKILLed in the middle of puts, and locking on a network filesystem (NFS
+// emulated through the Io policy).
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <holdfast/cache.hpp>
 #include <holdfast/testing/fault_io.hpp>
 #include <map>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "support/child.hpp"
@@ -512,4 +516,91 @@ TEST_CASE("a writer SIGKILLed in the middle of puts leaves only complete items")
         hf::basic_file_cache<hf::pread_read, hf::flock_lock, hf::sync_never, hf::checked_format>>(
         kill_runs / 4);
   }
+}
+
+namespace {
+
+// NFS without NFS: fstatfs answers NFS's magic, and flock behaves as the NFS client emulates it,
+// with a POSIX record lock (F_SETLKW, F_WRLCK), which the kernel refuses with EBADF on a
+// descriptor not open for writing. Counts those refusals.
+struct nfs_io : hf::posix_io {
+  static std::atomic<int>& ebadf() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  static int fstatfs(int fd, struct statfs* st) noexcept {
+    int r = ::fstatfs(fd, st);
+    if (r == 0) st->f_type = 0x6969;  // NFS_SUPER_MAGIC
+    return r;
+  }
+  static int flock(int fd, int op) noexcept {
+    struct flock fl {};
+    fl.l_type = (op & LOCK_UN) ? F_UNLCK : F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    int r = ::fcntl(fd, (op & LOCK_NB) ? F_SETLK : F_SETLKW, &fl);
+    if (r != 0 && errno == EBADF) ++ebadf();
+    return r;
+  }
+};
+// The same locks on a filesystem statfs does not name (it answers ext4's magic).
+struct unnamed_network_io : nfs_io {
+  static int fstatfs(int fd, struct statfs* st) noexcept {
+    int r = ::fstatfs(fd, st);
+    if (r == 0) st->f_type = 0xEF53;
+    return r;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("network filesystems are named by their statfs magic") {
+  CHECK(hf::is_network_filesystem(0x6969));                                               // NFS
+  CHECK(hf::is_network_filesystem(0x517B));                                               // SMB
+  CHECK(hf::is_network_filesystem(0xFF534D42));                                           // CIFS
+  CHECK(hf::is_network_filesystem(static_cast<std::uint64_t>(std::int64_t{-11317950})));  // CIFS,
+  // as a sign-extended f_type
+  CHECK(hf::is_network_filesystem(0x65735546));        // FUSE
+  CHECK(hf::is_network_filesystem(0x0BD00BD0));        // Lustre
+  CHECK(hf::is_network_filesystem(0x47504653));        // GPFS
+  CHECK(hf::is_network_filesystem(0x01021997));        // 9p
+  CHECK(hf::is_network_filesystem(0x00C36400));        // Ceph
+  CHECK_FALSE(hf::is_network_filesystem(0xEF53));      // ext2/3/4
+  CHECK_FALSE(hf::is_network_filesystem(0x58465342));  // XFS
+  CHECK_FALSE(hf::is_network_filesystem(0x01021994));  // tmpfs
+  CHECK_FALSE(hf::is_network_filesystem(0x9123683E));  // btrfs
+  CHECK_FALSE(hf::is_network_filesystem(0));
+}
+
+TEST_CASE_TEMPLATE("on a network filesystem puts lock through a read-write descriptor", Io, nfs_io,
+                   unnamed_network_io) {
+  holdfast_test::temp_dir dir("cache");
+  using cache_t =
+      hf::basic_file_cache<hf::mmap_read, hf::flock_lock, hf::sync_never, hf::pfio_format, Io>;
+  cache_t cache(hf::create_cache, 8, in(dir));
+  nfs_io::ebadf() = 0;
+  CHECK(cache.put(0, "first"));  // was: holdfast::error "flock" EBADF on every put
+  CHECK(cache.put(1, "second"));
+  CHECK((::fcntl(cache.lock_handle(), F_GETFL) & O_ACCMODE) == O_RDWR);
+  // statfs named NFS: read-write from the start; an unnamed one: after one EBADF
+  CHECK(nfs_io::ebadf() == (std::is_same_v<Io, nfs_io> ? 0 : 1));
+  // and the record lock excludes another process: hold it as a put would, a child's put waits
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  REQUIRE(::fcntl(cache.lock_handle(), F_SETLK, &fl) == 0);
+  pipe_pair done;
+  holdfast_test::child kid([&] {
+    CHILD_REQUIRE(cache.put(2, "child"));
+    done.signal();
+  });
+  CHECK_FALSE(done.wait(400));
+  CHECK_FALSE(cache.contains(2));
+  fl.l_type = F_UNLCK;
+  REQUIRE(::fcntl(cache.lock_handle(), F_SETLK, &fl) == 0);
+  CHECK(done.wait(10000));
+  auto r = kid.wait(std::chrono::seconds(10));
+  INFO(r.failures);
+  CHECK(r.ok());
+  CHECK(*cache.get(2) == "child");
+  CHECK(*cache.get(0) == "first");
 }

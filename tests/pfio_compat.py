@@ -14,6 +14,12 @@ do_pickle=False (pfio/cache/multiprocess_file_cache.py, file_cache.py, mmap_file
 Usage:
   pfio_compat.py write PATH LENGTH SKIP   put item(i) for every i with SKIP == 0 or i % SKIP != 0,
                                           in a scrambled order (so offsets are not in slot order)
+  pfio_compat.py put PATH LENGTH SLOT [entry-only]
+                                          one more put of item(SLOT) into an existing file, as a
+                                          pfio process still filling it makes it: the entry at the
+                                          end of the file, then the data; entry-only stops
+                                          between the two (a pfio writer killed there, or caught
+                                          in the middle of its put)
   pfio_compat.py check PATH LENGTH SKIP MODE
                                           MODE multiprocess: pread every slot, expect item(i) or
                                           empty as SKIP says; MODE readonly: mmap as
@@ -55,6 +61,26 @@ def write(path, length, skip):
             os.pwrite(fd, ENTRY.pack(pos, len(data)), ENTRY.size * i)  # pfio: entry first
             os.pwrite(fd, data, pos)
         os.fsync(fd)
+    finally:
+        os.close(fd)
+    return 0
+
+
+def put(path, length, slot, entry_only):
+    if not 0 <= slot < length:
+        print('slot %d out of range' % slot)
+        return 2
+    fd = os.open(path, os.O_RDWR)
+    try:
+        offset, size = ENTRY.unpack(os.pread(fd, ENTRY.size, ENTRY.size * slot))
+        if size != -1:
+            print('slot %d already filled' % slot)
+            return 1
+        data = item(slot)
+        pos = os.lseek(fd, 0, os.SEEK_END)
+        os.pwrite(fd, ENTRY.pack(pos, len(data)), ENTRY.size * slot)  # pfio: entry first
+        if not entry_only:
+            os.pwrite(fd, data, pos)
     finally:
         os.close(fd)
     return 0
@@ -103,6 +129,8 @@ def check_readonly(path, length, skip):
 def main(argv):
     if len(argv) >= 5 and argv[1] == 'write':
         return write(argv[2], int(argv[3]), int(argv[4]))
+    if len(argv) >= 5 and argv[1] == 'put':
+        return put(argv[2], int(argv[3]), int(argv[4]), argv[5:6] == ['entry-only'])
     if len(argv) >= 6 and argv[1] == 'check':
         fn = check_readonly if argv[5] == 'readonly' else check_multiprocess
         return fn(argv[2], int(argv[3]), int(argv[4]))

@@ -15,43 +15,83 @@
 //     length with a release store into the shared mapping of the index; readers acquire-load the
 //     length. A reader (in any process) sees an empty slot or the complete item, never a torn one,
 //     and a writer killed at any instruction leaves no entry pointing at unwritten bytes.
-//   - Gets take no lock and make no system call with mmap_read (a view into a mapping reserved
-//     once at open, never remapped), and exactly one pread with pread_read (which maps only the
-//     index). Puts are serialized by flock on a descriptor each process opens itself: a forked
-//     child notices the fork (a MADV_WIPEONFORK page, no syscall) and reopens, so it never
-//     shares the parent's lock.
+//   - Gets take no lock and make no system call with mmap_read (a view into a mapping made at
+//     open), and exactly one pread with pread_read (which maps only the index), for every item
+//     inside the file size this object last saw. The first get of an item past it makes one
+//     fstat; with mmap_read, an item past the mapping (a smaller `reserve` than the writer's,
+//     mmap refused with ENOMEM) is mapped then by a larger mapping (earlier views stay valid
+//     until the object dies); where even that is refused, get_into falls back to pread and get
+//     throws holdfast::error (ENOMEM), never corrupt_cache.
+//   - Puts are serialized by flock on a descriptor each process opens itself: a forked child
+//     notices the fork (a MADV_WIPEONFORK page, no syscall) and reopens, so it never shares the
+//     parent's lock. On network filesystems (NFS, SMB/CIFS, FUSE, Lustre, GPFS, 9p, Ceph, ...:
+//     is_network_filesystem of fstatfs's f_type) flock is emulated with POSIX record locks, which
+//     need a descriptor open for writing: the lock descriptor is opened read-write there (and
+//     after an EBADF from flock anywhere).
 //   - `put` stores once: false when the slot is filled, the cache is frozen, or the size limit
 //     (index + data) would be exceeded. ENOSPC freezes the cache and returns false, with no
 //     exception and the lock released, so other processes go on.
 //   - pfio_format files are byte-for-byte pfio's (little-endian `Qq` entries, (0, -1) = empty);
 //     checked_format adds a header and a CRC32C per item, verified on every get and on preload.
-//   - Preload validates every entry (and with checked_format every checksum) against the file and
-//     throws corrupt_cache naming the file and the slot; attach checks the header and the size.
-//     Every get bounds-checks its entry, so no get reads outside a preloaded file or a mapping.
+//   - Bad input is reported, never obeyed: every get, get_into, entry, contains, filled and put
+//     checks the entries it reads: a length below -1, or an item not inside [data offset, file
+//     size) (the index end, and the size this object last saw, refreshed by one fstat before an
+//     item past it is called corrupt), throws corrupt_cache naming the file and the slot. So no
+//     get raises SIGBUS, returns index bytes, or allocates more than the file holds.
+//   - Attach and preload validate every entry at open (the same checks, and with pfio_format no
+//     two items overlapping: an entry pointing into another slot's item); preload also checks
+//     every checksum. A pfio_format length that cannot be the file's is reported: an item
+//     inside the reader's index (the length is too large), or the 16 bytes after the reader's
+//     index reading as one more index entry while no item starts there (too small).
+//     corrupt_cache names the file and the slot; nothing is written.
+//   - Preload with cache_options::on_bad_slot = bad_slot_policy::treat_as_empty hides the bad
+//     slots instead (they read as empty; dropped_slots() counts them); the file is not changed.
+//   - Not yet visible, not corrupt: an entry whose item starts exactly at the end of the file (a
+//     pfio writer writes the entry before the data: a put in flight, or a writer killed between
+//     the two) reads as empty. A preloaded cache shows the items inside the file as it was at
+//     open: items a writer appends later (one fstat shows the file grew) read as empty.
 //   - The temp file is removed by the destructor of the object that created it, in the creating
 //     process only (never by a forked child's copy).
 // Caveats:
 //   - pfio_format stores no length: the reader must be told it (as with pfio).
+//   - Sharing a live file with pfio writers is unsafe for holdfast's lock-free readers: pfio
+//     writes the index entry before the data, so a reader cannot tell a put in flight whose
+//     bytes are partly written (reported corrupt) from a bad entry, and a pfio writer killed
+//     between its entry and its data leaves an entry that the next put's item then fills with
+//     another slot's bytes (found by the overlap check at the next attach or preload, not by a
+//     get). Safe: preload of a preserved file no pfio process writes any more, and attach of a
+//     file only holdfast writes.
+//   - Items put after an attach or preload are checked on get against the index and the file
+//     size, not against each other: with pfio_format an entry pointing into another item that
+//     lies inside the file is only found by the next attach or preload (checked_format's CRC,
+//     salted with the slot, catches it on every get).
+//   - The too-small length check is a heuristic: when no item starts right after the index (the
+//     first put's writer was killed before publishing its entry) and the orphaned bytes there
+//     happen to read as an index entry, a right length is refused too.
 //   - freeze() and the size limit act on one object. preserve() on a checked_format cache also
 //     seals the file for every process; on a pfio_format cache other processes that keep putting
 //     grow the preserved file (as in pfio).
-//   - Do not fork while another thread of the process is inside `put` (as with any mutex).
-//   - With mmap_read the file can grow to the reserved address range (cache_options::reserve,
-//     default: the size limit, else 64 GiB); a put past it returns false like the size limit.
+//   - Do not fork while another thread of the process is inside `put`, or inside a get that
+//     refreshes the file size (as with any mutex).
+//   - With mmap_read this object's puts stop at its reserved address range
+//     (cache_options::reserve, default: the size limit, else 64 GiB): a put past it returns false
+//     like the size limit. Items other processes put past it are still read (mapped on demand).
+//   - On a network filesystem flock is per process, not per descriptor: two objects attached to
+//     the same file in one process do not exclude each other's puts, and closing any descriptor
+//     of the file in the process drops the lock. Use one object per file per process there.
 //   - sync_never (the default) survives a killed process, not a power cut; preserve() fsyncs.
 //   - A pfio_format put costs one lseek to find the end of the file (the format has nowhere to
 //     record it); checked_format keeps the end of data in its header.
-//   - On a live (created or attached) mmap_read cache, entries are bounded by the mapping, not
-//     re-checked against the file size: they are trusted because writers publish an entry only
-//     after its bytes are in the file.
 //   - A moved-from cache may only be destroyed or assigned to.
 #pragma once
 
-#include <fcntl.h>     // O_RDWR, O_CREAT, O_EXCL
-#include <sys/file.h>  // LOCK_EX, LOCK_UN
-#include <sys/mman.h>  // PROT_*, MAP_SHARED, MADV_WIPEONFORK
-#include <unistd.h>    // sysconf(_SC_PAGESIZE)
+#include <fcntl.h>       // O_RDWR, O_CREAT, O_EXCL
+#include <sys/file.h>    // LOCK_EX, LOCK_UN
+#include <sys/mman.h>    // PROT_*, MAP_SHARED, MADV_WIPEONFORK
+#include <sys/statfs.h>  // fstatfs: network filesystems need a read-write lock descriptor
+#include <unistd.h>      // sysconf(_SC_PAGESIZE)
 
+#include <algorithm>  // sort: the overlap check at open
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -65,6 +105,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "detail/crc32c.hpp"
 #include "error.hpp"
@@ -115,6 +156,54 @@ struct pread_read {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Filesystems.
+
+/// True for a statfs `f_type` of a network or cluster filesystem: NFS, SMB/CIFS/SMB2, FUSE,
+/// Lustre, GPFS, 9p, Ceph, AFS, OCFS2, GFS2, BeeGFS, PanFS, OrangeFS, Coda. There, flock is
+/// emulated with POSIX record locks, which need a descriptor open for writing.
+constexpr bool is_network_filesystem(std::uint64_t f_type) noexcept {
+  switch (static_cast<std::uint32_t>(f_type)) {  // f_type is a signed long: compare 32 bits
+    case 0x6969u:                                // NFS
+    case 0x517Bu:                                // SMB
+    case 0xFF534D42u:                            // CIFS
+    case 0xFE534D42u:                            // SMB2
+    case 0x65735546u:                            // FUSE (sshfs, s3fs, gcsfuse, ...)
+    case 0x0BD00BD0u:                            // Lustre
+    case 0x47504653u:                            // GPFS
+    case 0x01021997u:                            // 9p
+    case 0x00C36400u:                            // Ceph
+    case 0x5346414Fu:                            // AFS
+    case 0x7461636Fu:                            // OCFS2
+    case 0x01161970u:                            // GFS2
+    case 0x19830326u:                            // BeeGFS
+    case 0xAAD7AAEAu:                            // PanFS
+    case 0x20030528u:                            // OrangeFS / PVFS2
+    case 0x73757245u:                            // Coda
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace detail {
+template <class T>
+using io_fstatfs = decltype(T::fstatfs(0, static_cast<struct statfs*>(nullptr)));
+
+/// The statfs f_type of an open file: through Io::fstatfs when the Io policy has one (tests
+/// pretend to be on NFS with it), else fstatfs. 0 when it fails (treated as local).
+template <class Io>
+std::uint64_t filesystem_type(int fd) noexcept {
+  struct statfs st {};
+  int r;
+  if constexpr (detect<io_fstatfs, Io>::value)
+    r = Io::fstatfs(fd, &st);
+  else
+    r = ::fstatfs(fd, &st);
+  return r == 0 ? static_cast<std::uint64_t>(st.f_type) : 0;
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
 // Lock policies: how puts are serialized.
 
 /// Lock policy for several processes: a process-local mutex plus flock(LOCK_EX) on a lock
@@ -122,7 +211,9 @@ struct pread_read {
 /// forked child shares with its parent, so a child reopens the descriptor first. The fork is
 /// noticed without a system call: a private page marked MADV_WIPEONFORK reads as zero in a child
 /// (kernels without it: getpid on every lock). The lock descriptor is never mapped, so closing it
-/// always releases the lock.
+/// always releases the lock. It is opened read-only, except on a network filesystem
+/// (is_network_filesystem), where flock is emulated with POSIX record locks that need a
+/// read-write descriptor (an EBADF from flock on a read-only descriptor also reopens it so).
 struct flock_lock {
   /// Serializes puts across processes.
   static constexpr bool interprocess = true;
@@ -141,9 +232,12 @@ struct flock_lock {
     mutex_.lock();
     try {
       if (forked<Io>()) lock_fd.reset();  // our copy of the parent's description
-      if (!lock_fd) lock_fd = open_file<Io>(path, O_RDONLY);
-      while (Io::flock(lock_fd.get(), LOCK_EX) != 0)
-        if (errno != EINTR) throw error(errno, "flock", path);
+      if (!lock_fd) open_lock<Io>(lock_fd, path);
+      while (Io::flock(lock_fd.get(), LOCK_EX) != 0) {
+        if (errno == EINTR) continue;
+        if (errno != EBADF || read_write_) throw error(errno, "flock", path);
+        reopen_read_write<Io>(lock_fd, path);  // a network filesystem statfs did not name
+      }
     } catch (...) {
       mutex_.unlock();
       throw;
@@ -158,6 +252,26 @@ struct flock_lock {
   }
 
  private:
+  template <class Io>
+  void open_lock(basic_fd<Io>& lock_fd, const std::string& path) {
+    lock_fd = open_file<Io>(path, O_RDONLY);
+    read_write_ = false;
+    if (is_network_filesystem(detail::filesystem_type<Io>(lock_fd.get())))
+      reopen_read_write<Io>(lock_fd, path);
+  }
+  template <class Io>
+  void reopen_read_write(basic_fd<Io>& lock_fd, const std::string& path) {
+    lock_fd.reset();
+    int fd;
+    while ((fd = Io::open(path.c_str(), O_RDWR | O_CLOEXEC, 0)) < 0)
+      if (errno != EINTR)
+        throw error(errno, "open", path,
+                    "flock on a network filesystem is a POSIX record lock: it needs a "
+                    "read-write descriptor");
+    lock_fd = basic_fd<Io>(fd, path);
+    read_write_ = true;
+  }
+
   // True the first time it is asked in a process forked since the previous call.
   template <class Io>
   bool forked() noexcept {
@@ -193,6 +307,7 @@ struct flock_lock {
   }
 
   std::mutex mutex_;
+  bool read_write_ = false;  // the lock descriptor is open O_RDWR
   bool armed_ = false;
   pid_t pid_ = 0;
   volatile unsigned char* page_ = nullptr;  // 1 in the process that armed it, 0 after a fork
@@ -495,14 +610,23 @@ constexpr bool check_cache_policies() {
 // ---------------------------------------------------------------------------------------------
 // The cache.
 
-/// Options for creating or attaching to a cache.
+/// What preload does with a slot whose entry or checksum is bad.
+enum class bad_slot_policy {
+  refuse,         ///< throw corrupt_cache naming the file and the first bad slot (the default)
+  treat_as_empty  ///< read the slot as empty, count it in dropped_slots(); the file is unchanged
+};
+
+/// Options for creating, attaching to or preloading a cache.
 struct cache_options {
   /// Directory for the temp file (create only); empty: $TMPDIR, else /tmp.
   std::string dir;
   /// Most bytes the file may hold, index included (0: no limit). A put past it freezes.
   std::uint64_t size_limit = 0;
-  /// mmap_read: bytes of address space reserved for the file (0: size_limit, else 64 GiB).
+  /// mmap_read: bytes of address space mapped at open, where this object's puts stop (0:
+  /// size_limit, else 64 GiB). Items other processes put past it are mapped when first read.
   std::uint64_t reserve = 0;
+  /// Preload only: what a bad entry or checksum does (attach always refuses).
+  bad_slot_policy on_bad_slot = bad_slot_policy::refuse;
 };
 
 /// The owned bytes a pread_read get returns: allocated without zero-filling (the pread fills
@@ -587,19 +711,22 @@ class basic_file_cache {
     s_->path = path;
     read_layout(length);
     map_file(options.reserve, options.size_limit);
+    validate_all(bad_slot_policy::refuse);
     check_data_end();
   }
 
   /// Opens the preserved cache at `path` read-only and frozen, validating every entry (and, with
-  /// checked_format, every checksum); throws corrupt_cache naming the file and the slot.
-  basic_file_cache(preload_cache_t, const std::string& path, std::uint64_t length = 0)
+  /// checked_format, every checksum); throws corrupt_cache naming the file and the slot, or with
+  /// `options.on_bad_slot == bad_slot_policy::treat_as_empty` hides the bad slots.
+  basic_file_cache(preload_cache_t, const std::string& path, std::uint64_t length = 0,
+                   const cache_options& options = {})
       : s_(std::make_unique<state>()) {
     s_->frozen = true;
     s_->fd = open_file<Io>(path, O_RDONLY);
     s_->path = path;
     read_layout(length);
-    map_file(s_->file_size, 0);
-    validate_all();
+    map_file(s_->known_size, 0);
+    validate_all(options.on_bad_slot);
     check_data_end();
   }
 
@@ -609,12 +736,27 @@ class basic_file_cache {
     return basic_file_cache(attach_cache, path, length, options);
   }
   /// Same as the preload_cache constructor.
-  static basic_file_cache preload(const std::string& path, std::uint64_t length = 0) {
-    return basic_file_cache(preload_cache, path, length);
+  static basic_file_cache preload(const std::string& path, std::uint64_t length = 0,
+                                  const cache_options& options = {}) {
+    return basic_file_cache(preload_cache, path, length, options);
   }
 
-  basic_file_cache(basic_file_cache&&) noexcept = default;
-  basic_file_cache& operator=(basic_file_cache&&) noexcept = default;
+  basic_file_cache(basic_file_cache&& o) noexcept
+      : s_(std::move(o.s_)),
+        map_(o.map_.load(std::memory_order_relaxed)),
+        bound_(o.bound_.load(std::memory_order_relaxed)),
+        length_(o.length_),
+        index_end_(o.index_end_) {}
+  basic_file_cache& operator=(basic_file_cache&& o) noexcept {
+    if (this != &o) {
+      s_ = std::move(o.s_);
+      map_.store(o.map_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      bound_.store(o.bound_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      length_ = o.length_;
+      index_end_ = o.index_end_;
+    }
+    return *this;
+  }
   basic_file_cache(const basic_file_cache&) = delete;
   basic_file_cache& operator=(const basic_file_cache&) = delete;
   /// Unmaps and closes; the creating object, in the creating process, also removes the file.
@@ -637,20 +779,21 @@ class basic_file_cache {
 
   /// Stores `bytes` in slot `i` once. False when the slot is filled, the cache is frozen, the
   /// size limit would be exceeded or the disk is full (which freezes). Throws holdfast::error on
-  /// other I/O failures (nothing is published then) and for `i` out of range.
+  /// other I/O failures (nothing is published then), for `i` out of range, and corrupt_cache
+  /// when the slot's entry is bad (nothing is written).
   bool put(std::uint64_t i, std::string_view bytes) {
     check_slot(i, "put");
     state& s = *s_;
-    if (frozen() || load_length(i) != -1) return false;
+    if (frozen() || taken(i)) return false;
     lock_guard guard(s);
-    if (sealed() || load_length(i) != -1) {
+    if (sealed() || taken(i)) {
       if (sealed()) s.frozen = true;
       return false;
     }
     auto end = data_end();
     if (end < s.index_end) throw corrupt_cache(s.path, i, "end of data inside the index");
     auto need = end + bytes.size();
-    if ((s.limit && need > s.limit) || (Read::maps_data && need > s.map_size)) {
+    if ((s.limit && need > s.limit) || (Read::maps_data && need > s.reserved)) {
       s.frozen = true;
       return false;
     }
@@ -664,6 +807,7 @@ class basic_file_cache {
     }
     set_data_end(need);  // before the entry: a writer killed in between leaves only a gap
     publish(i, end, bytes);
+    raise_bound(need);  // our own item: no fstat to read it back (inside the reservation)
     try {
       Sync::after_entry(s.fd);
     } catch (const error& e) {
@@ -679,17 +823,24 @@ class basic_file_cache {
 
   /// The item in slot `i`, or nothing when the slot is empty. With mmap_read a view valid while
   /// this object lives; with pread_read an owned copy (cache_bytes). Throws holdfast::error
-  /// (ERANGE) for `i` out of range and corrupt_cache for a bad entry or checksum.
+  /// (ERANGE) for `i` out of range, corrupt_cache for a bad entry or checksum, and (mmap_read)
+  /// holdfast::error (ENOMEM) for an item past what the process could map (use get_into).
   std::optional<value_type> get(std::uint64_t i) const {
     check_slot(i, "get");
-    auto e = load_entry(i);
-    if (!e) return std::nullopt;
     if constexpr (Read::maps_data) {
-      std::string_view v(data_ptr(*e), to_size(e->size));
-      verify(i, *e, v.data());
+      const std::uint64_t bound = bound_.load(std::memory_order_acquire);
+      const char* m = map();  // loaded after the bound: covers it
+      std::int64_t len = load_length(m, i);
+      if (len == -1) return std::nullopt;
+      std::uint64_t off = load_offset(m, i);
+      if (!fits(off, len, bound)) return get_slow(i, off, len);
+      std::string_view v(m + to_size(off), static_cast<std::size_t>(len));
+      verify(i, v.size(), v.data());
       return v;
     } else {
-      cache_bytes out(to_size(e->size));
+      auto e = load_entry(i);
+      if (!e) return std::nullopt;
+      cache_bytes out(to_size(e->size));  // no larger than the file: load_entry checked
       read_raw(i, *e, out.data());
       return out;
     }
@@ -702,35 +853,42 @@ class basic_file_cache {
     static_assert(sizeof(*std::declval<Buffer&>().data()) == 1,
                   "holdfast: get_into needs a container of bytes (char, unsigned char, std::byte)");
     check_slot(i, "get");
-    auto e = load_entry(i);
-    if (!e) return false;
     if constexpr (Read::maps_data) {
-      const char* p = data_ptr(*e);
-      verify(i, *e, p);
-      out.resize(to_size(e->size));
-      if (e->size) std::memcpy(out.data(), p, to_size(e->size));
+      const std::uint64_t bound = bound_.load(std::memory_order_acquire);
+      const char* m = map();  // loaded after the bound: covers it
+      std::int64_t len = load_length(m, i);
+      if (len == -1) return false;
+      std::uint64_t off = load_offset(m, i);
+      if (!fits(off, len, bound)) return get_into_slow(i, off, len, out);
+      copy_out(i, m + to_size(off), static_cast<std::size_t>(len), out);
     } else {
+      auto e = load_entry(i);
+      if (!e) return false;
       read_into(i, *e, out);
     }
     return true;
   }
 
-  /// Whether slot `i` is filled.
+  /// Whether slot `i` is filled (and its entry good: a bad entry throws corrupt_cache).
   bool contains(std::uint64_t i) const {
     check_slot(i, "contains");
-    return load_length(i) != -1;
+    bool unmapped = false;
+    return load_entry(i, &unmapped).has_value();
   }
   /// Where slot `i`'s item lies, or nothing when empty (validated as get does, no checksum).
   std::optional<cache_entry> entry(std::uint64_t i) const {
     check_slot(i, "entry");
-    return load_entry(i);
+    bool unmapped = false;
+    return load_entry(i, &unmapped);
   }
-  /// The number of filled slots (scans the index).
+  /// The number of filled slots (scans the index, checking each entry as contains does).
   std::uint64_t filled() const {
     std::uint64_t n = 0;
-    for (std::uint64_t i = 0; i < s_->length; ++i) n += load_length(i) != -1;
+    for (std::uint64_t i = 0; i < length_; ++i) n += contains(i);
     return n;
   }
+  /// How many bad slots preload hid (bad_slot_policy::treat_as_empty); 0 otherwise.
+  std::uint64_t dropped_slots() const noexcept { return s_->dropped; }
   /// The file's current size in bytes (index + data), as the size limit counts it.
   std::uint64_t size_bytes() const { return static_cast<std::uint64_t>(stat_fd(s_->fd).st_size); }
   /// Where item data starts: the header plus the index.
@@ -766,11 +924,15 @@ class basic_file_cache {
     std::atomic<bool> frozen{false};  // read outside the lock by other threads
     std::uint64_t length = 0;
     std::uint64_t index_end = 0;  // header + index = where data starts
-    std::uint64_t file_size = 0;  // at open (preload: the bound every entry is checked against)
     std::uint64_t limit = 0;
-    char* map = nullptr;
-    std::size_t map_size = 0;
-    std::uint64_t bound = 0;  // no entry may end past this (file or mapping end)
+    std::uint64_t reserved = 0;  // mmap_read: the mapping made at open, where our puts stop
+    std::uint64_t dropped = 0;   // slots preload hid (bad_slot_policy::treat_as_empty)
+    // Guarded by grow_mutex once the object is open (the miss path of a get):
+    std::mutex grow_mutex;
+    std::uint64_t known_size = 0;  // the file size last seen (preload: at open, then fstat)
+    char* map = nullptr;           // the newest mapping (the handle caches it)
+    std::size_t map_size = 0;      // its size
+    std::vector<std::pair<char*, std::size_t>> retired;  // older mappings: views may point there
     Lock lock;
 
     state() = default;
@@ -778,6 +940,7 @@ class basic_file_cache {
     state& operator=(const state&) = delete;
     ~state() {
       if (map) Io::munmap(map, map_size);
+      for (auto& m : retired) Io::munmap(m.first, m.second);
       fd.reset();
       if (owner && Io::getpid() == creator_pid) Io::unlink(path.c_str());
     }
@@ -792,6 +955,7 @@ class basic_file_cache {
   };
 
   static constexpr std::uint64_t default_reserve = std::uint64_t{64} << 30;
+  static constexpr std::uint64_t max_map = std::numeric_limits<std::size_t>::max() / 2;
 
   static std::string default_dir() {
     const char* t = std::getenv("TMPDIR");
@@ -805,51 +969,81 @@ class basic_file_cache {
   static bool is_disk_full(int e) noexcept { return e == ENOSPC || e == EDQUOT; }
   static off_t to_off(std::uint64_t v) noexcept { return static_cast<off_t>(v); }
   static std::size_t to_size(std::uint64_t v) noexcept { return static_cast<std::size_t>(v); }
+  static std::string str(std::uint64_t v) { return std::to_string(v); }
+  static std::uint64_t page_size() noexcept {
+    long ps = ::sysconf(_SC_PAGESIZE);
+    return ps > 0 ? static_cast<std::uint64_t>(ps) : 4096;
+  }
 
+  // Any of our mappings holds the index (they all start at offset 0), and with mmap_read the
+  // newest one covers every item inside bound_. Acquire: pairs with the release that published
+  // a new mapping, so a thread reading through it sees the mmap that made it (a plain load on
+  // x86-64, ldar on aarch64).
+  char* map() const noexcept { return map_.load(std::memory_order_acquire); }
   char* entry_ptr(std::uint64_t i) const noexcept {
-    return map_ + Format::header_size + to_size(i) * Format::entry_size;
+    return map() + Format::header_size + to_size(i) * Format::entry_size;
   }
   // mmap_read: where an item's bytes are (a zero-byte item's offset is never dereferenced).
+  // Called after load_entry's acquire load of bound_: the mapping is at least as new.
   const char* data_ptr(const cache_entry& e) const noexcept {
-    return map_ + (e.size ? to_size(e.offset) : 0);
+    return map() + (e.size ? to_size(e.offset) : 0);
   }
   // Copies the fields every get reads into the handle (one indirection less per get).
-  void cache_hot_fields() noexcept {
-    map_ = s_->map;
+  void cache_hot_fields(std::uint64_t bound) noexcept {
+    map_.store(s_->map, std::memory_order_relaxed);
+    bound_.store(bound, std::memory_order_relaxed);
     length_ = s_->length;
-    bound_ = s_->bound;
     index_end_ = s_->index_end;
   }
-  std::int64_t load_length(std::uint64_t i) const noexcept {
-    auto p = reinterpret_cast<std::uint64_t*>(entry_ptr(i) + 8);
+  // Raises the bound every get checks against (never lowers it). For mmap_read the caller
+  // makes sure the newest mapping covers `v` first (the release orders the two).
+  void raise_bound(std::uint64_t v) const noexcept {
+    auto b = bound_.load(std::memory_order_relaxed);
+    while (b < v && !bound_.compare_exchange_weak(b, v, std::memory_order_release,
+                                                  std::memory_order_relaxed)) {
+    }
+  }
+  static const char* entry_in(const char* m, std::uint64_t i) noexcept {
+    return m + Format::header_size + to_size(i) * Format::entry_size;
+  }
+  static std::int64_t load_length(const char* m, std::uint64_t i) noexcept {
+    auto p = reinterpret_cast<const std::uint64_t*>(entry_in(m, i) + 8);
     return static_cast<std::int64_t>(detail::le64(__atomic_load_n(p, __ATOMIC_ACQUIRE)));
   }
-  std::uint64_t load_offset(std::uint64_t i) const noexcept {
-    auto p = reinterpret_cast<std::uint64_t*>(entry_ptr(i));
+  static std::uint64_t load_offset(const char* m, std::uint64_t i) noexcept {
+    auto p = reinterpret_cast<const std::uint64_t*>(entry_in(m, i));
     return detail::le64(__atomic_load_n(p, __ATOMIC_RELAXED));
   }
+  std::int64_t load_length(std::uint64_t i) const noexcept { return load_length(map(), i); }
+  std::uint64_t load_offset(std::uint64_t i) const noexcept { return load_offset(map(), i); }
   std::uint32_t load_crc(std::uint64_t i) const noexcept {
     auto p = reinterpret_cast<std::uint32_t*>(entry_ptr(i) + 16);
     return detail::le32(__atomic_load_n(p, __ATOMIC_RELAXED));
   }
   bool sealed() const noexcept {
     if constexpr (std::is_same_v<Format, checked_format>) {
-      auto p = reinterpret_cast<std::uint32_t*>(map_ + checked_format::state_offset);
+      auto p = reinterpret_cast<std::uint32_t*>(map() + checked_format::state_offset);
       return (detail::le32(__atomic_load_n(p, __ATOMIC_ACQUIRE)) & checked_format::sealed) != 0;
     }
     return false;
   }
   void seal() noexcept {
     if constexpr (std::is_same_v<Format, checked_format>) {
-      auto p = reinterpret_cast<std::uint32_t*>(map_ + checked_format::state_offset);
+      auto p = reinterpret_cast<std::uint32_t*>(map() + checked_format::state_offset);
       __atomic_fetch_or(p, detail::le32(checked_format::sealed), __ATOMIC_RELEASE);
     }
+  }
+  // put: whether slot i is taken (filled, or a pfio entry in flight); a bad length throws.
+  bool taken(std::uint64_t i) const {
+    auto len = load_length(i);
+    if (len < -1) fail_entry(i, load_offset(i), len, "");
+    return len != -1;
   }
 
   // Where the next item goes: the recorded end of data (checked_format), else the file size.
   std::uint64_t data_end() const {
     if constexpr (std::is_same_v<Format, checked_format>) {
-      auto p = reinterpret_cast<std::uint64_t*>(map_ + checked_format::end_offset);
+      auto p = reinterpret_cast<std::uint64_t*>(map() + checked_format::end_offset);
       return detail::le64(__atomic_load_n(p, __ATOMIC_ACQUIRE));
     }
     // lseek, not fstat: half the cost. Nothing uses the file position (all I/O is positional).
@@ -859,7 +1053,7 @@ class basic_file_cache {
   }
   void set_data_end(std::uint64_t end) noexcept {
     if constexpr (std::is_same_v<Format, checked_format>) {
-      auto p = reinterpret_cast<std::uint64_t*>(map_ + checked_format::end_offset);
+      auto p = reinterpret_cast<std::uint64_t*>(map() + checked_format::end_offset);
       __atomic_store_n(p, detail::le64(end), __ATOMIC_RELEASE);
     } else {
       (void)end;
@@ -884,49 +1078,163 @@ class basic_file_cache {
     if (i >= length_) fail_range(i, op);
   }
   [[noreturn]] HOLDFAST_CACHE_COLD void fail_range(std::uint64_t i, const char* op) const {
-    throw error(
-        ERANGE, std::string("cache ") + op, s_->path,
-        "slot " + std::to_string(i) + " out of range (length " + std::to_string(length_) + ")");
+    throw error(ERANGE, std::string("cache ") + op, s_->path,
+                "slot " + str(i) + " out of range (length " + str(length_) + ")");
   }
 
-  // The entry of slot i, checked against the file/mapping bounds; nothing when empty.
-  std::optional<cache_entry> load_entry(std::uint64_t i) const {
+  // The entry of slot i; nothing when empty or not yet visible. The fast path is a few compares
+  // against values in memory: an item inside [index end, bound_), where bound_ is the file size
+  // last seen (and, with mmap_read, mapped). Anything else takes the cold path, which refreshes
+  // the size once before it calls the entry corrupt. `unmapped` (mmap_read): set when the item
+  // is in the file but could not be mapped; without it, that throws (ENOMEM).
+  std::optional<cache_entry> load_entry(std::uint64_t i, bool* unmapped = nullptr) const {
+    const std::uint64_t bound = bound_.load(std::memory_order_acquire);
     std::int64_t len = load_length(i);
     if (len == -1) return std::nullopt;
     std::uint64_t off = load_offset(i);
-    check_entry(i, off, len, bound_);
-    return cache_entry{off, static_cast<std::uint64_t>(len)};
+    if (fits(off, len, bound)) return cache_entry{off, static_cast<std::uint64_t>(len)};
+    if (len == 0) return cache_entry{off, 0};  // present, zero bytes: nothing is read
+    return load_entry_slow(i, off, len, unmapped);
   }
-  void check_entry(std::uint64_t i, std::uint64_t off, std::int64_t len,
-                   std::uint64_t bound) const {
-    if (len <= 0) {
-      if (len < -1) fail_entry(i, off, len, bound);
-      return;  // empty, or zero bytes: nothing is read
-    }
+  // The fast check: a non-empty item inside [index end, bound).
+  bool fits(std::uint64_t off, std::int64_t len, std::uint64_t bound) const noexcept {
     auto n = static_cast<std::uint64_t>(len);
-    if (off < index_end_ || off > bound || n > bound - off) fail_entry(i, off, len, bound);
+    return len > 0 && off >= index_end_ && off <= bound && n <= bound - off;
   }
-  [[noreturn]] HOLDFAST_CACHE_COLD void fail_entry(std::uint64_t i, std::uint64_t off,
-                                                   std::int64_t len, std::uint64_t bound) const {
-    if (len < -1) throw corrupt_cache(s_->path, i, "negative length " + std::to_string(len));
-    if (off < index_end_)
-      throw corrupt_cache(s_->path, i, "entry offset " + std::to_string(off) + " inside the index");
-    throw corrupt_cache(s_->path, i,
-                        "entry [" + std::to_string(off) + ", +" + std::to_string(len) +
-                            ") points past the end of the file (" + std::to_string(bound) +
-                            " bytes)");
+  // mmap_read: checks and copies a mapped item into `out`.
+  template <class Buffer>
+  void copy_out(std::uint64_t i, const char* p, std::size_t n, Buffer& out) const {
+    verify(i, n, p);
+    out.resize(n);
+    if (n) std::memcpy(out.data(), p, n);
+  }
+  // mmap_read get past the fast check: zero bytes, a refresh of the size, or an error.
+  HOLDFAST_CACHE_COLD std::optional<value_type> get_slow(std::uint64_t i, std::uint64_t off,
+                                                         std::int64_t len) const {
+    auto e = load_entry_slow(i, off, len, nullptr);
+    if (!e) return std::nullopt;
+    std::string_view v(data_ptr(*e), to_size(e->size));
+    verify(i, v.size(), v.data());
+    return v;
+  }
+  // mmap_read get_into past the fast check: zero bytes, a refresh, or pread when unmapped.
+  template <class Buffer>
+  HOLDFAST_CACHE_COLD bool get_into_slow(std::uint64_t i, std::uint64_t off, std::int64_t len,
+                                         Buffer& out) const {
+    bool unmapped = false;
+    auto e = load_entry_slow(i, off, len, &unmapped);
+    if (!e) return false;
+    if (unmapped)
+      read_into(i, *e, out);
+    else
+      copy_out(i, data_ptr(*e), to_size(e->size), out);
+    return true;
   }
 
-  void verify(std::uint64_t i, const cache_entry& e, const char* data) const {
-    if constexpr (Format::checksummed) {
-      if (Format::item_crc(i, data, to_size(e.size)) != load_crc(i))
-        throw corrupt_cache(s_->path, i, "checksum mismatch");
-    } else {
-      (void)i, (void)e, (void)data;
+  HOLDFAST_CACHE_COLD std::optional<cache_entry> load_entry_slow(std::uint64_t i, std::uint64_t off,
+                                                                 std::int64_t len,
+                                                                 bool* unmapped) const {
+    if (len == 0) return cache_entry{off, 0};  // present, zero bytes: nothing is read
+    if (len < -1 || off < index_end_) fail_entry(i, off, len, "");
+    auto n = static_cast<std::uint64_t>(len);
+    if (n > std::numeric_limits<std::uint64_t>::max() - off) fail_entry(i, off, len, "");
+    const std::uint64_t end = off + n;
+    state& s = *s_;
+    std::lock_guard<std::mutex> g(s.grow_mutex);
+    if (end <= bound_.load(std::memory_order_acquire)) return cache_entry{off, n};  // raced
+    if (end > s.known_size) {  // the writer may just have grown the file: look once
+      auto now = static_cast<std::uint64_t>(stat_fd(s.fd).st_size);
+      if (now > s.known_size) s.known_size = now;
     }
+    if (end > s.known_size) {
+      // pfio writes the entry before the data: an item starting exactly at the end of the file
+      // is a put in flight (or a writer killed in between). It has no bytes yet: not visible.
+      if (off == s.known_size) return std::nullopt;
+      fail_entry(i, off, len, " (" + str(s.known_size) + " bytes)");
+    }
+    if (!s.writable) return std::nullopt;  // preload: appended after the open, not yet visible
+    if constexpr (Read::maps_data) {
+      if (!map_through(s.known_size)) {
+        if (unmapped) {
+          *unmapped = true;
+          return cache_entry{off, n};
+        }
+        throw error(ENOMEM, "mmap", s.path,
+                    "slot " + str(i) + ": item [" + str(off) + ", +" + str(n) + ") lies past the " +
+                        str(s.map_size) +
+                        " bytes this process could map; get_into reads it with pread");
+      }
+      raise_bound(std::min<std::uint64_t>(s.known_size, s.map_size));
+    } else {
+      raise_bound(s.known_size);
+    }
+    return cache_entry{off, n};
+  }
+
+  // mmap_read, under grow_mutex: makes the newest mapping cover [0, need). A new, larger
+  // mapping replaces it (twice the old size when the kernel allows, halved down to `need`
+  // while it says ENOMEM); the old one stays until the object dies, as views may point there.
+  // False when every size down to `need` was refused with ENOMEM.
+  bool map_through(std::uint64_t need) const {
+    state& s = *s_;
+    if (need <= s.map_size) return true;
+    if (need > max_map) return false;
+    const auto ps = page_size();
+    std::uint64_t floor = (need + ps - 1) / ps * ps;
+    std::uint64_t want =
+        std::min<std::uint64_t>(std::max<std::uint64_t>(floor, 2 * s.map_size), max_map);
+    int prot = s.writable ? PROT_READ | PROT_WRITE : PROT_READ;
+    s.retired.reserve(s.retired.size() + 1);  // so that keeping the old mapping cannot throw
+    for (;;) {
+      void* p = Io::mmap(nullptr, to_size(want), prot, MAP_SHARED, s.fd.get(), 0);
+      if (p != MAP_FAILED) {
+        s.retired.emplace_back(s.map, s.map_size);
+        s.map = static_cast<char*>(p);
+        s.map_size = to_size(want);
+        map_.store(s.map, std::memory_order_release);
+        return true;
+      }
+      if (errno != ENOMEM) throw error(errno, "mmap", s.path, "mapping the grown file");
+      if (want == floor) break;
+      want = std::max(floor, want / 2 / ps * ps);
+    }
+    return false;
+  }
+
+  [[noreturn]] HOLDFAST_CACHE_COLD void fail_entry(std::uint64_t i, std::uint64_t off,
+                                                   std::int64_t len,
+                                                   const std::string& size_note) const {
+    const state& s = *s_;
+    if (len < -1)
+      throw corrupt_cache(s.path, i,
+                          "length " + std::to_string(len) +
+                              " (the only negative length is -1, "
+                              "empty)");
+    if (off < index_end_) {
+      std::string why = "entry offset " + str(off) + " is inside the index (data starts at " +
+                        str(index_end_) + ")";
+      if (!Format::stores_length)
+        why += ": a bad entry, or the length " + str(length_) + " is too large";
+      throw corrupt_cache(s.path, i, why);
+    }
+    throw corrupt_cache(s.path, i,
+                        "entry [" + str(off) + ", +" + std::to_string(len) +
+                            ") points past the end of the file" + size_note);
+  }
+
+  void verify(std::uint64_t i, std::size_t n, const char* data) const {
+    if constexpr (Format::checksummed) {
+      if (Format::item_crc(i, data, n) != load_crc(i)) fail_checksum(i);
+    } else {
+      (void)i, (void)n, (void)data;
+    }
+  }
+  [[noreturn]] HOLDFAST_CACHE_COLD void fail_checksum(std::uint64_t i) const {
+    throw corrupt_cache(s_->path, i, "checksum mismatch");
   }
 
   // pread_read: exactly one pread of the item (more only if the kernel returns a short read).
+  // The entry was checked against the file size first, so the buffer is never larger than it.
   template <class Buffer>
   void read_into(std::uint64_t i, const cache_entry& e, Buffer& out) const {
     out.resize(to_size(e.size));
@@ -935,9 +1243,10 @@ class basic_file_cache {
   void read_raw(std::uint64_t i, const cache_entry& e, char* out) const {
     if (e.size) {
       auto got = pread_full(s_->fd, out, to_size(e.size), to_off(e.offset));
-      if (got != e.size) throw corrupt_cache(s_->path, i, "entry points past the end of the file");
+      if (got != e.size)
+        throw corrupt_cache(s_->path, i, "entry points past the end of the file (it shrank)");
     }
-    verify(i, e, out);
+    verify(i, to_size(e.size), out);
   }
 
   bool link_to(const std::string& target) {
@@ -968,7 +1277,7 @@ class basic_file_cache {
     s.owner = true;
     s.creator_pid = Io::getpid();
     write_empty_index();
-    s.file_size = s.index_end;
+    s.known_size = s.index_end;
   }
 
   // The header, then every entry written explicitly as empty: (0, -1) (an all-zero entry would
@@ -992,36 +1301,35 @@ class basic_file_cache {
   // Reads the header (checked_format) and checks the file is at least as long as its index.
   void read_layout(std::uint64_t length) {
     state& s = *s_;
-    s.file_size = static_cast<std::uint64_t>(stat_fd(s.fd).st_size);
+    s.known_size = static_cast<std::uint64_t>(stat_fd(s.fd).st_size);
     if constexpr (Format::stores_length) {
-      if (s.file_size < Format::header_size)
-        throw corrupt_cache(
-            s.path, 0,
-            "file is " + std::to_string(s.file_size) + " bytes, shorter than its header");
+      if (s.known_size < Format::header_size)
+        throw corrupt_cache(s.path, 0,
+                            "file is " + str(s.known_size) + " bytes, shorter than its header");
       char head[Format::header_size];
       if (pread_full(s.fd, head, sizeof head, 0) != sizeof head)
         throw corrupt_cache(s.path, 0, "header cut short");
       std::uint64_t stored = Format::decode_header(head, s.path);
       if (length != 0 && stored != length)
-        throw corrupt_cache(
-            s.path, 0,
-            "header says " + std::to_string(stored) + " slots, expected " + std::to_string(length));
+        throw corrupt_cache(s.path, 0,
+                            "header says " + str(stored) + " slots, expected " + str(length));
       length = stored;
     } else if (length == 0) {
       throw error(EINVAL, "cache open", s.path, "pfio_format stores no length: pass it");
     }
     if (length >
         (std::numeric_limits<std::uint64_t>::max() - Format::header_size) / Format::entry_size / 2)
-      throw corrupt_cache(s.path, 0, "length " + std::to_string(length) + " is impossible");
+      throw corrupt_cache(s.path, 0, "length " + str(length) + " is impossible");
     s.length = length;
     s.index_end = Format::header_size + length * Format::entry_size;
-    if (s.file_size < s.index_end) {
-      auto slot = s.file_size < Format::header_size
+    if (s.known_size < s.index_end) {
+      auto slot = s.known_size < Format::header_size
                       ? 0
-                      : (s.file_size - Format::header_size) / Format::entry_size;
-      throw corrupt_cache(s.path, slot,
-                          "file is " + std::to_string(s.file_size) +
-                              " bytes, shorter than its index of " + std::to_string(s.index_end));
+                      : (s.known_size - Format::header_size) / Format::entry_size;
+      std::string why =
+          "file is " + str(s.known_size) + " bytes, shorter than its index of " + str(s.index_end);
+      if (!Format::stores_length) why += ": is the length " + str(length) + " right?";
+      throw corrupt_cache(s.path, slot, why);
     }
   }
 
@@ -1031,9 +1339,8 @@ class basic_file_cache {
     state& s = *s_;
     std::uint64_t want = s.index_end;
     if constexpr (Read::maps_data) {
-      want = !s.writable ? s.file_size : reserve ? reserve : limit ? limit : default_reserve;
-      want = std::min<std::uint64_t>(std::max(want, s.file_size),
-                                     std::numeric_limits<std::size_t>::max() / 2);
+      want = !s.writable ? s.known_size : reserve ? reserve : limit ? limit : default_reserve;
+      want = std::min<std::uint64_t>(std::max(want, s.known_size), max_map);
     }
     if (want > 0) {
       int prot = s.writable ? PROT_READ | PROT_WRITE : PROT_READ;
@@ -1044,17 +1351,16 @@ class basic_file_cache {
           s.map_size = to_size(want);
           break;
         }
-        if (errno != ENOMEM || !Read::maps_data || want / 2 < s.file_size || want / 2 == 0)
+        if (errno != ENOMEM || !Read::maps_data || want / 2 < s.known_size || want / 2 == 0)
           throw error(errno, "mmap", s.path);
         want /= 2;
       }
     }
-    // No entry may end past: the file (preloaded), the mapping (mmap_read), else anywhere (a
-    // pread past the end of a live file comes back short and is reported).
-    s.bound = !s.writable       ? s.file_size
-              : Read::maps_data ? s.map_size
-                                : std::numeric_limits<std::uint64_t>::max();
-    cache_hot_fields();
+    s.reserved = s.map_size;
+    // No item may end past the file size known now (refreshed on a miss) nor, with mmap_read,
+    // past the mapping.
+    cache_hot_fields(Read::maps_data ? std::min<std::uint64_t>(s.known_size, s.map_size)
+                                     : s.known_size);
   }
 
   // checked_format: the recorded end of data lies between the index and the end of the file
@@ -1065,29 +1371,127 @@ class basic_file_cache {
       auto size = static_cast<std::uint64_t>(stat_fd(s_->fd).st_size);
       if (end < index_end_ || end > size)
         throw corrupt_cache(s_->path, 0,
-                            "recorded end of data " + std::to_string(end) + " outside [" +
-                                std::to_string(index_end_) + ", " + std::to_string(size) + "]");
+                            "recorded end of data " + str(end) + " outside [" + str(index_end_) +
+                                ", " + str(size) + "]");
     }
   }
 
-  // Preload: every entry inside the file, and with checked_format every checksum right.
-  void validate_all() const {
-    for (std::uint64_t i = 0; i < s_->length; ++i) {
-      auto e = load_entry(i);
-      if (!e || !Format::checksummed) continue;
-      if constexpr (Read::maps_data) {
-        verify(i, *e, data_ptr(*e));
-      } else {
-        std::string tmp;
-        read_into(i, *e, tmp);
+  // An item found at open: [offset, end) of slot.
+  struct span {
+    std::uint64_t offset, end, slot;
+  };
+
+  // Attach and preload: every entry good (inside the file, and for preload every checksum
+  // right), no two pfio_format items overlapping, the pfio_format length plausible. With
+  // bad_slot_policy::treat_as_empty (preload), the bad slots are hidden instead of refused.
+  void validate_all(bad_slot_policy policy) {
+    state& s = *s_;
+    const bool drop = policy == bad_slot_policy::treat_as_empty && !s.writable;
+    std::vector<std::uint64_t> bad;
+    std::vector<span> items;
+    for (std::uint64_t i = 0; i < s.length; ++i) {
+      try {
+        bool unmapped = false;
+        auto e = load_entry(i, &unmapped);
+        if (!e) continue;
+        if constexpr (Format::checksummed) {
+          if (!s.writable) {  // attach: checked by every get instead (reading every item costs)
+            if (Read::maps_data && !unmapped) {
+              verify(i, to_size(e->size), data_ptr(*e));
+            } else {
+              std::string tmp;
+              read_into(i, *e, tmp);
+            }
+          }
+        } else if (e->size) {
+          items.push_back(span{e->offset, e->offset + e->size, i});
+        }
+      } catch (const corrupt_cache&) {
+        if (!drop) throw;
+        bad.push_back(i);
       }
     }
+    if constexpr (!Format::checksummed) {
+      check_overlaps(items, drop ? &bad : nullptr);
+      check_length(items);
+    }
+    if (!bad.empty()) hide(bad);
+  }
+
+  // pfio_format: no two items share a byte. An entry pointing into another slot's item is what
+  // a pfio writer killed between its entry and its data leaves once the next put fills the gap.
+  void check_overlaps(std::vector<span>& items, std::vector<std::uint64_t>* bad) const {
+    std::sort(items.begin(), items.end(), [](const span& a, const span& b) {
+      return a.offset != b.offset ? a.offset < b.offset : a.slot < b.slot;
+    });
+    std::size_t owner = 0;  // the item reaching furthest so far
+    for (std::size_t k = 1; k < items.size(); ++k) {
+      const span& a = items[owner];
+      const span& b = items[k];
+      if (b.offset < a.end) {
+        if (!bad)
+          throw corrupt_cache(s_->path, b.slot,
+                              "item [" + str(b.offset) + ", " + str(b.end) +
+                                  ") overlaps the item of slot " + str(a.slot) + " [" +
+                                  str(a.offset) + ", " + str(a.end) +
+                                  "): one entry points into the other's bytes");
+        bad->push_back(a.slot);
+        bad->push_back(b.slot);
+      }
+      if (b.end > a.end) owner = k;
+    }
+  }
+
+  // pfio_format: data starts at 16 * length. The length is too small when the 16 bytes right
+  // after the reader's index read as one more index entry (empty, or pointing further on inside
+  // the file) and no item starts there.
+  void check_length(const std::vector<span>& items) const {
+    const state& s = *s_;
+    const std::uint64_t at = s.index_end;
+    if (s.known_size < at + 16) return;
+    for (const auto& it : items)
+      if (it.offset == at) return;
+    char e[16];
+    if (pread_full(s.fd, e, 16, to_off(at)) != 16) return;
+    auto off = detail::get_le64(e);
+    auto len = static_cast<std::int64_t>(detail::get_le64(e + 8));
+    bool empty = off == 0 && len == -1;
+    bool entry = len > 0 && off >= at + 16 && off <= s.known_size &&
+                 static_cast<std::uint64_t>(len) <= s.known_size - off;
+    if (!empty && !entry) return;
+    throw corrupt_cache(s.path, s.length,
+                        "the length " + str(s.length) + " is too small: the 16 bytes at offset " +
+                            str(at) +
+                            ", where its data would start, read as another index entry (" +
+                            str(off) + ", " + std::to_string(len) + ") and no item starts there");
+  }
+
+  // Preload with bad_slot_policy::treat_as_empty: a private copy-on-write mapping in which the
+  // bad slots' entries read as empty (0, -1), so every get, contains and filled agree at no cost
+  // per get. The file is not changed.
+  void hide(std::vector<std::uint64_t>& bad) {
+    state& s = *s_;
+    std::sort(bad.begin(), bad.end());
+    bad.erase(std::unique(bad.begin(), bad.end()), bad.end());
+    void* p = Io::mmap(nullptr, s.map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, s.fd.get(), 0);
+    if (p == MAP_FAILED) throw error(errno, "mmap", s.path, "hiding bad slots");
+    Io::munmap(s.map, s.map_size);  // nothing points into it yet
+    s.map = static_cast<char*>(p);
+    map_.store(s.map, std::memory_order_relaxed);
+    for (auto i : bad) {
+      char* e = entry_ptr(i);
+      detail::put_le64(e, 0);
+      detail::put_le64(e + 8, ~std::uint64_t{0});
+    }
+    s.dropped = bad.size();
   }
 
   std::unique_ptr<state> s_;
-  char* map_ = nullptr;
+  // Hot fields, copied from the state: the newest mapping and the bound every get checks
+  // (both only grow; a get that refreshes them runs under state::grow_mutex).
+  mutable std::atomic<char*> map_{nullptr};
+  mutable std::atomic<std::uint64_t> bound_{0};
   std::uint64_t length_ = 0;
-  std::uint64_t bound_ = 0;
   std::uint64_t index_end_ = 0;
 };
 
