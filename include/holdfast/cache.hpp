@@ -189,8 +189,8 @@ namespace detail {
 template <class T>
 using io_fstatfs = decltype(T::fstatfs(0, static_cast<struct statfs*>(nullptr)));
 
-/// The statfs f_type of an open file: through Io::fstatfs when the Io policy has one (tests
-/// pretend to be on NFS with it), else fstatfs. 0 when it fails (treated as local).
+/// The statfs f_type of an open file: through Io::fstatfs (posix_io has it; tests pretend to be
+/// on NFS with it), or fstatfs itself for an Io policy without one. 0 when it fails (local).
 template <class Io>
 std::uint64_t filesystem_type(int fd) noexcept {
   struct statfs st {};

@@ -23,6 +23,7 @@
 #include <sys/mman.h>     // mmap: the cache's read path
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>  // SYS_renameat2: older glibc has no wrapper
 #include <unistd.h>
 
@@ -60,6 +61,8 @@ struct posix_io {
   static int fdatasync(int fd) noexcept { return ::fdatasync(fd); }
   static int fchmod(int fd, mode_t mode) noexcept { return ::fchmod(fd, mode); }
   static int fstat(int fd, struct stat* st) noexcept { return ::fstat(fd, st); }
+  // the filesystem's type (f_type): network filesystems lock and notify differently
+  static int fstatfs(int fd, struct statfs* st) noexcept { return ::fstatfs(fd, st); }
   static int stat(const char* path, struct stat* st) noexcept { return ::stat(path, st); }
   static int lstat(const char* path, struct stat* st) noexcept { return ::lstat(path, st); }
   static int ftruncate(int fd, off_t size) noexcept { return ::ftruncate(fd, size); }

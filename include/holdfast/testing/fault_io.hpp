@@ -66,6 +66,7 @@ enum class io_op : unsigned {
   fstatat,
   unlinkat,
   fdopendir,
+  fstatfs,
   count_
 };
 
@@ -113,7 +114,8 @@ inline const char* to_string(io_op op) noexcept {
                                       "openat",
                                       "fstatat",
                                       "unlinkat",
-                                      "fdopendir"};
+                                      "fdopendir",
+                                      "fstatfs"};
   auto i = static_cast<unsigned>(op);
   return i < static_cast<unsigned>(io_op::count_) ? names[i] : "?";
 }
@@ -291,6 +293,9 @@ struct fault_io : posix_io {
   }
   static int openat(int d, const char* p, int f, mode_t m) noexcept {
     return fault_plan::hit(io_op::openat) ? fail(-1) : posix_io::openat(d, p, f, m);
+  }
+  static int fstatfs(int fd, struct statfs* st) noexcept {
+    return fault_plan::hit(io_op::fstatfs) ? fail(-1) : posix_io::fstatfs(fd, st);
   }
   static int fstatat(int d, const char* p, struct stat* st, int f) noexcept {
     return fault_plan::hit(io_op::fstatat) ? fail(-1) : posix_io::fstatat(d, p, st, f);
