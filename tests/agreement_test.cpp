@@ -780,7 +780,7 @@ TEST_CASE("simulation: 2000 trials with stalls and dead workers near the deadlin
   CHECK(saves > 100);
 }
 
-TEST_CASE("a store failure before the deadline goes on to record the outcome; during it, fails") {
+TEST_CASE("a store failure before the deadline goes on to record the outcome — during it, fails") {
   step_agreement a(cfg(1, 3));
   a.on_notice(t0);
   CHECK(a.protocol_next(4, t0).kind == op::insert);            // the claim
@@ -836,7 +836,7 @@ TEST_CASE("grace: the final claim is made grace_margin earlier") {
   CHECK(a.state() != agreement_state::grace);  // 10 s - 0.6 s - 3 s = 6.4 s: claimed
 }
 
-TEST_CASE("values: one grammar, written and read back; anything else is refused") {
+TEST_CASE("values: one grammar, written and read back — anything else is refused") {
   using holdfast::agreement_value;
   using kind = agreement_value::kind;
   auto round_trip = [](const agreement_value& v) {

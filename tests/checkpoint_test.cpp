@@ -1,7 +1,10 @@
 // checkpoint_manager: save/latest/restore in both commit modes, retention (max_to_keep 1 and 3),
-// the pointer protocol, all_steps/latest_step/restore_step and pinning, start-up sweeping, bad
-// pointers, every syscall failing in turn, and SIGKILL at random points of save and of retention
-// deletions (100 runs).
+// the pointer protocol, all_steps/latest_step/restore_step and pinning, start-up sweeping,
+// recovery from truncated, garbled and dangling pointers (and repair()), checkpoints written by
+// holdfast 0.1.0, the marker mode's parent sync before the pointer, every syscall failing in
+// turn, and SIGKILL at random points of save and of retention deletions (100 runs).
+// Readers beside a writer, locks and async saves: checkpoint_process_test.cpp; metadata,
+// should_save, retention policies and names: checkpoint_policy_test.cpp.
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,6 +15,8 @@
 #include <filesystem>
 #include <holdfast/checkpoint.hpp>
 #include <holdfast/testing/fault_io.hpp>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
@@ -90,6 +95,22 @@ std::set<std::string> entries(const std::string& dir) {
   return out;
 }
 
+// The writer's lock file (local filesystems): present in every directory a writer opened.
+const std::string lock_file = ".writer.lock";
+
+// Every log line a manager reports, for checks.
+struct log_lines {
+  std::vector<std::string> lines;
+  holdfast::log_fn sink() {
+    return [this](std::string_view l) { lines.emplace_back(l); };
+  }
+  bool any(const std::string& part) const {
+    for (const auto& l : lines)
+      if (l.find(part) != std::string::npos) return true;
+    return false;
+  }
+};
+
 template <class E, class F>
 std::string error_text(F f) {
   try {
@@ -159,13 +180,13 @@ TEST_CASE_TEMPLATE("save, latest and restore in both commit modes", Store,
   CHECK(m.restore([&](const std::string&, std::int64_t step) { seen = step; }) == 11);
   CHECK(seen == 11);
 
-  // A second manager (a restarted process) sees the same state.
-  checkpoint_manager<Store> again(s, "run-1", {3});
+  // A reader beside it (an evaluator) sees the same state.
+  checkpoint_manager<Store> again(holdfast::read_only, s, "run-1", {3});
   REQUIRE(again.latest());
   CHECK(again.latest()->step == 11);
   CHECK(again.checkpoints().size() == 2);
   CHECK(entries(m.directory()) ==
-        std::set<std::string>{"latest", "step-10", "step-11"});  // no staging left
+        std::set<std::string>{"latest", "step-10", "step-11", lock_file});  // no staging left
 
   CHECK_THROWS_AS(m.save(-1), holdfast::error);
   CHECK_THROWS_AS(checkpoint_manager<Store>(s, "a/b"), holdfast::error);
@@ -187,7 +208,7 @@ TEST_CASE_TEMPLATE("retention keeps max_to_keep checkpoints and never the latest
       std::size_t expect = std::min<std::size_t>(keep, static_cast<std::size_t>(step));
       REQUIRE(all.size() == expect);
       CHECK(all.back().step == step * 100);  // the latest is kept
-      std::set<std::string> expect_entries{"latest"};
+      std::set<std::string> expect_entries{"latest", lock_file};
       for (std::size_t i = 0; i < expect; ++i) {
         std::int64_t st = (step - static_cast<std::int64_t>(expect - 1 - i)) * 100;
         CHECK(all[i].step == st);
@@ -232,82 +253,6 @@ TEST_CASE(
   CHECK(entries(m.directory()) == before_entries);
 }
 
-TEST_CASE("bad pointers give clear errors naming the pointer file and the checkpoint") {
-  holdfast_test::temp_dir dir("bad");
-  auto s = holdfast::store::create(dir.path());
-  checkpoint_manager<> m(s, "r", {2});
-  m.set_writer([](const std::string& d, std::int64_t step) {
-    write_checkpoint<holdfast::posix_io>(d, step);
-  });
-  m.save(1);
-  m.save(2);
-  const std::string pointer = m.pointer_path();
-  const std::string good = read_file(pointer);
-
-  struct row {
-    std::string content;
-    std::string says;
-  };
-  const row garbage[] = {
-      {"", "empty pointer file"},
-      {"\x7f"
-       "ELF\x02\x01\x01\n",
-       "line 1: expected 'holdfast-checkpoints 1'"},
-      {"model_checkpoint_path: \"ckpt-3\"\n", "line 1"},
-      {"holdfast-checkpoints 1\nlatest step-2\nkeep step-2", "truncated"},
-      {"holdfast-checkpoints 1\nlatest step-x\nkeep step-x\n",
-       "line 2: expected a checkpoint name"},
-      {"holdfast-checkpoints 1\nlatest step-2\n", "not among the 'keep' lines"},
-      {"holdfast-checkpoints 1\nnewest step-2\n", "line 2: unknown key 'newest'"},
-      {"holdfast-checkpoints 1\nlatest step-2\nkeep step-2\nlatest step-2\n", "line 4"},
-      {"holdfast-checkpoints 1\nlatest step-02\nkeep step-02\n", "line 2"},
-      {"holdfast-checkpoints 1\nkeep step-2\n", "no 'latest' line"},
-  };
-  for (const auto& g : garbage) {
-    CAPTURE(g.content);
-    write_plain(pointer, g.content);
-    auto text = error_text<holdfast::format_error>([&] { (void)m.latest(); });
-    CHECK(text.find(pointer) != std::string::npos);
-    CHECK(text.find(g.says) != std::string::npos);
-    CHECK_THROWS_AS(m.restore(), holdfast::format_error);
-    CHECK_THROWS_AS(m.save(3), holdfast::format_error);  // never guesses over a bad pointer
-    // A restarted process fails at construction, naming the file.
-    CHECK(error_text<holdfast::format_error>([&] {
-            checkpoint_manager<> fresh(s, "r");
-          }).find(pointer) != std::string::npos);
-  }
-
-  // A pointer naming a checkpoint that is missing.
-  write_plain(pointer, good);
-  fs::remove_all(m.directory() + "/step-2");
-  auto text = error_text<holdfast::error>([&] { (void)m.latest(); });
-  CHECK(text.find(m.directory() + "/step-2") != std::string::npos);
-  CHECK(text.find(pointer) != std::string::npos);
-  CHECK(text.find("missing") != std::string::npos);
-  try {
-    (void)m.latest();
-  } catch (const holdfast::error& e) {
-    CHECK(e.errnum() == ENOENT);
-    CHECK(e.path() == m.directory() + "/step-2");
-  }
-  CHECK_THROWS_AS(m.restore(), holdfast::error);
-}
-
-TEST_CASE(
-    "marker mode: a checkpoint without its marker is absent, and named by the pointer an error") {
-  holdfast_test::temp_dir dir("marker");
-  auto s = remote_store<holdfast::posix_io>::create(dir.path());
-  checkpoint_manager<remote_store<holdfast::posix_io>> m(s, "r", {2});
-  m.set_writer([](const std::string& d, std::int64_t step) {
-    write_checkpoint<holdfast::posix_io>(d, step);
-  });
-  m.save(1);
-  fs::remove(m.directory() + "/step-1/commit_success.txt");
-  auto text = error_text<holdfast::error>([&] { (void)m.latest(); });
-  CHECK(text.find("commit marker") != std::string::npos);
-  CHECK(text.find(m.directory() + "/step-1") != std::string::npos);
-}
-
 namespace {
 
 using steps_t = std::vector<std::int64_t>;
@@ -331,6 +276,256 @@ std::string pointer_text(const std::string& latest, const std::vector<std::strin
 }
 
 }  // namespace
+
+TEST_CASE("truncated, garbled and dangling pointers: the job restores the newest complete one") {
+  holdfast_test::temp_dir dir("bad");
+  auto s = holdfast::store::create(dir.path());
+  auto w = [](const std::string& d, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(d, step);
+  };
+  std::string pointer;
+  {
+    checkpoint_manager<> m(s, "r", {2});
+    m.save(1, w);
+    m.save(2, w);
+    pointer = m.pointer_path();
+  }
+
+  struct row {
+    std::string content;
+    std::string says;
+  };
+  const row garbage[] = {
+      {"", "empty pointer file"},
+      {"\x7f"
+       "ELF\x02\x01\x01\n",
+       "line 1: expected 'holdfast-checkpoints 1'"},
+      {"model_checkpoint_path: \"ckpt-3\"\n", "line 1"},
+      {"holdfast-checkpoints 1\nlatest step-2\nkeep step-2", "truncated"},
+      {"holdfast-checkpoints 1\nlat", "truncated"},
+      {"holdfast-checkpoints 1\nlatest step-x\nkeep step-x\n",
+       "line 2: expected a checkpoint name"},
+      {"holdfast-checkpoints 1\nlatest step-2\n", "not among the 'keep' lines"},
+      {"holdfast-checkpoints 1\nnewest step-2\n", "line 2: unknown key 'newest'"},
+      {"holdfast-checkpoints 1\nlatest step-2\nkeep step-2\nlatest step-2\n", "line 4"},
+      {"holdfast-checkpoints 1\nkeep step-2\n", "no 'latest' line"},
+      // Well-formed, but naming checkpoints that are not there (dangling).
+      {"holdfast-checkpoints 1\nlatest step-9\nkeep step-9\n", "names 'step-9', which is missing"},
+      {"holdfast-checkpoints 1\nlatest step-0099\nkeep step-0099\n",
+       "names 'step-0099', which is missing"},
+  };
+  std::int64_t newest = 2;
+  for (const auto& g : garbage) {
+    CAPTURE(g.content);
+    write_plain(pointer, g.content);
+    log_lines log;
+    holdfast::checkpoint_options o{2};
+    o.log = log.sink();
+    // The constructor never throws for a bad pointer: it logs (once) and carries on.
+    checkpoint_manager<> m(s, "r", o);
+    REQUIRE(m.latest());
+    CHECK(m.latest()->step == newest);
+    CHECK(m.latest_step() == newest);
+    REQUIRE(log.lines.size() == 1);
+    CHECK(log.any(pointer));
+    CHECK(log.any(g.says));
+    CHECK(log.any("using the newest complete checkpoint on disk, 'step-" + std::to_string(newest) +
+                  "'"));
+    CHECK(read_file(pointer) == g.content);  // nothing rewritten before a save
+    std::int64_t loaded = -1;
+    CHECK(m.restore([&](const std::string& d, std::int64_t step) {
+      loaded = complete(d, step) ? step : -2;
+    }) == newest);
+    CHECK(loaded == newest);
+    CHECK(log.lines.size() == 1);  // the same problem is reported once
+    // The job saves again, and the save rewrites a sound pointer.
+    m.save(++newest, w);
+    CHECK(log.any("rewritten by the save of 'step-" + std::to_string(newest) + "'"));
+    CHECK(holdfast::detail::parse_checkpoint_pointer(read_file(pointer), pointer).latest ==
+          "step-" + std::to_string(newest));
+    CHECK(m.verify().ok());
+    CHECK(m.all_steps().size() == 2);
+  }
+
+  // Nothing complete on disk (only a staging directory full of files, and a bad pointer): the
+  // job starts fresh instead of guessing at a partial checkpoint.
+  for (const auto& e : entries(s.checkpoint_path("r")))
+    if (e.rfind("step-", 0) == 0) fs::remove_all(s.checkpoint_path("r") + "/" + e);
+  const std::string staged = s.checkpoint_path("r") + "/.staging-step-50-999-1";
+  fs::create_directories(staged);
+  write_checkpoint<holdfast::posix_io>(staged, 50);
+  write_plain(pointer, "holdfast-checkpoints 1\nlatest step-3");
+  log_lines log;
+  holdfast::checkpoint_options o{2};
+  o.log = log.sink();
+  {
+    // A reader first: it must not touch the staging directory (only a writer's sweep does).
+    checkpoint_manager<> reader(holdfast::read_only, s, "r", o);
+    CHECK(!reader.latest());
+    CHECK(!reader.restore());
+    CHECK(log.any("no complete checkpoint on disk: starting fresh"));
+    CHECK(log.any("the writer's next save rewrites the pointer"));
+    CHECK(fs::exists(staged));
+  }
+  checkpoint_manager<> m(s, "r", o);
+  CHECK(!m.latest());
+  CHECK(!m.restore());
+  CHECK(m.all_steps().empty());
+  CHECK(!fs::exists(staged));  // swept by the writer
+  m.save(0, w);
+  CHECK(m.latest()->step == 0);
+  CHECK(read_file(pointer) == "holdfast-checkpoints 1\nlatest step-0\nkeep step-0\n");
+}
+
+TEST_CASE("marker mode: a checkpoint without its marker is never used, even named as latest") {
+  holdfast_test::temp_dir dir("marker");
+  using S = remote_store<holdfast::posix_io>;
+  auto s = S::create(dir.path());
+  log_lines log;
+  holdfast::checkpoint_options o{3};
+  o.log = log.sink();
+  auto w = [](const std::string& d, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(d, step);
+  };
+  std::string d;
+  {
+    checkpoint_manager<S> m(s, "r", o);
+    d = m.directory();
+    m.save(1, w);
+    m.save(2, w);
+    fs::remove(d + "/step-2/commit_success.txt");  // complete files, no marker: not committed
+    REQUIRE(m.latest());
+    CHECK(m.latest()->step == 1);  // the newest committed one, not the marker-less step-2
+    CHECK(m.all_steps() == std::vector<std::int64_t>{1});
+    CHECK(log.any("names 'step-2', which is not committed (no commit marker)"));
+    CHECK(log.any("using the newest complete checkpoint on disk, 'step-1'"));
+    auto r = m.verify();
+    CHECK(r.pointer == holdfast::pointer_state::dangling);
+    CHECK(r.missing == std::vector<std::string>{"step-2"});
+    CHECK(!r.ok());
+  }
+  // A restarted writer sweeps the uncommitted directory and saves on.
+  checkpoint_manager<S> m(s, "r", o);
+  CHECK(!fs::exists(d + "/step-2"));
+  m.save(3, w);
+  CHECK(m.all_steps() == std::vector<std::int64_t>{1, 3});
+  CHECK(m.verify().ok());
+}
+
+TEST_CASE_TEMPLATE("repair() rewrites a bad pointer from what is on disk — verify() reports", Store,
+                   local_store<holdfast::posix_io>, remote_store<holdfast::posix_io>) {
+  holdfast_test::temp_dir dir("repair");
+  auto s = Store::create(dir.path());
+  log_lines log;
+  holdfast::checkpoint_options o{0};
+  o.log = log.sink();
+  checkpoint_manager<Store> m(s, "r", o);
+  m.set_writer([](const std::string& d, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(d, step);
+  });
+  const std::string d = m.directory();
+  for (std::int64_t step : {3, 1, 2}) m.save(step);
+  auto good = m.verify();
+  CHECK(good.ok());
+  CHECK(good.pointer == holdfast::pointer_state::ok);
+  REQUIRE(good.checkpoints.size() == 3);
+  CHECK(good.checkpoints.back().name == "step-2");  // the one saved last
+  CHECK(good.unnamed.empty());
+  CHECK(good.leftovers.empty());
+
+  // A kept checkpoint deleted by hand: the pointer is still sound, one kept entry is missing.
+  fs::remove_all(d + "/step-1");
+  auto r = m.verify();
+  CHECK(r.pointer == holdfast::pointer_state::ok);
+  CHECK(r.missing == std::vector<std::string>{"step-1"});
+  CHECK(!r.ok());
+  r = m.repair();
+  CHECK(r.ok());
+  CHECK(read_file(m.pointer_path()) ==
+        "holdfast-checkpoints 1\nlatest step-2\nkeep step-3\nkeep step-2\n");
+
+  // Garbled: repair rewrites it from the complete checkpoints on disk, by step.
+  write_plain(m.pointer_path(), "garbage\n");
+  r = m.verify();
+  CHECK(r.pointer == holdfast::pointer_state::garbled);
+  CHECK(r.problem.find("line 1") != std::string::npos);
+  CHECK(r.checkpoints.size() == 2);
+  r = m.repair();
+  CHECK(r.ok());
+  CHECK(read_file(m.pointer_path()) ==
+        "holdfast-checkpoints 1\nlatest step-3\nkeep step-2\nkeep step-3\n");
+  CHECK(log.any("rewritten by repair(): latest 'step-3', 2 kept"));
+
+  // Missing, with leftovers and an unnamed complete checkpoint.
+  fs::remove(m.pointer_path());
+  write_plain(d + "/.staging-step-4-999-1/x", "half");
+  make_checkpoint<Store>(d + "/step-7", 7);
+  r = m.verify();
+  CHECK(r.pointer == holdfast::pointer_state::missing);
+  CHECK(r.leftovers == std::vector<std::string>{".staging-step-4-999-1"});
+  REQUIRE(r.checkpoints.size() == 3);
+  CHECK(r.checkpoints.back().step == 7);
+  r = m.repair();
+  CHECK(r.ok());
+  CHECK(r.leftovers.empty());
+  CHECK(m.latest()->step == 7);
+
+  // Nothing complete at all: repair removes the pointer; the run starts fresh.
+  for (const auto& e : entries(d))
+    if (e.rfind("step-", 0) == 0) fs::remove_all(d + "/" + e);
+  r = m.repair();
+  CHECK(!fs::exists(m.pointer_path()));
+  CHECK(r.pointer == holdfast::pointer_state::missing);
+  CHECK(r.checkpoints.empty());
+  CHECK(!m.latest());
+
+  checkpoint_manager<Store> ro(holdfast::read_only, s, "r");
+  CHECK_THROWS_AS(ro.repair(), holdfast::error);
+}
+
+TEST_CASE("a run written by holdfast 0.1.0 (pointer, directories, no metadata) stays usable") {
+  holdfast_test::temp_dir dir("compat");
+  auto s = holdfast::store::create(dir.path());
+  const std::string d = s.checkpoint_path("r");
+  // Exactly what 0.1.0 left: step directories without metadata, its pointer text, no lock file.
+  for (std::int64_t step : {10, 20, 30}) {
+    fs::create_directories(d + "/step-" + std::to_string(step));
+    write_checkpoint<holdfast::posix_io>(d + "/step-" + std::to_string(step), step);
+  }
+  fs::create_directories(d + "/step-20.1");
+  write_checkpoint<holdfast::posix_io>(d + "/step-20.1", 20);
+  write_plain(d + "/latest",
+              "holdfast-checkpoints 1\nlatest step-20.1\nkeep step-10\nkeep step-30\n"
+              "keep step-20.1\ndelete step-20\n");
+  {
+    checkpoint_manager<> ro(holdfast::read_only, s, "r");
+    CHECK(ro.latest()->name == "step-20.1");
+    CHECK(ro.all_steps() == std::vector<std::int64_t>{10, 20, 30});
+    CHECK(!ro.metadata(30));  // no metadata file: none, not an error
+    std::string from;
+    ro.restore_step(
+        30, [&](const std::string& p, std::int64_t step) { from = complete(p, step) ? p : ""; });
+    CHECK(from == d + "/step-30");
+    CHECK(entries(d).count(lock_file) == 0);  // the reader created nothing
+  }
+  checkpoint_manager<> m(s, "r", {3});
+  CHECK(!fs::exists(d + "/step-20"));  // the listed deletion, finished by the sweep
+  CHECK(m.latest()->name == "step-20.1");
+  std::int64_t loaded = -1;
+  CHECK(m.restore([&](const std::string& p, std::int64_t step) {
+    loaded = complete(p, step) ? step : -2;
+  }) == 20);
+  CHECK(loaded == 20);
+  m.save(40, [](const std::string& p, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(p, step);
+  });
+  CHECK(read_file(d + "/latest") ==
+        "holdfast-checkpoints 1\nlatest step-40\nkeep step-30\nkeep step-20.1\nkeep step-40\n");
+  CHECK(m.metadata(40)->step == 40);
+  // The 0.1.0 parser (no leading zeros, prefix step-) still reads what this release wrote.
+  auto p = holdfast::detail::parse_checkpoint_pointer(read_file(d + "/latest"), d + "/latest");
+  for (const auto& k : p.keep) CHECK(k.find("step-0") != 0);
+}
 
 TEST_CASE_TEMPLATE("all_steps lists complete retained checkpoints ascending, each once", Store,
                    local_store<holdfast::posix_io>, remote_store<holdfast::posix_io>) {
@@ -365,7 +560,7 @@ TEST_CASE_TEMPLATE("all_steps lists complete retained checkpoints ascending, eac
   CHECK(m.latest_step() == 5);
   write_plain(d + "/step-9", "not a directory");
   CHECK(m.all_steps() == steps_t{2, 5});
-  CHECK_THROWS_AS(m.checkpoints(), holdfast::error);  // the strict listing still refuses
+  CHECK(m.checkpoints().size() == 3);  // the complete ones: step-5, step-2.1, step-5.1
   fs::remove_all(d + "/step-5");
   CHECK(m.all_steps() == steps_t{2, 5});  // step-5.1 still holds step 5
   fs::remove_all(d + "/step-5.1");
@@ -382,7 +577,7 @@ TEST_CASE_TEMPLATE("all_steps lists complete retained checkpoints ascending, eac
   }
 }
 
-TEST_CASE("latest_step gives nothing, never an exception, for an empty or garbled pointer") {
+TEST_CASE("latest_step and all_steps recover from a garbled pointer — latest_step never throws") {
   holdfast_test::temp_dir dir("lateststep");
   auto s = holdfast::store::create(dir.path());
   checkpoint_manager<> m(s, "r", {3});
@@ -398,11 +593,19 @@ TEST_CASE("latest_step gives nothing, never an exception, for an empty or garble
                                                  "ELF\x02\x01\x01\n")}) {
     CAPTURE(garbled);
     write_plain(m.pointer_path(), garbled);
-    CHECK(!m.latest_step());
-    auto text = error_text<holdfast::format_error>([&] { (void)m.all_steps(); });
-    CHECK(text.find(m.pointer_path()) != std::string::npos);
-    CHECK_THROWS_AS(m.restore_step(4), holdfast::format_error);
+    CHECK(m.latest_step() == 4);
+    CHECK(m.all_steps() == steps_t{4});
+    std::string from;
+    m.restore_step(4, [&](const std::string& p) { from = p; });
+    CHECK(from == m.directory() + "/step-4");
   }
+  // An I/O error reading the pointer (here: it is a directory) is an error for all_steps(),
+  // nothing for latest_step().
+  fs::remove(m.pointer_path());
+  fs::create_directories(m.pointer_path());
+  CHECK(!m.latest_step());
+  CHECK_THROWS_AS(m.all_steps(), holdfast::error);
+  fs::remove(m.pointer_path());
 }
 
 TEST_CASE_TEMPLATE("restore_step loads exactly that step, its newest generation, or ENOENT", Store,
@@ -483,54 +686,56 @@ TEST_CASE_TEMPLATE("retention keeps the pinned step beyond max_to_keep until unp
                    local_store<holdfast::posix_io>, remote_store<holdfast::posix_io>) {
   holdfast_test::temp_dir dir("pin");
   auto s = Store::create(dir.path());
-  checkpoint_manager<Store> m(s, "r", {2});
-  m.set_writer([](const std::string& p, std::int64_t step) {
-    write_checkpoint<holdfast::posix_io>(p, step);
-  });
-  auto on_disk = [&] {
-    std::set<std::string> out;
-    for (const auto& e : entries(m.directory()))
-      if (e != "latest") out.insert(e);
-    return out;
-  };
-  CHECK(!m.pinned());
-  m.save(1);
-  m.pin(1);
-  CHECK(m.pinned() == 1);
-  for (std::int64_t step = 2; step <= 6; ++step) {
-    CAPTURE(step);
-    m.save(step);
-    if (step >= 3) CHECK(m.all_steps() == steps_t{1, step - 1, step});
+  {
+    checkpoint_manager<Store> m(s, "r", {2});
+    m.set_writer([](const std::string& p, std::int64_t step) {
+      write_checkpoint<holdfast::posix_io>(p, step);
+    });
+    auto on_disk = [&] {
+      std::set<std::string> out;
+      for (const auto& e : entries(m.directory()))
+        if (e != "latest" && e != lock_file) out.insert(e);
+      return out;
+    };
+    CHECK(!m.pinned());
+    m.save(1);
+    m.pin(1);
+    CHECK(m.pinned() == 1);
+    for (std::int64_t step = 2; step <= 6; ++step) {
+      CAPTURE(step);
+      m.save(step);
+      if (step >= 3) CHECK(m.all_steps() == steps_t{1, step - 1, step});
+    }
+    CHECK(m.all_steps() == steps_t{1, 5, 6});
+    CHECK(on_disk() == std::set<std::string>{"step-1", "step-5", "step-6"});
+    CHECK(complete(m.directory() + "/step-1", 1));
+    CHECK(m.latest()->step == 6);
+
+    // Unpinned, the next save's retention drops it.
+    m.pin(std::nullopt);
+    CHECK(!m.pinned());
+    m.save(7);
+    CHECK(m.all_steps() == steps_t{6, 7});
+    CHECK(on_disk() == std::set<std::string>{"step-6", "step-7"});
+
+    // A pinned step among the newest max_to_keep costs nothing extra until it falls behind.
+    m.pin(7);
+    m.save(8);
+    CHECK(m.all_steps() == steps_t{7, 8});
+    m.save(9);
+    CHECK(m.all_steps() == steps_t{7, 8, 9});
+
+    // Saving the pinned step again supersedes it: one generation kept, the new one pinned.
+    m.save(7);
+    CHECK(on_disk() == std::set<std::string>{"step-7.1", "step-9"});
+    m.save(10);
+    m.save(11);
+    CHECK(m.all_steps() == steps_t{7, 10, 11});
+    CHECK(on_disk() == std::set<std::string>{"step-7.1", "step-10", "step-11"});
+    std::string from;
+    m.restore_step(7, [&](const std::string& p) { from = p; });
+    CHECK(from == m.directory() + "/step-7.1");
   }
-  CHECK(m.all_steps() == steps_t{1, 5, 6});
-  CHECK(on_disk() == std::set<std::string>{"step-1", "step-5", "step-6"});
-  CHECK(complete(m.directory() + "/step-1", 1));
-  CHECK(m.latest()->step == 6);
-
-  // Unpinned, the next save's retention drops it.
-  m.pin(std::nullopt);
-  CHECK(!m.pinned());
-  m.save(7);
-  CHECK(m.all_steps() == steps_t{6, 7});
-  CHECK(on_disk() == std::set<std::string>{"step-6", "step-7"});
-
-  // A pinned step among the newest max_to_keep costs nothing extra until it falls behind.
-  m.pin(7);
-  m.save(8);
-  CHECK(m.all_steps() == steps_t{7, 8});
-  m.save(9);
-  CHECK(m.all_steps() == steps_t{7, 8, 9});
-
-  // Saving the pinned step again supersedes it: one generation kept, the new one pinned.
-  m.save(7);
-  CHECK(on_disk() == std::set<std::string>{"step-7.1", "step-9"});
-  m.save(10);
-  m.save(11);
-  CHECK(m.all_steps() == steps_t{7, 10, 11});
-  CHECK(on_disk() == std::set<std::string>{"step-7.1", "step-10", "step-11"});
-  std::string from;
-  m.restore_step(7, [&](const std::string& p) { from = p; });
-  CHECK(from == m.directory() + "/step-7.1");
 
   // The pin is the manager's only: a restarted process keeps what is on disk until it saves.
   checkpoint_manager<Store> again(s, "r", {2});
@@ -572,28 +777,145 @@ TEST_CASE_TEMPLATE("start-up sweeps what killed saves left, and finishes listed 
   write_plain(d + "/latest",
               "holdfast-checkpoints 1\nlatest step-3\nkeep step-2\nkeep step-3\ndelete step-1\n");
 
-  checkpoint_manager<Store> m(s, "r", {3});
-  CHECK(entries(d) == std::set<std::string>{"latest", "step-2", "step-3", "README.user"});
-  CHECK(read_file(d + "/latest") ==
-        "holdfast-checkpoints 1\nlatest step-3\nkeep step-2\nkeep step-3\n");
-  CHECK(m.latest()->step == 3);
+  {
+    checkpoint_manager<Store> m(s, "r", {3});
+    CHECK(entries(d) ==
+          std::set<std::string>{"latest", "step-2", "step-3", "README.user", lock_file});
+    CHECK(read_file(d + "/latest") ==
+          "holdfast-checkpoints 1\nlatest step-3\nkeep step-2\nkeep step-3\n");
+    CHECK(m.latest()->step == 3);
+  }
 
-  // Without a pointer nothing complete is removed, only scratch (and marker-less dirs).
+  // Without a pointer nothing complete is removed, only scratch (and marker-less dirs); the
+  // complete ones are used (the newest as the latest) until a save writes a pointer again.
   fs::remove(d + "/latest");
   write_plain(d + "/.staging-step-5-999-3/w", "half");
-  fs::create_directories(d + "/step-6");  // committed in neither mode's sense for marker mode
-  checkpoint_manager<Store> n(s, "r", {3});
-  auto left = entries(d);
-  CHECK(left.count("step-2") == 1);
-  CHECK(left.count("step-3") == 1);
-  CHECK(left.count(".staging-step-5-999-3") == 0);
-  if (std::is_same_v<Store, remote_store<holdfast::posix_io>>) CHECK(left.count("step-6") == 0);
-  CHECK(!n.latest());
+  fs::create_directories(d + "/step-6");  // in rename mode only a rename makes a step dir
+  {
+    checkpoint_manager<Store> n(s, "r", {3});
+    auto left = entries(d);
+    CHECK(left.count("step-2") == 1);
+    CHECK(left.count("step-3") == 1);
+    CHECK(left.count(".staging-step-5-999-3") == 0);
+    if (marker_mode<Store>) {
+      CHECK(left.count("step-6") == 0);
+      CHECK(n.latest()->step == 3);
+    } else {
+      CHECK(n.latest()->step == 6);
+    }
+    CHECK(!fs::exists(d + "/latest"));  // the sweep does not write a pointer; a save does
+  }
 
-  // An age threshold keeps fresh scratch directories (another saver may be writing them).
+  // An age threshold keeps fresh scratch directories.
   write_plain(d + "/.staging-step-7-999-4/w", "fresh");
   checkpoint_manager<Store> aged(s, "r", {3, std::chrono::hours(1)});
   CHECK(entries(d).count(".staging-step-7-999-4") == 1);
+}
+
+namespace {
+
+// posix_io recording what each fsync syncs (by the path its descriptor was opened with), and
+// each rename and mkdir, in order.
+struct recording_io : holdfast::posix_io {
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<std::string>& events() {
+    static std::vector<std::string> e;
+    return e;
+  }
+  static std::map<int, std::string>& paths() {
+    static std::map<int, std::string> p;
+    return p;
+  }
+  static void record(std::string e) {
+    std::lock_guard<std::mutex> l(mutex());
+    events().push_back(std::move(e));
+  }
+  static std::string path_of(int fd) {
+    std::lock_guard<std::mutex> l(mutex());
+    auto it = paths().find(fd);
+    return it == paths().end() ? "?" : it->second;
+  }
+  static int open(const char* p, int f, mode_t m) noexcept {
+    int fd = posix_io::open(p, f, m);
+    if (fd >= 0) {
+      std::lock_guard<std::mutex> l(mutex());
+      paths()[fd] = p;
+    }
+    return fd;
+  }
+  static int close(int fd) noexcept {
+    {
+      std::lock_guard<std::mutex> l(mutex());
+      paths().erase(fd);
+    }
+    return posix_io::close(fd);
+  }
+  static int fsync(int fd) noexcept {
+    record("fsync " + path_of(fd));
+    return posix_io::fsync(fd);
+  }
+  static int rename(const char* a, const char* b) noexcept {
+    record("rename " + std::string(b));
+    return posix_io::rename(a, b);
+  }
+  static int renameat2(int od, const char* a, int nd, const char* b, unsigned f) noexcept {
+    record("rename " + std::string(b));
+    return posix_io::renameat2(od, a, nd, b, f);
+  }
+  static int mkdir(const char* p, mode_t m) noexcept {
+    record("mkdir " + std::string(p));
+    return posix_io::mkdir(p, m);
+  }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("the new checkpoint's entry is synced in its parent before the pointer names it",
+                   Store, local_store<recording_io>, remote_store<recording_io>) {
+  holdfast_test::temp_dir dir("order");
+  auto s = Store::create(dir.path());
+  checkpoint_manager<Store> m(s, "r", {3});
+  const std::string d = m.directory();
+  auto w = [](const std::string& p, std::int64_t step) { write_checkpoint<recording_io>(p, step); };
+  m.save(1, w);
+  {
+    std::lock_guard<std::mutex> l(recording_io::mutex());
+    recording_io::events().clear();
+  }
+  m.save(2, w);
+  std::vector<std::string> ev;
+  {
+    std::lock_guard<std::mutex> l(recording_io::mutex());
+    ev = recording_io::events();
+  }
+  auto index = [&](const std::string& e, std::size_t from = 0) {
+    for (std::size_t i = from; i < ev.size(); ++i)
+      if (ev[i] == e) return static_cast<std::ptrdiff_t>(i);
+    return std::ptrdiff_t{-1};
+  };
+  // The step that makes the checkpoint whole: the rename into place, or the marker published.
+  const bool marker = m.commit_mode() == directory_commit::marker;
+  const std::string committed =
+      marker ? "rename " + d + "/step-2/commit_success.txt" : "rename " + d + "/step-2";
+  std::string trace;
+  for (const auto& e : ev) trace += "\n  " + e;
+  CAPTURE(trace);
+  auto commit = index(committed);
+  auto pointer = index("rename " + d + "/latest");
+  REQUIRE(commit >= 0);
+  REQUIRE(pointer > commit);
+  auto parent_sync = index("fsync " + d, static_cast<std::size_t>(commit));
+  CHECK(parent_sync > commit);
+  CHECK(parent_sync < pointer);  // the directory entry is durable before the pointer names it
+  if (marker) {
+    // Made in place: its own entry is created by mkdir, and synced only by that parent sync.
+    auto made = index("mkdir " + d + "/step-2");
+    CHECK(made >= 0);
+    CHECK(made < commit);
+  }
 }
 
 TEST_CASE("save with each system call failing in turn keeps a complete latest") {
@@ -640,7 +962,7 @@ TEST_CASE("save with each system call failing in turn keeps a complete latest") 
       CHECK(complete(l->path, l->step));
       for (const auto& c : after.checkpoints()) CHECK(complete(c.path, c.step));
       for (const auto& e : entries(after.directory()))
-        CHECK((e == "latest" || e.rfind("step-", 0) == 0));
+        CHECK((e == "latest" || e == lock_file || e.rfind("step-", 0) == 0));
       after.save(4, w);  // and it can go on
       CHECK(after.latest()->step == 4);
       fs::remove_all(s.run_path(id));
@@ -689,7 +1011,7 @@ TEST_CASE("the start-up sweep with each system call failing in turn, then a clea
     }
     fault_plan::disarm();
     checkpoint_manager<S> after(s, id, {2});
-    CHECK(entries(d) == std::set<std::string>{"latest", "step-2"});
+    CHECK(entries(d) == std::set<std::string>{"latest", "step-2", lock_file});
     REQUIRE(after.latest());
     CHECK(after.latest()->step == 2);
     CHECK(complete(after.latest()->path, 2));
@@ -762,8 +1084,8 @@ void crash_trials(const std::string& root, int runs, std::uint64_t seed) {
       CHECK(m.checkpoints().size() <= 2);
       last_seen = l->step;
     }
-    for (const auto& e : entries(m.directory()))
-      CHECK((e == "latest" || e.rfind("step-", 0) == 0));  // the sweep left nothing else
+    for (const auto& e : entries(m.directory()))  // the sweep left nothing else
+      CHECK((e == "latest" || e == lock_file || e.rfind("step-", 0) == 0));
   }
   CHECK(by_call > 0);
   CHECK(mid_delete > 0);  // some kills landed among the retention deletions

@@ -760,7 +760,7 @@ std::string run_noticed(failing_handler_t& h, job& j, double* ms = nullptr) {
 }
 }  // namespace
 
-TEST_CASE("threads: transient store failures mid-agreement are retried; the agreement succeeds") {
+TEST_CASE("threads: transient store failures mid-agreement are retried — the agreement succeeds") {
   lone_worker w;
   w.kv.f->errnum = ECONNRESET;
   w.kv.f->puts = 3;  // the ack fails three times, then lands

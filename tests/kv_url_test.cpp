@@ -36,6 +36,7 @@ TEST_CASE("kv url: file and etcd forms") {
 TEST_CASE("kv url: refusals name the url and the offset") {
   const std::pair<const char*, const char*> bad[] = {
       {"", "offset 0: unknown scheme"},
+      {"etcs://h", "offset 0: unknown scheme"},
       {"redis://h:1", "offset 0: unknown scheme"},
       {"file://relative", "offset 7: expected an absolute directory"},
       {"file://", "offset 7"},
@@ -74,6 +75,111 @@ TEST_CASE("kv url: refusals name the url and the offset") {
   }
 }
 
+TEST_CASE("kv url: the secure form etcds:// with its query") {
+  auto e = parse_kv_url(
+      "etcds://10.0.0.5:2379,[::1]/jobs/a?ca=/etc/etcd/ca.pem&cert=/c.pem&key=/k.pem"
+      "&server_name=etcd.internal&user=trainer&password_file=/run/secrets/etcd%20pw");
+  CHECK(e.scheme == kv_url::kind::etcd);
+  CHECK(e.secure);
+  CHECK(e.endpoints == std::vector<std::string>{"https://10.0.0.5:2379", "https://[::1]:2379"});
+  CHECK(e.prefix == "jobs/a");
+  CHECK(e.tls.ca_file == "/etc/etcd/ca.pem");
+  CHECK(e.tls.cert_file == "/c.pem");
+  CHECK(e.tls.key_file == "/k.pem");
+  CHECK(e.tls.server_name == "etcd.internal");
+  CHECK(e.user == "trainer");
+  CHECK(e.password_file == "/run/secrets/etcd pw");  // %-escapes decoded
+  CHECK(e.password_env.empty());
+
+  auto bare = parse_kv_url("ETCDS://h:1");  // no query: the system's CAs, no authentication
+  CHECK(bare.secure);
+  CHECK(bare.endpoints == std::vector<std::string>{"https://h:1"});
+  CHECK(bare.prefix == "holdfast");
+  CHECK(bare.tls.empty());
+  auto env = parse_kv_url("etcds://h?user=u&password_env=ETCD_PW");
+  CHECK(env.password_env == "ETCD_PW");
+  CHECK(env.prefix == "holdfast");
+  CHECK_FALSE(parse_kv_url("etcd://h").secure);
+}
+
+TEST_CASE("kv url: a password in a URL is refused, and never shown") {
+  const std::pair<const char*, const char*> bad[] = {
+      {"etcds://h:1?user=root&password=hunter2", "a password does not belong in a URL"},
+      {"etcds://h:1?password=hunter2&user=root", "a password does not belong in a URL"},
+      {"etcds://root:hunter2@h:1", "'@' not allowed"},
+      {"etcd://root:hunter2@h:1/p", "'@' not allowed"},
+      {"etcds://root:hunter2@h:1?ca=/x", "'@' not allowed"},
+      {"etcds://h:1?pasword=hunter2", "offset 12: unknown query parameter"},
+      {"etcds://h:1?hunter2", "without '='"},
+      {"etcds://h:1?ca=/x&hunter2=", "unknown query parameter"},
+  };
+  for (auto [url, why] : bad) {
+    INFO(url);
+    try {
+      parse_kv_url(url);
+      FAIL("accepted");
+    } catch (const holdfast::format_error& e) {
+      INFO(std::string(e.what()));
+      CHECK(std::string(e.what()).find(why) != std::string::npos);
+      CHECK(std::string(e.what()).find("hunter2") == std::string::npos);
+      CHECK(e.path().find("***") != std::string::npos);
+    }
+  }
+  // The redacted URL keeps what is harmless.
+  try {
+    parse_kv_url("etcds://root:hunter2@h:1/p?ca=/etc/ca.pem&password=hunter2&x=1");
+    FAIL("accepted");
+  } catch (const holdfast::format_error& e) {
+    CHECK(e.path() == "etcds://root:***@h:1/p?ca=/etc/ca.pem&password=***&***");
+  }
+  try {  // in other schemes too
+    parse_kv_url("file:///d?token=abc123&x=1");
+    FAIL("accepted");
+  } catch (const holdfast::format_error& e) {
+    CHECK(e.path() == "file:///d?token=***&x=1");
+  }
+}
+
+TEST_CASE("kv url: etcds:// query refusals name the offset") {
+  const std::pair<const char*, const char*> bad[] = {
+      {"etcds://h:1?", "offset 12: empty query"},
+      {"etcds://h:1?ca=/a&&user=u", "offset 18: empty query parameter"},
+      {"etcds://h:1?ca=", "offset 15: empty value for 'ca'"},
+      {"etcds://h:1?ca=/a&ca=/b", "offset 18: query parameter 'ca' given twice"},
+      {"etcds://h:1?ca=/a%2", "offset 15: bad %-escape"},
+      {"etcds://h:1?ca=/a%00b", "bad %-escape"},
+      {"etcds://h:1?cert=/c", "cert= and key= go together"},
+      {"etcds://h:1?user=u", "user= needs password_file= or password_env="},
+      {"etcds://h:1?password_env=X", "a password source without user="},
+      {"etcds://h:1?user=u&password_env=X&password_file=/f", "exclude each other"},
+      {"etcds://h:1#frag", "offset 11: no fragment"},
+      {"etcds://?ca=/x", "offset 8: no etcd member"},
+      {"etcds://h:1/a//b?ca=/x", "bad prefix"},
+      {"etcd://h:1?user=u&password_env=X", "'?' not allowed"},
+  };
+  for (auto [url, why] : bad) {
+    INFO(url);
+    try {
+      parse_kv_url(url);
+      FAIL("accepted");
+    } catch (const holdfast::format_error& e) {
+      INFO(std::string(e.what()));
+      CHECK(std::string(e.what()).find(why) != std::string::npos);
+      CHECK(e.path() == url);  // nothing secret in these: shown as written
+    }
+  }
+}
+
+TEST_CASE("make_kv: etcds:// without a TLS transport is refused, naming one") {
+  try {
+    holdfast::make_kv("etcds://127.0.0.1:1?user=u&password_env=X", {"run", 0});
+    FAIL("accepted");
+  } catch (const holdfast::error& e) {
+    CHECK(e.errnum() == EPROTONOSUPPORT);
+    CHECK(std::string(e.what()).find("TLS transport") != std::string::npos);
+  }
+}
+
 TEST_CASE("make_kv: a directory and a real etcd behind one any_kv type") {
   holdfast_test::temp_dir dir("kvurl");
   holdfast::any_kv f = holdfast::make_kv("file://" + dir.path() + "/kv", {"run", 3});
@@ -96,7 +202,7 @@ TEST_CASE("make_kv: a directory and a real etcd behind one any_kv type") {
   CHECK(holdfast::etcd_kv(o, {"run", 3}).try_get("k") == "v");  // the URL's prefix was used
 }
 
-TEST_CASE("any_kv: forwards the four operations; optional ones only where the store has them") {
+TEST_CASE("any_kv: forwards the four operations — optional ones only where the store has them") {
   holdfast::in_process_kv base({"r", 0});
   holdfast::any_kv full(base);
   CHECK(full.supports(holdfast::kv_op::erase_prefix));

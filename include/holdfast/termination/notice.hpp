@@ -29,17 +29,10 @@
 #include <tuple>
 #include <utility>
 
-#include "../io.hpp"  // detail::detect
+#include "../io.hpp"   // detail::detect
+#include "../log.hpp"  // log_fn, log_to_stderr: the one logging hook
 
 HOLDFAST_NAMESPACE_BEGIN
-
-/// Receives one line per problem a background notice meets.
-using log_fn = std::function<void(std::string_view)>;
-
-/// The default log hook: "holdfast: <line>" on stderr.
-inline void log_to_stderr(std::string_view line) noexcept {
-  std::fprintf(stderr, "holdfast: %.*s\n", static_cast<int>(line.size()), line.data());
-}
 
 /// What a poll found: a notice, and the deadline it announced (if any).
 struct poll_result {
