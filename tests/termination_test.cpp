@@ -1464,11 +1464,15 @@ TEST_CASE("ISO 8601 times: UTC, fractions, offsets, anything else is a format_er
   CHECK(secs(parse_iso8601("2017-09-18T08:22:00Z", "t")) == 1505722920000);
   CHECK(secs(parse_iso8601("1970-01-01T00:00:00Z", "t")) == 0);
   CHECK(secs(parse_iso8601("2000-02-29T23:59:59.250Z", "t")) == 951868799250);
+  CHECK(secs(parse_iso8601("2024-02-29T00:00:00Z", "t")) == 1709164800000);
   CHECK(secs(parse_iso8601("2017-09-18T10:22:00+02:00", "t")) == 1505722920000);
   CHECK(secs(parse_iso8601("2017-09-18T03:22:00-05:00", "t")) == 1505722920000);
   for (const char* bad :
        {"", "2017-09-18", "2017-09-18T08:22:00", "2017-13-01T00:00:00Z", "2017-09-18T08:22:00Zjunk",
-        "2017-09-18 08:22:00Z", "yesterday", "2017-09-18T08:22:00.Z"}) {
+        "2017-09-18 08:22:00Z", "yesterday", "2017-09-18T08:22:00.Z",
+        // days a month does not have (February 29 only in leap years; 1900 was not one)
+        "2023-02-29T00:00:00Z", "1900-02-29T00:00:00Z", "2024-04-31T00:00:00Z",
+        "2024-01-32T00:00:00Z", "2024-01-00T00:00:00Z"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(parse_iso8601(bad, "doc"), holdfast::format_error);
   }

@@ -156,14 +156,22 @@ inline std::chrono::system_clock::time_point parse_iso8601(std::string_view s,
     throw bad("expected 'Z' or an offset");
   }
   if (i != s.size()) throw bad("trailing characters");
-  if (month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 || second > 60)
+  if (month < 1 || month > 12 || hour > 23 || minute > 59 || second > 60)
     throw bad("field out of range");
+  const bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+  static constexpr int month_days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  if (day < 1 || day > month_days[month - 1] + (month == 2 && leap ? 1 : 0))
+    throw bad("no such day in that month");
   std::int64_t secs =
       days_from_civil(year, static_cast<unsigned>(month), static_cast<unsigned>(day)) * 86400 +
       hour * 3600 + minute * 60 + second - offset_min * 60;
-  return std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(
-          std::chrono::seconds(secs) + std::chrono::nanoseconds(nanos)));
+  // system_clock counts int64 nanoseconds: about 1677-09-22 to 2262-04-11
+  using clock_duration = std::chrono::system_clock::duration;
+  constexpr std::int64_t limit =
+      std::chrono::duration_cast<std::chrono::seconds>(clock_duration::max()).count() - 1;
+  if (secs > limit || secs < -limit) throw bad("outside the range the system clock can hold");
+  return std::chrono::system_clock::time_point(std::chrono::duration_cast<clock_duration>(
+      std::chrono::seconds(secs) + std::chrono::nanoseconds(nanos)));
 }
 
 /// One GCE metadata value polled: noticed when it equals `expect`; other known values are
