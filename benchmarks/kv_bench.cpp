@@ -6,6 +6,9 @@
 //                 read + close; opendir/readdir + 16 reads) and a bare inotify wake-up;
 //   etcd        — the same JSON request as a bare HTTP POST over a raw socket, and for the
 //                 wake-up a bare txn POST seen by a raw watch socket in another process.
+//   etcd over TLS (built with OpenSSL: HOLDFAST_BENCH_TLS) — get and insert through the example
+//                 OpenSSL transport against the plain etcd_kv rows, both on reused (keep-alive)
+//                 connections; and the TLS handshake once, against a bare TCP connect.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -32,6 +35,10 @@
 #include "../tests/support/etcd_server.hpp"
 #include "../tests/support/temp_dir.hpp"
 #include "bench.hpp"
+#ifdef HOLDFAST_BENCH_TLS
+#include "../examples/tls/openssl_transport.hpp"
+#include "../tests/support/tls_certs.hpp"
+#endif
 
 namespace {
 
@@ -432,5 +439,75 @@ std::vector<bench::registrar> etcd_cases() {
   return r;
 }
 std::vector<bench::registrar> etcd_registrars = etcd_cases();
+
+#ifdef HOLDFAST_BENCH_TLS
+// ---- etcd over TLS ---------------------------------------------------------------------------
+
+using tls_transport = holdfast_tls::openssl_transport<>;
+
+holdfast_test::tls_certs& bench_certs() {
+  static holdfast_test::tls_certs c;
+  return c;
+}
+holdfast_test::etcd_server& tls_etcd() {
+  static holdfast_test::etcd_server s(holdfast_test::etcd_tls_spec{
+      bench_certs().server_cert, bench_certs().server_key, "", false, 0});
+  return s;
+}
+holdfast::tls_options bench_tls() {
+  holdfast::tls_options t;
+  t.ca_file = bench_certs().ca;
+  return t;
+}
+holdfast::basic_etcd_kv<holdfast::posix_io, tls_transport>& tls_store() {
+  static holdfast::basic_etcd_kv<holdfast::posix_io, tls_transport> kv = [] {
+    holdfast::etcd_options o;
+    o.endpoints = {tls_etcd().url()};
+    o.tls = bench_tls();
+    holdfast::basic_etcd_kv<holdfast::posix_io, tls_transport> k(o, kv_namespace("bench", 0));
+    seed(k);
+    return k;
+  }();
+  return kv;
+}
+
+std::vector<bench::registrar> tls_cases() {
+  std::vector<bench::registrar> r;
+  if (!have_etcd()) return r;
+  r.emplace_back(bench::case_def{"kv/etcd/get/tls", bench::timed([](std::size_t) {
+                                   if (!tls_store().get("existing", std::chrono::milliseconds(0)))
+                                     std::abort();
+                                 }),
+                                 "kv/etcd/get existing (plain, reused)",
+                                 bench::timed([](std::size_t) {
+                                   if (!etcd_store().get("existing", std::chrono::milliseconds(0)))
+                                     std::abort();
+                                 }),
+                                 latency});
+  r.emplace_back(
+      bench::case_def{"kv/etcd/insert/tls", bench::timed([](std::size_t) {
+                        tls_store().insert("ins-tls/" + std::to_string(next_id()), "value");
+                      }),
+                      "kv/etcd/insert (plain, reused)", bench::timed([](std::size_t) {
+                        etcd_store().insert("ins-plain/" + std::to_string(next_id()), "value");
+                      }),
+                      latency});
+  // The cost a pooled connection saves: TCP connect + TLS handshake, against a bare connect.
+  r.emplace_back(bench::case_def{
+      "kv/etcd/tls handshake (connect + handshake)", bench::timed([](std::size_t) {
+        static const tls_transport t(bench_tls());
+        static const auto ep = holdfast::detail::parse_endpoint_url(tls_etcd().url());
+        auto c = t.connect(ep, std::chrono::milliseconds(5000), "bench", nullptr);
+      }),
+      "bare TCP connect", bench::timed([](std::size_t) {
+        static const auto ep = holdfast::detail::parse_endpoint_url(tls_etcd().url());
+        ::close(holdfast::connect_tcp<holdfast::posix_io>(ep, std::chrono::milliseconds(5000),
+                                                          "bench", nullptr));
+      }),
+      bench::config{1, 100, 5, 0}});
+  return r;
+}
+std::vector<bench::registrar> tls_registrars = tls_cases();
+#endif
 
 }  // namespace

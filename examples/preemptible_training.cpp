@@ -12,12 +12,19 @@
 //
 // --kill SIGKILLs a worker without notice instead: the others report the dead worker by task id
 // within their deadline instead of hanging.
+//
+// Built as preemptible_training_tls (HOLDFAST_DEMO_TLS, linked with OpenSSL), it also takes
+// etcds:// URLs (TLS and authentication, holdfast/kv/url.hpp) through the example transport
+// examples/tls/openssl_transport.hpp, e.g.
+//   --kv='etcds://10.0.0.5:2379?ca=ca.pem&user=trainer&password_file=/run/secrets/etcd'
+// The password is read from that file by every worker; it is never on a command line.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cinttypes>
@@ -28,6 +35,9 @@
 #include <cstring>
 #include <filesystem>
 #include <holdfast/holdfast.hpp>
+#ifdef HOLDFAST_DEMO_TLS
+#include "openssl_transport.hpp"  // examples/tls: the TLS transport for etcds://
+#endif
 #include <map>
 #include <optional>
 #include <random>
@@ -39,6 +49,13 @@
 namespace {
 
 using namespace std::chrono_literals;
+
+// The transport etcd connections are made with: TLS-capable in the _tls build.
+#ifdef HOLDFAST_DEMO_TLS
+using demo_transport = holdfast_tls::openssl_transport<>;
+#else
+using demo_transport = holdfast::plain_transport<>;
+#endif
 using clock_type = std::chrono::steady_clock;
 
 // ---------------------------------------------------------------------------------------------
@@ -332,12 +349,16 @@ holdfast::any_kv open_kv(const options& o, int inc) {
     url = "file://";  // appends: GCC 12 -Wrestrict misfires on "..." + string&&
     url += o.dir;
     url += "/kv";
-  } else if (holdfast::parse_kv_url(url).scheme == holdfast::kv_url::kind::etcd &&
-             url.find('/', std::strlen("etcd://")) == std::string::npos) {
-    url += "/holdfast-example/";
-    url += std::filesystem::path(o.dir).filename().string();
+  } else if (holdfast::parse_kv_url(url).scheme == holdfast::kv_url::kind::etcd) {
+    // No prefix given (no '/' between the scheme and an etcds:// query): add one.
+    const std::size_t start = url.find("://") + 3, query = std::min(url.find('?'), url.size());
+    if (url.find('/', start) >= query) {
+      std::string prefix = "/holdfast-example/";
+      prefix += std::filesystem::path(o.dir).filename().string();
+      url.insert(query, prefix);
+    }
   }
-  return holdfast::make_kv(url, {"train", static_cast<std::uint64_t>(inc)});
+  return holdfast::make_kv<demo_transport>(url, {"train", static_cast<std::uint64_t>(inc)});
 }
 
 int worker_main(const options& o) { return run_worker(o, open_kv(o, o.incarnation)); }

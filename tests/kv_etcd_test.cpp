@@ -125,7 +125,7 @@ TEST_CASE("etcd_kv: a hung server (SIGSTOP) times out each call within its reque
     auto e = i == 0 ? error_from([&] { kv.insert("k2", "v"); })
                     : error_from([&] { kv.get("k3", 2000ms); });
     auto ms = ms_since(t0);
-    INFO(e.what());
+    INFO(std::string(e.what()));
     CHECK(e.errnum() == ETIMEDOUT);
     CHECK(ms >= 550);
     CHECK(ms <= 600 * 11 / 10);
@@ -165,7 +165,7 @@ TEST_CASE("etcd_kv: garbage and error replies from a fake server are clear error
     CAPTURE(m);
     auto t0 = clk::now();
     auto e = error_from([&] { kv.insert("some/key", "v"); });
-    INFO(e.what());
+    INFO(std::string(e.what()));
     CHECK(e.errnum() == expected[m].errnum);
     CHECK(contains(e.what(), "etcd insert 'some/key'"));
     CHECK(contains(e.what(), expected[m].text));
@@ -298,7 +298,7 @@ TEST_CASE("etcd_kv: etcd's 'unavailable' answers (gRPC code 14) are EAGAIN and t
     const std::string msg = "etcdserver: " + kind;
     set_answer(R"({"error":")" + msg + R"(","code":14,"message":")" + msg + R"("})");
     auto e = error_from([&] { kv.insert("k", "v"); });
-    INFO(e.what());
+    INFO(std::string(e.what()));
     CHECK(e.errnum() == EAGAIN);
     CHECK(holdfast::is_transient_kv_error(e));
     CHECK(contains(e.what(), "etcd insert 'k'"));
@@ -542,38 +542,142 @@ TEST_CASE("etcd_kv: every socket call of a request failed in turn is a clear err
     ~disarm_on_exit() { fault_plan::disarm(); }
   } guard;
   holdfast_test::etcd_server server;
-  holdfast::basic_etcd_kv<fault_io> kv(options_for({server.url()}), ns0);
-  kv.put("k", "v");
-  for (int op = 0; op < 2; ++op) {  // a plain request, then a get that goes on to a watch
-    auto run = [&] {
-      if (op == 0)
-        kv.insert("k", "w");
-      else
-        kv.get("absent", 300ms);
-    };
-    fault_plan::arm(fault{io_op::any, std::uint64_t(1) << 62, EIO});  // counts, never fires
-    run();
-    const auto calls = fault_plan::calls(io_op::any);
-    REQUIRE(calls >= 4);  // socket, connect, send, recv at least
-    for (std::uint64_t k = 1; k <= calls; ++k) {
-      CAPTURE(op);
-      CAPTURE(k);
-      fault_plan::arm(fault{io_op::any, k, EIO});
-      auto t0 = clk::now();
-      bool threw = false;
-      try {
-        run();
-      } catch (const holdfast::error& e) {
-        threw = true;
-        INFO(e.what());
-        CHECK(contains(e.what(), op == 0 ? "etcd insert 'k'" : "etcd get 'absent'"));
+  for (std::size_t pool : {std::size_t{0}, std::size_t{4}}) {  // a connection per request; reused
+    CAPTURE(pool);
+    auto o = options_for({server.url()});
+    o.idle_connections = pool;
+    holdfast::basic_etcd_kv<fault_io> kv(o, ns0);
+    kv.put("k", "v");
+    for (int op = 0; op < 2; ++op) {  // a plain request, then a get that goes on to a watch
+      auto run = [&] {                // true when the answer is right (k exists, "absent" does not)
+        return op == 0 ? !kv.insert("k", "w") : !kv.get("absent", 300ms).has_value();
+      };
+      fault_plan::arm(fault{io_op::any, std::uint64_t(1) << 62, EIO});  // counts, never fires
+      CHECK(run());
+      const auto calls = fault_plan::calls(io_op::any);
+      REQUIRE(calls >= (pool == 0 ? 4u : 2u));  // socket, connect, send, recv; reused: send, recv
+      for (std::uint64_t k = 1; k <= calls + 6; ++k) {  // + a reconnect after a dropped one
+        CAPTURE(op);
+        CAPTURE(k);
+        fault_plan::arm(fault{io_op::any, k, EIO});
+        auto t0 = clk::now();
+        bool threw = false;
+        try {
+          const bool right = run();
+          CHECK(right);
+        } catch (const holdfast::error& e) {
+          threw = true;
+          INFO(std::string(e.what()));
+          CHECK(contains(e.what(), op == 0 ? "etcd insert 'k'" : "etcd get 'absent'"));
+        }
+        fault_plan::disarm();
+        CHECK(ms_since(t0) < 3300);  // never past the request timeout (3 s) + 10%
+        // Only closing a finished connection may fail unnoticed, and with a pool the check of
+        // an idle connection (its poll, or the read after it), which drops that connection and
+        // connects anew; anything else must throw. (A watch makes a varying number of poll/recv
+        // calls, so call k may not happen at all.)
+        if (!threw) {
+          const auto last = fault_plan::last_failed();
+          CHECK((fault_plan::failures() == 0 || last == io_op::close ||
+                 (pool > 0 && (last == io_op::poll || last == io_op::recv))));
+        }
       }
-      fault_plan::disarm();
-      CHECK(ms_since(t0) < 3300);  // never past the request timeout (3 s) + 10%
-      // Only closing a finished connection may fail unnoticed; anything else must throw. (A
-      // watch makes a varying number of poll/recv calls, so call k may not happen at all.)
-      if (!threw) CHECK((fault_plan::failures() == 0 || fault_plan::last_failed() == io_op::close));
     }
+    CHECK(kv.try_get("k") == std::optional<std::string>("v"));
   }
-  CHECK(kv.try_get("k") == std::optional<std::string>("v"));
+}
+
+TEST_CASE("etcd_kv: connections are reused, and dropped when their endpoint turns suspect") {
+  holdfast_test::etcd_server server;
+  etcd_kv kv(options_for({server.url()}), ns0);
+  CHECK(kv.idle_connections() == 0);
+  kv.put("k", "v");
+  CHECK(kv.idle_connections() == 1);
+  for (int i = 0; i < 20; ++i) CHECK(kv.try_get("k") == std::optional<std::string>("v"));
+  CHECK(kv.idle_connections() == 1);  // one connection served every request
+  // Threads share the pool: at most idle_connections (4) stay idle afterwards.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 10; ++i) kv.put("t", "x");
+    });
+  for (auto& t : threads) t.join();
+  CHECK(kv.idle_connections() >= 1);
+  CHECK(kv.idle_connections() <= 4);
+
+  // A request that times out makes the endpoint suspect and closes its idle connections.
+  etcd_kv short_kv(options_for({server.url()}, 500ms, 300ms), ns0);
+  short_kv.put("a", "1");
+  CHECK(short_kv.idle_connections() == 1);
+  server.freeze();
+  CHECK(error_from([&] { short_kv.put("a", "2"); }).errnum() == ETIMEDOUT);
+  CHECK(short_kv.idle_connections() == 0);
+  server.thaw();
+  short_kv.put("a", "3");
+  CHECK(short_kv.try_get("a") == std::optional<std::string>("3"));
+
+  // A restarted server closed every pooled connection: the next request notices and reconnects.
+  auto o = options_for({server.url()});
+  o.idle_connections = 0;  // one connection per request: nothing is kept
+  etcd_kv single(o, ns0);
+  CHECK(single.try_get("a") == std::optional<std::string>("3"));
+  CHECK(single.idle_connections() == 0);
+}
+
+TEST_CASE("etcd_kv: a forked child never shares its parent's pooled connection") {
+  holdfast_test::etcd_server server;
+  etcd_kv kv(options_for({server.url()}), ns0);
+  kv.put("fork", "0");
+  REQUIRE(kv.idle_connections() == 1);  // inherited by the child below
+  holdfast_test::child worker([&] {
+    for (int i = 0; i < 50; ++i) {
+      kv.put("fork/child", std::to_string(i));
+      CHILD_REQUIRE(kv.try_get("fork/child") == std::optional<std::string>(std::to_string(i)));
+    }
+  });
+  for (int i = 0; i < 50; ++i) {  // at the same time, on the parent's connection
+    kv.put("fork/parent", std::to_string(i));
+    CHECK(kv.try_get("fork/parent") == std::optional<std::string>(std::to_string(i)));
+  }
+  auto r = worker.wait(20s);
+  CHECK(r.ok());
+  CHECK(kv.idle_connections() == 1);
+}
+
+TEST_CASE("etcd_kv: a pooled connection the server closed is noticed before reuse") {
+  // The fake server closes every connection after one reply (no Connection: close header):
+  // each pooled connection is found closed and replaced, and no request is lost or doubled.
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request&) {
+    return reply(200, R"({"header":{"revision":"3"},"kvs":[{"key":"aw==","value":"dg=="}]})");
+  });
+  etcd_kv kv(options_for({fake.url()}), ns0);
+  for (int i = 0; i < 10; ++i) CHECK(kv.try_get("k") == std::optional<std::string>("v"));
+  CHECK(fake.request_count() == 10);
+  // Writes too: never sent twice.
+  for (int i = 0; i < 5; ++i) kv.put("k", "v");
+  CHECK(fake.request_count() == 15);
+}
+
+TEST_CASE("etcd_kv: a watch message longer than the limit is a clear error, not a growing buffer") {
+  const std::string megabyte(std::size_t{1} << 20, 'x');  // no newline: one message never ends
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request& r) {
+    if (r.target == "/v3/kv/range") return reply(200, R"({"header":{"revision":"41"}})");
+    std::string body = reply::chunked_head() +
+                       reply::chunk(R"({"result":{"header":{"revision":"41"},"created":true}})"
+                                    "\n");
+    for (int i = 0; i < 3; ++i) body += reply::chunk(megabyte);
+    return reply::raw(std::move(body)).keep_open();
+  });
+  auto o = options_for({fake.url()});
+  o.request_timeout = 20s;  // the whole message arrives within one watch window
+  o.max_message = std::size_t{2} << 20;
+  etcd_kv kv(o, ns0);
+  try {
+    (void)kv.get("x", 20s);
+    FAIL("no error");
+  } catch (const holdfast::error& e) {
+    INFO(std::string(e.what()));
+    CHECK(e.errnum() == EMSGSIZE);
+    CHECK(contains(e.what(), "watch message from " + fake.url()));
+  }
 }

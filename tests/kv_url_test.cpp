@@ -57,7 +57,9 @@ TEST_CASE("kv url: refusals name the url and the offset") {
       {"etcd://[::1:1", "bad member"},
       {"etcd://h 1", "' ' not allowed"},
   };
-  for (auto [url, why] : bad) {
+  for (const auto& item : bad) {
+    const char* url = item.first;
+    const char* why = item.second;
     INFO(url);
     try {
       parse_kv_url(url);
@@ -113,7 +115,9 @@ TEST_CASE("kv url: a password in a URL is refused, and never shown") {
       {"etcds://h:1?hunter2", "without '='"},
       {"etcds://h:1?ca=/x&hunter2=", "unknown query parameter"},
   };
-  for (auto [url, why] : bad) {
+  for (const auto& item : bad) {
+    const char* url = item.first;
+    const char* why = item.second;
     INFO(url);
     try {
       parse_kv_url(url);
@@ -157,7 +161,9 @@ TEST_CASE("kv url: etcds:// query refusals name the offset") {
       {"etcds://h:1/a//b?ca=/x", "bad prefix"},
       {"etcd://h:1?user=u&password_env=X", "'?' not allowed"},
   };
-  for (auto [url, why] : bad) {
+  for (const auto& item : bad) {
+    const char* url = item.first;
+    const char* why = item.second;
     INFO(url);
     try {
       parse_kv_url(url);

@@ -9,6 +9,11 @@
 //
 // etcd_member (one etcd process: start, health, signals) and etcd_scratch (where members keep
 // their data and logs) are shared with etcd_cluster.hpp.
+//
+// A member may serve its clients over TLS (etcd_tls_spec: server certificate and key, optional
+// client-certificate authentication, auth token TTL): its client URL is then https:// and its
+// health is read from a plain-http metrics listener (--listen-metrics-urls), so this header
+// needs no TLS library.
 #pragma once
 
 #include <fcntl.h>
@@ -130,12 +135,22 @@ class etcd_scratch {
   pid_t owner_;
 };
 
+/// TLS on a member's client URL (peers stay plain http on loopback).
+struct etcd_tls_spec {
+  std::string cert_file, key_file;  ///< the server's certificate and key (PEM)
+  std::string trusted_ca_file;      ///< with client_cert_auth: the CA of client certificates
+  bool client_cert_auth = false;    ///< --client-cert-auth: clients must present a certificate
+  int auth_token_ttl = 0;           ///< --auth-token-ttl in seconds; 0: etcd's default (300)
+};
+
 /// What an etcd member is: its name, data directory, log file, ports and the flags that place
 /// it in its cluster (--initial-cluster and the like).
 struct etcd_member_spec {
   std::string name, data_dir, log_path;
   std::uint16_t client_port = 0, peer_port = 0;
   std::vector<std::string> cluster_args;
+  std::optional<etcd_tls_spec> tls = std::nullopt;  ///< serve clients over https://
+  std::uint16_t metrics_port = 0;                   ///< with tls: the plain-http /health port
 };
 
 /// One etcd process: started, checked for health, frozen, killed; SIGKILLed (and reaped) on
@@ -150,8 +165,11 @@ class etcd_member {
     if (::getpid() == owner_) kill_now();
   }
 
-  /// "http://127.0.0.1:CLIENT_PORT"
-  std::string url() const { return loopback_url(spec_.client_port); }
+  /// "http://127.0.0.1:CLIENT_PORT" ("https://..." for a TLS member)
+  std::string url() const {
+    return spec_.tls ? "https://127.0.0.1:" + std::to_string(spec_.client_port)
+                     : loopback_url(spec_.client_port);
+  }
   /// The client port.
   std::uint16_t port() const { return spec_.client_port; }
   /// The process id (0 when not running).
@@ -179,7 +197,8 @@ class etcd_member {
   std::string health_problem(std::chrono::milliseconds timeout) const {
     namespace hd = holdfast::detail;
     try {
-      auto r = hd::http_call(hd::http_endpoint{"127.0.0.1", spec_.client_port},
+      const std::uint16_t port = spec_.tls ? spec_.metrics_port : spec_.client_port;
+      auto r = hd::http_call(hd::http_endpoint{"127.0.0.1", port},
                              hd::http_request{"GET", "/health", {}, {}},
                              hd::http_timeouts{std::chrono::milliseconds(200), timeout});
       if (r.status == 200 && r.body.find("\"true\"") != std::string::npos) return "";
@@ -264,6 +283,20 @@ class etcd_member {
                                      "zap",          "--log-level",
                                      "warn"};
     args.insert(args.end(), spec_.cluster_args.begin(), spec_.cluster_args.end());
+    if (spec_.tls) {
+      const etcd_tls_spec& t = *spec_.tls;
+      args.insert(args.end(), {"--cert-file", t.cert_file, "--key-file", t.key_file,
+                               "--listen-metrics-urls", loopback_url(spec_.metrics_port)});
+      if (!t.trusted_ca_file.empty()) {
+        args.push_back("--trusted-ca-file");
+        args.push_back(t.trusted_ca_file);
+      }
+      if (t.client_cert_auth) args.push_back("--client-cert-auth");
+      if (t.auth_token_ttl > 0) {
+        args.push_back("--auth-token-ttl");
+        args.push_back(std::to_string(t.auth_token_ttl));
+      }
+    }
     return args;
   }
 
@@ -320,7 +353,13 @@ class etcd_server {
  public:
   /// Starts etcd and waits up to `ready_timeout` for it to be healthy; throws on failure, with
   /// the tail of etcd's log in the message.
-  explicit etcd_server(std::chrono::milliseconds ready_timeout = std::chrono::seconds(20)) {
+  explicit etcd_server(std::chrono::milliseconds ready_timeout = std::chrono::seconds(20))
+      : etcd_server(std::nullopt, ready_timeout) {}
+
+  /// As above, serving clients over TLS as `tls` says (url() is then https://).
+  explicit etcd_server(std::optional<etcd_tls_spec> tls,
+                       std::chrono::milliseconds ready_timeout = std::chrono::seconds(20))
+      : tls_(std::move(tls)) {
     require_etcd();
     std::string last;
     for (int attempt = 0; attempt < 3; ++attempt) {  // a port may be taken between probe and bind
@@ -340,7 +379,7 @@ class etcd_server {
     if (::getpid() == owner_) stop();
   }
 
-  /// "http://127.0.0.1:PORT", for etcd_options::endpoints.
+  /// "http://127.0.0.1:PORT" ("https://..." with TLS), for etcd_options::endpoints.
   std::string url() const { return member_->url(); }
   /// The client port.
   std::uint16_t port() const { return member_->port(); }
@@ -362,7 +401,7 @@ class etcd_server {
 
  private:
   void start(std::chrono::milliseconds ready_timeout) {
-    const auto ports = free_loopback_ports(2);
+    const auto ports = free_loopback_ports(3);
     const std::string peer_url = loopback_url(ports[1]);
     // one member: a short election gets it serving in ~0.1 s
     member_.emplace(etcd_member_spec{"holdfast-test",
@@ -371,13 +410,16 @@ class etcd_server {
                                      ports[0],
                                      ports[1],
                                      {"--initial-cluster", "holdfast-test=" + peer_url,
-                                      "--heartbeat-interval", "20", "--election-timeout", "200"}});
+                                      "--heartbeat-interval", "20", "--election-timeout", "200"},
+                                     tls_,
+                                     ports[2]});
     member_->start();
     member_->wait_healthy(ready_timeout);
   }
 
   etcd_scratch scratch_;
   pid_t owner_ = ::getpid();
+  std::optional<etcd_tls_spec> tls_;
   std::optional<etcd_member> member_;  // declared last: destroyed (killed) before its scratch
 };
 

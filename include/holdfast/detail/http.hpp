@@ -1,15 +1,24 @@
 // holdfast/detail/http.hpp — a small HTTP/1.1 client over the Io policy, for cloud metadata
-// servers (termination notices) and etcd's JSON gateway (kv/etcd.hpp).
+// servers (termination notices) and etcd's JSON gateway (kv/etcd.hpp), and the transport seam a
+// TLS layer plugs into.
 //
-// One request per connection (`Connection: close`), plain http:// only, IPv4 and IPv6.
+// http_call / http_stream make one request per connection (`Connection: close`); http_pool
+// keeps a few idle connections per client and reuses them (HTTP/1.1 keep-alive), so a TLS
+// handshake is paid once per connection, not once per request. IPv4 and IPv6.
+//
+// The transport seam: every connection is made by a Transport (see check_transport below):
+// connect with a timeout, read, write, what to poll, whether bytes are pending, close.
+// plain_transport<Io> is TCP over the Io policy and the default everywhere; a TLS transport
+// (examples/tls/openssl_transport.hpp) wraps the same socket calls, so the library itself
+// depends on nothing but the standard library and POSIX.
 //
 // Guarantees:
 //   - Every socket call goes through `Io::` (socket, connect, getsockopt, send, recv, poll,
 //     getaddrinfo), so tests fail any of them with testing::fault_io. EINTR is retried.
-//   - Connecting never blocks past `http_timeouts::connect` (non-blocking connect + poll), and
-//     http_call never waits past `http_timeouts::read` after connecting: that is the budget for
-//     sending the request and receiving the whole response (a server dribbling one byte a second
-//     cannot hold the caller).
+//   - Connecting never blocks past `http_timeouts::connect` (non-blocking connect + poll; a TLS
+//     transport's handshake shares the budget), and a request never waits past
+//     `http_timeouts::read` after connecting: that is the budget for sending the request and
+//     receiving the whole response (a server dribbling one byte a second cannot hold the caller).
 //   - Bodies framed by Content-Length, by chunked transfer coding (extensions and trailers are
 //     accepted and ignored) or by the connection closing. A body cut short, a malformed status
 //     line, header or chunk size throws holdfast::error with errno EPROTO.
@@ -21,10 +30,16 @@
 //   - An optional cancel flag (std::atomic<bool>) ends any wait within ~20 ms (ECANCELED), so a
 //     polling thread never holds up shutdown.
 //   - Any status is a value for http_call (a 404 is a response, not an error).
+//   - http_pool reuses a connection only after a response that ended cleanly (framed by length
+//     or chunks, no `Connection: close`, HTTP/1.1, nothing left over), checks an idle one before
+//     reusing it (closed or readable: dropped), and when a reused connection turns out closed
+//     before any byte of the response arrived, sends the request once more on a fresh one. A
+//     forked child never uses a connection it inherited (it would share it with its parent).
 // Caveats:
 //   - Name lookup (getaddrinfo) cannot be timed out; use numeric addresses where a lookup may
 //     hang (the cloud notices default to 169.254.169.254 for that reason).
-//   - No TLS, no redirects, no keep-alive, no proxies. Responses above 64 MiB are refused (EPROTO).
+//   - No redirects, no proxies, no HTTP/2. Responses above 64 MiB are refused (EPROTO).
+//   - https:// endpoints need a TLS transport; plain_transport refuses them (EPROTONOSUPPORT).
 //   - http_stream's body has no read timeout of its own, only the caller's deadline (a watch may
 //     be silent for a long time); the status line and headers must arrive within `read`.
 #pragma once
@@ -41,8 +56,12 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <exception>  // exception_ptr: a stale pooled connection is retried once
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -85,6 +104,8 @@ inline bool http_iequal(std::string_view a, std::string_view b) noexcept {
 /// A complete response: status code, header fields (values trimmed) and the de-chunked body.
 struct http_response {
   int status = 0;
+  /// The minor HTTP version of the status line (HTTP/1.x): 0 or 1.
+  int minor_version = 1;
   http_headers headers;
   std::string body;
   /// The first header with this name (case-insensitive), or nullptr.
@@ -95,34 +116,47 @@ struct http_response {
   }
 };
 
-/// Where to connect: a host name or address (IPv6 without brackets) and a port.
+/// Where to connect: a host name or address (IPv6 without brackets), a port, and whether the
+/// connection speaks TLS (an https:// URL).
 struct http_endpoint {
   std::string host;
   std::uint16_t port = 80;
-  /// "http://host:port", with brackets around an IPv6 address; used in error messages.
+  bool tls = false;
+  /// "http://host:port" (or https://), with brackets around an IPv6 address; used in messages.
   std::string url() const {
     bool v6 = host.find(':') != std::string::npos;
-    return "http://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+    return (tls ? "https://" : "http://") + (v6 ? "[" + host + "]" : host) + ":" +
+           std::to_string(port);
+  }
+  /// Same host, port and scheme.
+  bool same(const http_endpoint& o) const noexcept {
+    return port == o.port && tls == o.tls && host == o.host;
   }
 };
 
-/// Parses `http://host[:port][/path]` (port 80 by default; `[::1]` for IPv6). When `path` is
-/// given it receives the path ("" when absent). Throws holdfast::format_error on anything else.
-inline http_endpoint parse_http_url(std::string_view url, std::string* path = nullptr) {
+/// Parses `http://host[:port][/path]`, and with `allow_https` also `https://...` (port 80 or
+/// 443 by default; `[::1]` for IPv6). When `path` is given it receives the path ("" when
+/// absent). Throws holdfast::format_error on anything else.
+inline http_endpoint parse_url(std::string_view url, std::string* path, bool allow_https) {
   const std::string src(url);
-  constexpr std::string_view scheme = "http://";
+  const bool tls = allow_https && url.size() >= 8 && http_iequal(url.substr(0, 8), "https://");
+  const std::string_view scheme = tls ? "https://" : "http://";
   if (url.size() < scheme.size() || !http_iequal(url.substr(0, scheme.size()), scheme))
-    throw format_error(src, "offset 0: expected http://");
+    throw format_error(
+        src, allow_https ? "offset 0: expected http:// or https://" : "offset 0: expected http://");
+  const std::string at = "offset " + std::to_string(scheme.size()) + ": ";
   std::string_view rest = url.substr(scheme.size());
   std::size_t slash = rest.find('/');
   std::string_view authority = rest.substr(0, slash);
   if (path)
     *path = slash == std::string_view::npos ? std::string() : std::string(rest.substr(slash));
   http_endpoint ep;
+  ep.tls = tls;
+  ep.port = tls ? 443 : 80;
   std::string_view port;
   if (!authority.empty() && authority.front() == '[') {
     std::size_t close = authority.find(']');
-    if (close == std::string_view::npos) throw format_error(src, "offset 7: unclosed '['");
+    if (close == std::string_view::npos) throw format_error(src, at + "unclosed '['");
     ep.host = std::string(authority.substr(1, close - 1));
     std::string_view after = authority.substr(close + 1);
     if (!after.empty()) {
@@ -138,7 +172,7 @@ inline http_endpoint parse_http_url(std::string_view url, std::string* path = nu
       if (port.empty()) throw format_error(src, "empty port");
     }
   }
-  if (ep.host.empty()) throw format_error(src, "offset 7: empty host");
+  if (ep.host.empty()) throw format_error(src, at + "empty host");
   if (!port.empty()) {
     unsigned long value = 0;
     for (char c : port) {
@@ -149,6 +183,16 @@ inline http_endpoint parse_http_url(std::string_view url, std::string* path = nu
     ep.port = static_cast<std::uint16_t>(value);
   }
   return ep;
+}
+
+/// Parses `http://host[:port][/path]` (port 80 by default; `[::1]` for IPv6); see parse_url.
+inline http_endpoint parse_http_url(std::string_view url, std::string* path = nullptr) {
+  return parse_url(url, path, false);
+}
+
+/// Parses `http://...` or `https://...` (a server a Transport may reach over TLS); see parse_url.
+inline http_endpoint parse_endpoint_url(std::string_view url, std::string* path = nullptr) {
+  return parse_url(url, path, true);
 }
 
 /// The server closed the connection before its response was complete: nothing, part of the
@@ -193,8 +237,17 @@ class http_body_decoder {
   /// True when the end of the connection ends the body properly.
   bool complete_at_eof() const noexcept { return done_ || mode_ == mode::until_close; }
 
+  /// Decodes `in`; when `left` is given it receives how many bytes of `in` follow the end of
+  /// the body (a connection with such bytes cannot be reused).
   template <class Sink>
-  result feed(std::string_view in, Sink& sink) {
+  result feed(std::string_view in, Sink& sink, std::size_t* left = nullptr) {
+    struct report {
+      std::string_view& in;
+      std::size_t* left;
+      ~report() {
+        if (left) *left = in.size();
+      }
+    } r{in, left};
     while (!done_ && !in.empty()) {
       if (mode_ == mode::length || mode_ == mode::until_close) {
         std::size_t take = in.size();
@@ -310,6 +363,7 @@ inline void http_parse_head(std::string_view head, http_response& out, const std
     throw error(EPROTO, "http", where,
                 "bad status line '" + std::string(status.substr(0, 40)) + "'");
   out.status = (status[9] - '0') * 100 + (status[10] - '0') * 10 + (status[11] - '0');
+  out.minor_version = status[7] - '0';
   out.headers.clear();
   while (!head.empty()) {
     std::string_view line = next_line();
@@ -358,125 +412,357 @@ inline http_body_decoder http_body_for(const http_response& head, const std::str
   return http_body_decoder(mode::until_close, 0, where);
 }
 
-/// One connected socket with deadlines on every wait.
-template <class Io>
-class http_socket {
- public:
-  http_socket(std::string where, const std::atomic<bool>* cancel)
-      : where_(std::move(where)), cancel_(cancel) {}
-  http_socket(const http_socket&) = delete;
-  http_socket& operator=(const http_socket&) = delete;
-  ~http_socket() { close(); }
+}  // namespace detail
 
-  /// Resolves and connects (non-blocking connect + poll), trying each address in turn.
-  void connect(const http_endpoint& ep, std::chrono::milliseconds timeout) {
-    auto deadline = http_clock::now() + timeout;
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* list = nullptr;
-    const std::string port = std::to_string(ep.port);
-    int rc = Io::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &list);
-    if (rc != 0) {
-      if (rc == EAI_SYSTEM) throw error(errno != 0 ? errno : EIO, "resolve", where_);
-      throw error(EHOSTUNREACH, "resolve", where_, gai_strerror(rc));
-    }
-    struct guard {
-      addrinfo* p;
-      ~guard() { Io::freeaddrinfo(p); }
-    } g{list};
-    int last_errno = EHOSTUNREACH;
-    for (addrinfo* ai = list; ai; ai = ai->ai_next) {
-      last_errno = try_connect(*ai, deadline);
-      if (last_errno == 0) return;
-      if (last_errno == ETIMEDOUT) break;
-    }
-    if (last_errno == ETIMEDOUT)
-      throw error(ETIMEDOUT, "connect", where_,
-                  "no connection within " + std::to_string(timeout.count()) + " ms");
-    throw error(last_errno, "connect", where_);
+// ---- the transport seam ----------------------------------------------------------------------
+
+/// Where a transport connects: host, port, and whether it speaks TLS (https://).
+using transport_endpoint = detail::http_endpoint;
+
+/// What a TLS transport needs to verify the server and present a client certificate. The
+/// library only carries these (etcd_options::tls); a TLS transport reads them.
+struct tls_options {
+  /// PEM file of the certificate authorities that sign the server's certificate; empty: the
+  /// system's default trust store.
+  std::string ca_file;
+  /// PEM client certificate (chain) to present, and its private key; both or neither.
+  std::string cert_file;
+  std::string key_file;
+  /// The name to verify the server's certificate against (and to send as SNI) instead of the
+  /// endpoint's host; an IP address is checked against the certificate's IP SANs.
+  std::string server_name;
+  /// Accept any server certificate, unverified. Only for tests on throw-away servers: anyone on
+  /// the path can then read and change the traffic.
+  bool insecure_skip_verify = false;
+  /// True when nothing is set.
+  bool empty() const noexcept {
+    return ca_file.empty() && cert_file.empty() && key_file.empty() && server_name.empty() &&
+           !insecure_skip_verify;
   }
+};
+
+/// Polls `fd` (through Io::poll) for `events` until `deadline`: true when ready (or in error:
+/// the next call reports it), false on timeout. With `cancel`, waits in ~20 ms slices and throws
+/// holdfast::error(ECANCELED, "http", where) once it is set. EINTR is retried. Transports use it
+/// for their own waits (a TLS handshake), so every wait honours the same deadline and flag.
+template <class Io>
+bool wait_socket(int fd, short events, std::chrono::steady_clock::time_point deadline,
+                 const std::atomic<bool>* cancel, const std::string& where) {
+  for (;;) {
+    if (cancel && cancel->load(std::memory_order_relaxed))
+      throw error(ECANCELED, "http", where, "cancelled");
+    pollfd p{fd, events, 0};
+    int ms = detail::http_poll_ms(deadline);
+    if (cancel && ms > detail::http_cancel_slice_ms) ms = detail::http_cancel_slice_ms;
+    int n = Io::poll(&p, 1, ms);
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) throw error(errno, "poll", where);
+    if (n == 0 && std::chrono::steady_clock::now() >= deadline) return false;
+  }
+}
+
+namespace detail {
+
+// Starts a non-blocking connect to one address: the socket, and 0 when connected, else the
+// errno of this attempt (the socket is then closed and -1).
+template <class Io>
+int tcp_try_connect(const addrinfo& ai, http_clock::time_point deadline,
+                    const std::atomic<bool>* cancel, const std::string& where, int& fd) {
+  fd = Io::socket(ai.ai_family, ai.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.ai_protocol);
+  if (fd < 0) throw error(errno, "socket", where);
+  struct closer {
+    int& fd;
+    bool keep = false;
+    ~closer() {
+      if (!keep && fd >= 0) Io::close(std::exchange(fd, -1));
+    }
+  } guard{fd};
+  // EINTR: the connect may go on asynchronously or never have started; connecting again
+  // tells which (EALREADY: in progress, EISCONN: done, else it starts now).
+  int rc;
+  while ((rc = Io::connect(fd, ai.ai_addr, ai.ai_addrlen)) != 0 && errno == EINTR) {
+  }
+  if (rc == 0 || errno == EISCONN) return (guard.keep = true, 0);
+  if (errno != EINPROGRESS && errno != EALREADY) return errno;
+  if (!wait_socket<Io>(fd, POLLOUT, deadline, cancel, where)) return ETIMEDOUT;
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (Io::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
+  guard.keep = err == 0;
+  return err;
+}
+
+}  // namespace detail
+
+/// Resolves `ep` and connects a non-blocking TCP socket (SOCK_CLOEXEC) to it within `timeout`,
+/// trying each address in turn; returns the descriptor (the caller closes it with Io::close).
+/// Throws holdfast::error("resolve" | "socket" | "connect", where): ECONNREFUSED, ETIMEDOUT
+/// ("no connection within N ms"), EHOSTUNREACH, ... The TCP part of every transport.
+template <class Io>
+int connect_tcp(const transport_endpoint& ep, std::chrono::milliseconds timeout,
+                const std::string& where, const std::atomic<bool>* cancel) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* list = nullptr;
+  const std::string port = std::to_string(ep.port);
+  int rc = Io::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &list);
+  if (rc != 0) {
+    if (rc == EAI_SYSTEM) throw error(errno != 0 ? errno : EIO, "resolve", where);
+    throw error(EHOSTUNREACH, "resolve", where, gai_strerror(rc));
+  }
+  struct guard {
+    addrinfo* p;
+    ~guard() { Io::freeaddrinfo(p); }
+  } g{list};
+  int last_errno = EHOSTUNREACH;
+  for (addrinfo* ai = list; ai; ai = ai->ai_next) {
+    int fd = -1;
+    last_errno = detail::tcp_try_connect<Io>(*ai, deadline, cancel, where, fd);
+    if (last_errno == 0) return fd;
+    if (last_errno == ETIMEDOUT) break;
+  }
+  if (last_errno == ETIMEDOUT)
+    throw error(ETIMEDOUT, "connect", where,
+                "no connection within " + std::to_string(timeout.count()) + " ms");
+  throw error(last_errno, "connect", where);
+}
+
+/// The default Transport: plain TCP over the Io policy (http:// only). Stateless; a connection
+/// is one socket, read and write are recv and send.
+template <class Io = posix_io>
+class plain_transport {
+ public:
+  /// plain_transport speaks no TLS (etcd_kv refuses https:// endpoints with it).
+  static constexpr bool speaks_tls = false;
+
+  plain_transport() noexcept = default;
+  /// TLS settings are not its business; accepted so every transport is built the same way.
+  explicit plain_transport(const tls_options&) noexcept {}
+
+  /// One TCP connection; closes on destruction.
+  class connection {
+   public:
+    connection() noexcept = default;
+    /// Takes ownership of a connected socket.
+    explicit connection(int fd) noexcept : fd_(fd) {}
+    connection(connection&& o) noexcept : fd_(std::exchange(o.fd_, -1)), want_(o.want_) {}
+    connection& operator=(connection&& o) noexcept {
+      if (this != &o) {
+        close();
+        fd_ = std::exchange(o.fd_, -1);
+        want_ = o.want_;
+      }
+      return *this;
+    }
+    connection(const connection&) = delete;
+    connection& operator=(const connection&) = delete;
+    ~connection() { close(); }
+
+    /// recv: bytes, 0 at end of stream, -1 with errno (EAGAIN: poll fd() for wants()).
+    long read(char* buf, std::size_t n) noexcept {
+      want_ = POLLIN;
+      return static_cast<long>(Io::recv(fd_, buf, n, 0));
+    }
+    /// send (MSG_NOSIGNAL): bytes taken, -1 with errno (EAGAIN: poll fd() for wants()).
+    long write(const char* buf, std::size_t n) noexcept {
+      want_ = POLLOUT;
+      return static_cast<long>(Io::send(fd_, buf, n, MSG_NOSIGNAL));
+    }
+    /// What the last call that would block waits for.
+    short wants() const noexcept { return want_; }
+    /// The socket.
+    int fd() const noexcept { return fd_; }
+    /// Never: every byte read is the socket's.
+    bool pending() const noexcept { return false; }
+    /// Nothing beyond errno.
+    std::string why() const { return {}; }
+    /// Closes the socket (idempotent).
+    void close() noexcept {
+      if (fd_ >= 0) Io::close(std::exchange(fd_, -1));
+    }
+
+   private:
+    int fd_ = -1;
+    short want_ = POLLIN;
+  };
+
+  /// Connects to `ep` within `timeout` (see connect_tcp); `where` names it in errors. An
+  /// https:// endpoint throws holdfast::error(EPROTONOSUPPORT, "connect", where).
+  connection connect(const transport_endpoint& ep, std::chrono::milliseconds timeout,
+                     const std::string& where, const std::atomic<bool>* cancel) const {
+    if (ep.tls)
+      throw error(EPROTONOSUPPORT, "connect", where,
+                  "https:// needs a TLS transport; plain_transport speaks http:// only");
+    return connection(connect_tcp<Io>(ep, timeout, where, cancel));
+  }
+};
+
+namespace detail {
+template <class T>
+using tr_connection = typename T::connection;
+template <class T>
+using tr_construct = decltype(T(std::declval<const tls_options&>()));
+template <class T>
+using tr_connect =
+    decltype(std::declval<typename T::connection&>() = std::declval<const T&>().connect(
+                 std::declval<const transport_endpoint&>(), std::chrono::milliseconds{},
+                 std::declval<const std::string&>(),
+                 static_cast<const std::atomic<bool>*>(nullptr)));
+template <class T>
+using tr_read = decltype(long{
+    std::declval<typename T::connection&>().read(static_cast<char*>(nullptr), std::size_t{})});
+template <class T>
+using tr_write = decltype(long{
+    std::declval<typename T::connection&>().write(static_cast<const char*>(nullptr),
+                                                  std::size_t{})});
+template <class T>
+using tr_wants = decltype(short{std::declval<const typename T::connection&>().wants()});
+template <class T>
+using tr_fd = decltype(int{std::declval<const typename T::connection&>().fd()});
+template <class T>
+using tr_pending = decltype(bool{std::declval<const typename T::connection&>().pending()});
+template <class T>
+using tr_why = decltype(std::string{std::declval<const typename T::connection&>().why()});
+template <class T>
+using tr_close = decltype(std::declval<typename T::connection&>().close());
+template <class T, class = void>
+struct speaks_tls : std::false_type {};
+template <class T>
+struct speaks_tls<T, std::enable_if_t<T::speaks_tls>> : std::true_type {};
+}  // namespace detail
+
+/// True when T is a Transport: see check_transport for the members.
+template <class T>
+inline constexpr bool is_transport_v = detail::detect<detail::tr_connection, T>::value&&
+    detail::detect<detail::tr_construct, T>::value&& detail::detect<detail::tr_connect, T>::value&&
+        detail::detect<detail::tr_read, T>::value&& detail::detect<detail::tr_write, T>::value&&
+            detail::detect<detail::tr_wants, T>::value&& detail::detect<detail::tr_fd, T>::value&&
+                detail::detect<detail::tr_pending, T>::value&& detail::detect<
+                    detail::tr_why, T>::value&& detail::detect<detail::tr_close, T>::value&&
+                    std::is_move_constructible_v<T>&& std::is_copy_constructible_v<T>;
+
+/// True when T declares `static constexpr bool speaks_tls = true` (it can serve https://).
+template <class T>
+inline constexpr bool transport_speaks_tls_v = detail::speaks_tls<T>::value;
+
+/// Checks a Transport at compile time, naming the first missing member. The contract (all
+/// non-blocking; waiting is the caller's, through wait_socket):
+///   T(const tls_options&)                 built once per client, copyable (copies share state)
+///   typename T::connection                one connection, movable, closes on destruction
+///   connection connect(const transport_endpoint&, std::chrono::milliseconds timeout,
+///                      const std::string& where, const std::atomic<bool>* cancel) const
+///                                         connected (and for https, handshaken) within timeout,
+///                                         or throws holdfast::error naming `where` and why
+///   long read(char*, size_t)              bytes, 0 at end of stream, -1 with errno (EAGAIN:
+///                                         poll fd() for wants())
+///   long write(const char*, size_t)       bytes taken, -1 with errno (EAGAIN as for read)
+///   short wants() const                   POLLIN or POLLOUT: what the last EAGAIN waits for
+///   int fd() const                        the socket to poll
+///   bool pending() const                  read() has bytes the socket will not show (a TLS
+///                                         layer's decrypted bytes); asked before polling
+///   std::string why() const               the last failure beyond its errno ("" if none)
+///   void close() noexcept                 idempotent
+template <class T>
+constexpr bool check_transport() {
+  using namespace detail;
+  static_assert(detect<tr_connection, T>::value,
+                "holdfast: a Transport needs a nested type `connection` (see plain_transport)");
+  static_assert(detect<tr_construct, T>::value,
+                "holdfast: a Transport needs a constructor T(const holdfast::tls_options&)");
+  static_assert(std::is_copy_constructible_v<T>,
+                "holdfast: a Transport must be copyable (copies share its state)");
+  static_assert(detect<tr_connect, T>::value,
+                "holdfast: a Transport needs connection connect(const transport_endpoint&, "
+                "std::chrono::milliseconds, const std::string&, const std::atomic<bool>*) const");
+  static_assert(detect<tr_read, T>::value,
+                "holdfast: Transport::connection needs long read(char*, std::size_t)");
+  static_assert(detect<tr_write, T>::value,
+                "holdfast: Transport::connection needs long write(const char*, std::size_t)");
+  static_assert(detect<tr_wants, T>::value,
+                "holdfast: Transport::connection needs short wants() const (POLLIN or POLLOUT)");
+  static_assert(detect<tr_fd, T>::value,
+                "holdfast: Transport::connection needs int fd() const (the socket to poll)");
+  static_assert(detect<tr_pending, T>::value,
+                "holdfast: Transport::connection needs bool pending() const (bytes buffered)");
+  static_assert(detect<tr_why, T>::value,
+                "holdfast: Transport::connection needs std::string why() const");
+  static_assert(detect<tr_close, T>::value,
+                "holdfast: Transport::connection needs void close() noexcept");
+  return true;
+}
+
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+/// C++20 spelling of is_transport_v.
+template <class T>
+concept transport = is_transport_v<T>;
+#endif
+
+namespace detail {
+
+/// Sends and receives on one connection with deadlines on every wait; asks the connection for
+/// pending bytes before polling its socket.
+template <class Io, class Conn>
+class http_channel {
+ public:
+  http_channel(Conn& conn, const std::string& where, const std::atomic<bool>* cancel) noexcept
+      : conn_(conn), where_(where), cancel_(cancel) {}
 
   /// Sends all of `data` before `deadline` (ETIMEDOUT after it).
   void send_all(std::string_view data, http_clock::time_point deadline) {
     while (!data.empty()) {
-      ssize_t n = Io::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+      long n = conn_.write(data.data(), data.size());
       if (n > 0) {
         data.remove_prefix(static_cast<std::size_t>(n));
         continue;
       }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (!wait(POLLOUT, deadline))
-          throw error(ETIMEDOUT, "send", where_, "request not sent in time");
+      const int e = n < 0 ? errno : EIO;
+      if (e == EINTR) continue;
+      if (e == EAGAIN || e == EWOULDBLOCK) {
+        if (!wait(deadline)) throw error(ETIMEDOUT, "send", where_, "request not sent in time");
         continue;
       }
-      throw error(n < 0 ? errno : EIO, "send", where_);
+      throw error(e, "send", where_, conn_.why());
     }
   }
 
   /// Receives some bytes before `deadline`: the count, 0 at end of stream, -1 on timeout.
   long recv_some(char* buf, std::size_t n, http_clock::time_point deadline) {
     for (;;) {
-      ssize_t r = Io::recv(fd_, buf, n, 0);
-      if (r >= 0) return static_cast<long>(r);
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) throw error(errno, "recv", where_);
-      if (!wait(POLLIN, deadline)) return -1;
+      long r = conn_.read(buf, n);
+      if (r >= 0) {
+        received_ += static_cast<std::size_t>(r);
+        return r;
+      }
+      const int e = errno;
+      if (e == EINTR) continue;
+      if (e != EAGAIN && e != EWOULDBLOCK) throw error(e, "recv", where_, conn_.why());
+      if (!wait(deadline)) return -1;
     }
   }
 
-  void close() noexcept {
-    if (fd_ >= 0) Io::close(fd_);
-    fd_ = -1;
-  }
-
-  const std::string& where() const noexcept { return where_; }
+  /// Response bytes received so far.
+  std::size_t received() const noexcept { return received_; }
 
  private:
-  // Polls for `events` until `deadline`; false on timeout. Errors (POLLERR/POLLHUP) return true
-  // so the next send/recv reports them.
-  bool wait(short events, http_clock::time_point deadline) {
-    for (;;) {
-      if (cancel_ && cancel_->load(std::memory_order_relaxed))
-        throw error(ECANCELED, "http", where_, "cancelled");
-      pollfd p{fd_, events, 0};
-      int ms = http_poll_ms(deadline);
-      if (cancel_ && ms > http_cancel_slice_ms) ms = http_cancel_slice_ms;
-      int n = Io::poll(&p, 1, ms);
-      if (n > 0) return true;
-      if (n < 0 && errno != EINTR) throw error(errno, "poll", where_);
-      if (n == 0 && http_clock::now() >= deadline) return false;
-    }
+  bool wait(http_clock::time_point deadline) {
+    const short events = conn_.wants();
+    if ((events & POLLIN) && conn_.pending()) return true;
+    return wait_socket<Io>(conn_.fd(), events, deadline, cancel_, where_);
   }
 
-  // Returns 0 when connected, else the errno of this attempt.
-  int try_connect(const addrinfo& ai, http_clock::time_point deadline) {
-    close();
-    fd_ = Io::socket(ai.ai_family, ai.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.ai_protocol);
-    if (fd_ < 0) throw error(errno, "socket", where_);
-    // EINTR: the connect may go on asynchronously or never have started; connecting again
-    // tells which (EALREADY: in progress, EISCONN: done, else it starts now).
-    int rc;
-    while ((rc = Io::connect(fd_, ai.ai_addr, ai.ai_addrlen)) != 0 && errno == EINTR) {
-    }
-    if (rc == 0 || errno == EISCONN) return 0;
-    if (errno != EINPROGRESS && errno != EALREADY) return errno;
-    if (!wait(POLLOUT, deadline)) return ETIMEDOUT;
-    int err = 0;
-    socklen_t len = sizeof err;
-    if (Io::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
-    return err;
-  }
-
-  std::string where_;
+  Conn& conn_;
+  const std::string& where_;
   const std::atomic<bool>* cancel_;
-  int fd_ = -1;
+  std::size_t received_ = 0;
 };
 
-/// Serializes the request line and headers (adds Host, Connection: close, Content-Length).
-inline std::string http_serialize(const http_endpoint& ep, const http_request& req) {
+/// Serializes the request line and headers (adds Host, Content-Length, and Connection: close
+/// unless `keep_alive`).
+inline std::string http_serialize(const http_endpoint& ep, const http_request& req,
+                                  bool keep_alive = false) {
   std::string out = (req.method.empty() ? std::string("GET") : req.method) + " " +
                     (req.target.empty() ? std::string("/") : req.target) + " HTTP/1.1\r\n";
   bool has_host = false, has_length = false;
@@ -487,14 +773,14 @@ inline std::string http_serialize(const http_endpoint& ep, const http_request& r
   if (!has_host) {
     bool v6 = ep.host.find(':') != std::string::npos;
     out += "Host: " + (v6 ? "[" + ep.host + "]" : ep.host);
-    if (ep.port != 80) out += ":" + std::to_string(ep.port);
+    if (ep.port != (ep.tls ? 443 : 80)) out += ":" + std::to_string(ep.port);
     out += "\r\n";
   }
   for (const auto& h : req.headers) {
     if (http_iequal(h.first, "Connection")) continue;
     out += h.first + ": " + h.second + "\r\n";
   }
-  out += "Connection: close\r\n";
+  if (!keep_alive) out += "Connection: close\r\n";
   bool wants_length =
       !req.body.empty() || req.method == "POST" || req.method == "PUT" || req.method == "PATCH";
   if (!has_length && wants_length)
@@ -504,22 +790,41 @@ inline std::string http_serialize(const http_endpoint& ep, const http_request& r
   return out;
 }
 
-/// The shared exchange: connect, send, read the head and then the body through `sink`.
-/// Without `stream_deadline` (http_call) everything after connecting must finish within
-/// `t.read` (ETIMEDOUT otherwise). With it (http_stream) the head must arrive within `t.read`
-/// and the body is read until `*stream_deadline`, which ends the exchange quietly (returns
-/// false); a non-2xx streamed response is read within `t.read` like a call.
-template <class Io, class Sink>
-bool http_exchange(const http_endpoint& ep, const http_request& req, http_timeouts t,
+/// What one exchange asks for and reports.
+struct http_exchange_info {
+  bool keep_alive = false;   ///< in: leave out `Connection: close`
+  bool reusable = false;     ///< out: the response ended cleanly; the connection may serve again
+  std::size_t received = 0;  ///< out: response bytes received (also when it throws)
+};
+
+// True when a response with this head lets the connection serve another request.
+inline bool http_keeps_alive(const http_response& head) {
+  if (head.minor_version < 1) return false;
+  const std::string* c = head.header("Connection");
+  return !c || !http_iequal(*c, "close");
+}
+
+/// The shared exchange on a connected `conn`: send, read the head and then the body through
+/// `sink`. Without `stream_deadline` (http_call) everything must finish within `t.read`
+/// (ETIMEDOUT otherwise). With it (http_stream) the head must arrive within `t.read` and the
+/// body is read until `*stream_deadline`, which ends the exchange quietly (returns false); a
+/// non-2xx streamed response is read within `t.read` like a call.
+template <class Io, class Conn, class Sink>
+bool http_exchange(Conn& conn, const http_endpoint& ep, const http_request& req,
+                   const std::string& where, http_timeouts t,
                    const http_clock::time_point* stream_deadline, http_response& head, Sink& sink,
-                   const std::atomic<bool>* cancel) {
-  const std::string where = ep.url() + (req.target.empty() ? std::string("/") : req.target);
-  http_socket<Io> sock(where, cancel);
-  sock.connect(ep, t.connect);
+                   const std::atomic<bool>* cancel, http_exchange_info& info) {
+  http_channel<Io, Conn> sock(conn, where, cancel);
+  struct report {
+    http_exchange_info& info;
+    http_channel<Io, Conn>& sock;
+    ~report() { info.received = sock.received(); }
+  } rep{info, sock};
+  info.reusable = false;
   const auto read_deadline = http_clock::now() + t.read;
   const bool stream_ends_first = stream_deadline && *stream_deadline < read_deadline;
   const auto head_deadline = stream_ends_first ? *stream_deadline : read_deadline;
-  sock.send_all(http_serialize(ep, req), head_deadline);
+  sock.send_all(http_serialize(ep, req, info.keep_alive), head_deadline);
 
   char buf[16384];
   std::string in;
@@ -544,9 +849,12 @@ bool http_exchange(const http_endpoint& ep, const http_request& req, http_timeou
                     "no response within " + std::to_string(t.read.count()) + " ms");
       }
       if (n == 0)
-        throw http_connection_closed(
-            EPROTO, "http", where,
-            in.empty() ? "connection closed before a response" : "truncated response head");
+        throw http_connection_closed(EPROTO, "http", where,
+                                     !in.empty() ? "truncated response head"
+                                     : ep.tls    ? "connection closed before a response"
+                                                 : "connection closed before a response (a "
+                                                   "server that speaks only TLS does this: "
+                                                   "https://?)");
       in.append(buf, static_cast<std::size_t>(n));
       find_head(head_end, sep);
       if (head_end == std::string::npos && in.size() > http_max_head)
@@ -560,8 +868,19 @@ bool http_exchange(const http_endpoint& ep, const http_request& req, http_timeou
   const bool quiet = stream_deadline && head.status / 100 == 2;
   const auto body_deadline = quiet ? *stream_deadline : read_deadline;
   http_body_decoder body = http_body_for(head, req.method, where);
-  if (!in.empty() && !body.done()) {
-    if (body.feed(in, sink) != http_body_decoder::result::more) return true;
+  // Reusable only when the body is framed, complete, nothing follows it and the server agrees.
+  const bool may_keep = info.keep_alive && !body.complete_at_eof() && http_keeps_alive(head);
+  std::size_t left = 0;
+  if (body.done()) {
+    info.reusable = info.keep_alive && in.empty() && http_keeps_alive(head);
+    return true;
+  }
+  if (!in.empty()) {
+    auto r = body.feed(in, sink, &left);
+    if (r != http_body_decoder::result::more) {
+      info.reusable = r == http_body_decoder::result::done && may_keep && left == 0;
+      return true;
+    }
   }
   while (!body.done()) {
     long n = sock.recv_some(buf, sizeof buf, body_deadline);
@@ -574,14 +893,74 @@ bool http_exchange(const http_endpoint& ep, const http_request& req, http_timeou
       if (body.complete_at_eof()) return true;
       throw http_connection_closed(EPROTO, "http", where, "truncated body");
     }
-    if (body.feed(std::string_view(buf, static_cast<std::size_t>(n)), sink) !=
-        http_body_decoder::result::more)
+    auto r = body.feed(std::string_view(buf, static_cast<std::size_t>(n)), sink, &left);
+    if (r != http_body_decoder::result::more) {
+      info.reusable = r == http_body_decoder::result::done && may_keep && left == 0;
       return true;
+    }
   }
+  info.reusable = may_keep;
   return true;
 }
 
-// ---- public calls ----------------------------------------------------------------------------
+// A sink that collects a whole response body (up to http_max_body).
+struct http_collect {
+  http_response& resp;
+  const std::string& where;
+  bool operator()(std::string_view bytes) {
+    if (resp.body.size() + bytes.size() > http_max_body)
+      throw error(EPROTO, "http", where, "response body above 64 MiB");
+    resp.body.append(bytes.data(), bytes.size());
+    return true;
+  }
+};
+
+// The error http_stream throws for a non-2xx streamed response.
+inline error http_stream_status(const http_response& head, const std::string& where,
+                                const std::string& body) {
+  return error(EPROTO, "http", where,
+               "status " + std::to_string(head.status) + ": " + body.substr(0, 200));
+}
+
+}  // namespace detail
+
+// ---- calls -----------------------------------------------------------------------------------
+
+namespace detail {
+
+/// http_call over any Transport: one connection, `Connection: close`.
+template <class Io, class Transport>
+http_response http_call_over(const Transport& transport, const http_endpoint& ep,
+                             const http_request& req, http_timeouts t,
+                             const std::atomic<bool>* cancel) {
+  const std::string where = ep.url() + (req.target.empty() ? std::string("/") : req.target);
+  auto conn = transport.connect(ep, t.connect, where, cancel);
+  http_response resp;
+  http_collect sink{resp, where};
+  http_exchange_info info;
+  http_exchange<Io>(conn, ep, req, where, t, nullptr, resp, sink, cancel, info);
+  return resp;
+}
+
+/// http_stream over any Transport: one connection, `Connection: close`.
+template <class Io, class Transport, class OnData>
+void http_stream_over(const Transport& transport, const http_endpoint& ep, const http_request& req,
+                      http_timeouts t, http_clock::time_point deadline, OnData& on_data,
+                      const std::atomic<bool>* cancel) {
+  const std::string where = ep.url() + (req.target.empty() ? std::string("/") : req.target);
+  auto conn = transport.connect(ep, t.connect, where, cancel);
+  http_response head;
+  std::string error_body;
+  auto sink = [&](std::string_view bytes) -> bool {
+    if (head.status / 100 == 2) return static_cast<bool>(on_data(bytes));
+    if (error_body.size() < 512)
+      error_body.append(bytes.data(), std::min<std::size_t>(bytes.size(), 512));
+    return true;
+  };
+  http_exchange_info info;
+  http_exchange<Io>(conn, ep, req, where, t, &deadline, head, sink, cancel, info);
+  if (head.status != 0 && head.status / 100 != 2) throw http_stream_status(head, where, error_body);
+}
 
 /// Sends `req` to `ep` and returns the whole response (any status). Throws holdfast::error:
 /// ECONNREFUSED/EHOSTUNREACH/... from connect, ETIMEDOUT past a timeout, EPROTO for a malformed
@@ -590,15 +969,7 @@ bool http_exchange(const http_endpoint& ep, const http_request& req, http_timeou
 template <class Io = posix_io>
 http_response http_call(const http_endpoint& ep, const http_request& req, http_timeouts t = {},
                         const std::atomic<bool>* cancel = nullptr) {
-  http_response resp;
-  auto sink = [&resp, &ep, &req](std::string_view bytes) {
-    if (resp.body.size() + bytes.size() > http_max_body)
-      throw error(EPROTO, "http", ep.url() + req.target, "response body above 64 MiB");
-    resp.body.append(bytes.data(), bytes.size());
-    return true;
-  };
-  http_exchange<Io>(ep, req, t, nullptr, resp, sink, cancel);
-  return resp;
+  return http_call_over<Io>(plain_transport<Io>(), ep, req, t, cancel);
 }
 
 /// Sends `req` and passes the de-chunked body to `bool on_data(std::string_view)` as it
@@ -611,19 +982,164 @@ template <class Io = posix_io, class OnData>
 void http_stream(const http_endpoint& ep, const http_request& req, http_timeouts t,
                  http_clock::time_point deadline, OnData on_data,
                  const std::atomic<bool>* cancel = nullptr) {
-  http_response head;
-  std::string error_body;
-  auto sink = [&](std::string_view bytes) -> bool {
-    if (head.status / 100 == 2) return static_cast<bool>(on_data(bytes));
-    if (error_body.size() < 512)
-      error_body.append(bytes.data(), std::min<std::size_t>(bytes.size(), 512));
-    return true;
-  };
-  http_exchange<Io>(ep, req, t, &deadline, head, sink, cancel);
-  if (head.status != 0 && head.status / 100 != 2)
-    throw error(EPROTO, "http", ep.url() + req.target,
-                "status " + std::to_string(head.status) + ": " + error_body.substr(0, 200));
+  http_stream_over<Io>(plain_transport<Io>(), ep, req, t, deadline, on_data, cancel);
 }
+
+/// A few idle connections kept for reuse (HTTP/1.1 keep-alive), shared by the threads of one
+/// client: call() takes an idle connection to the endpoint (or connects), and gives it back
+/// when the response ended cleanly. Streams get a connection of their own (never pooled).
+template <class Io, class Transport>
+class http_pool {
+  static_assert(check_transport<Transport>());
+
+ public:
+  using connection = typename Transport::connection;
+
+  /// Keeps at most `max_idle` idle connections (0: none, every call connects) and none idle
+  /// longer than `max_age` (a middlebox may have dropped it silently).
+  http_pool(Transport transport, std::size_t max_idle,
+            std::chrono::milliseconds max_age = std::chrono::seconds(30))
+      : transport_(std::move(transport)), max_idle_(max_idle), max_age_(max_age) {}
+  http_pool(const http_pool&) = delete;
+  http_pool& operator=(const http_pool&) = delete;
+
+  /// The transport connections are made with.
+  const Transport& transport() const noexcept { return transport_; }
+
+  /// As http_call, on a pooled connection when one to `ep` is idle and still open.
+  http_response call(const http_endpoint& ep, const http_request& req, http_timeouts t,
+                     const std::atomic<bool>* cancel = nullptr) {
+    const std::string where = ep.url() + (req.target.empty() ? std::string("/") : req.target);
+    std::optional<connection> conn = take(ep);
+    const bool reused = conn.has_value();
+    if (!reused) conn.emplace(transport_.connect(ep, t.connect, where, cancel));
+    http_response resp;
+    http_exchange_info info;
+    info.keep_alive = max_idle_ > 0;
+    std::exception_ptr stale;
+    try {
+      http_collect sink{resp, where};
+      http_exchange<Io>(*conn, ep, req, where, t, nullptr, resp, sink, cancel, info);
+    } catch (const error& e) {
+      if (!reused || info.received != 0 || !is_stale(e)) throw;
+      stale = std::current_exception();
+    }
+    if (stale) {  // the server closed it as we reused it: once more, on a fresh connection
+      conn.reset();
+      try {
+        conn.emplace(transport_.connect(ep, t.connect, where, cancel));
+      } catch (const error&) {
+        std::rethrow_exception(stale);  // the request may have been sent: report that
+      }
+      resp = http_response();
+      http_collect sink{resp, where};
+      http_exchange<Io>(*conn, ep, req, where, t, nullptr, resp, sink, cancel, info);
+    }
+    if (info.reusable) give(ep, std::move(*conn));
+    return resp;
+  }
+
+  /// As http_stream, on a connection of its own.
+  template <class OnData>
+  void stream(const http_endpoint& ep, const http_request& req, http_timeouts t,
+              http_clock::time_point deadline, OnData on_data,
+              const std::atomic<bool>* cancel = nullptr) const {
+    http_stream_over<Io>(transport_, ep, req, t, deadline, on_data, cancel);
+  }
+
+  /// Closes every idle connection to `ep` (after it failed or timed out).
+  void drop(const http_endpoint& ep) noexcept {
+    std::vector<idle_connection> gone;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (std::size_t i = 0; i < idle_.size();)
+        if (idle_[i].ep.same(ep)) {
+          gone.push_back(std::move(idle_[i]));
+          idle_.erase(idle_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+    }
+  }
+
+  /// Idle connections held now (to `ep` when given).
+  std::size_t idle(const http_endpoint* ep = nullptr) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& c : idle_) n += !ep || c.ep.same(*ep);
+    return n;
+  }
+
+ private:
+  struct idle_connection {
+    http_endpoint ep;
+    connection conn;
+    http_clock::time_point since;
+  };
+
+  static bool is_stale(const error& e) {
+    if (dynamic_cast<const http_connection_closed*>(&e)) return true;
+    const int n = e.errnum();
+    return (e.operation() == "send" || e.operation() == "recv") &&
+           (n == ECONNRESET || n == EPIPE || n == ECONNABORTED);
+  }
+
+  // An idle connection to `ep` that is still open and quiet, newest first. In a forked child
+  // every inherited connection is dropped (closed here only: the parent's stay usable).
+  std::optional<connection> take(const http_endpoint& ep) {
+    const pid_t pid = Io::getpid();
+    for (;;) {
+      std::optional<idle_connection> c;
+      std::vector<idle_connection> inherited;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (pid != owner_) {
+          inherited.swap(idle_);
+          owner_ = pid;
+        }
+        for (std::size_t i = idle_.size(); i-- > 0;)
+          if (idle_[i].ep.same(ep)) {
+            c.emplace(std::move(idle_[i]));
+            idle_.erase(idle_.begin() + static_cast<std::ptrdiff_t>(i));
+            break;
+          }
+      }
+      if (!c) return std::nullopt;
+      if (http_clock::now() - c->since <= max_age_ && quiet(c->conn)) return std::move(c->conn);
+    }
+  }
+
+  // True when nothing arrived on an idle connection: no end of stream, no stray bytes. A TLS
+  // transport may read (and keep) records that are no data, such as session tickets.
+  static bool quiet(connection& c) {
+    if (c.pending()) return false;
+    pollfd p{c.fd(), POLLIN, 0};
+    int n = Io::poll(&p, 1, 0);
+    if (n == 0) return true;
+    if (n < 0) return false;
+    char buf[256];
+    long r = c.read(buf, sizeof buf);
+    return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && !c.pending();
+  }
+
+  void give(const http_endpoint& ep, connection conn) {
+    std::optional<idle_connection> evicted;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (idle_.size() >= max_idle_) {
+      if (idle_.empty()) return;
+      evicted.emplace(std::move(idle_.front()));
+      idle_.erase(idle_.begin());
+    }
+    idle_.push_back(idle_connection{ep, std::move(conn), http_clock::now()});
+  }
+
+  Transport transport_;
+  std::size_t max_idle_;
+  std::chrono::milliseconds max_age_;
+  mutable std::mutex mutex_;
+  std::vector<idle_connection> idle_;
+  pid_t owner_ = Io::getpid();  // the process the idle connections belong to
+};
 
 }  // namespace detail
 HOLDFAST_NAMESPACE_END

@@ -4,6 +4,13 @@
 // and values travel base64-encoded in JSON, as the gateway requires. A job's keys live under
 // `<prefix>/<run id>/<incarnation>/` in etcd.
 //
+// Security: `basic_etcd_kv<Io, Transport>` makes every connection through its Transport
+// (detail/http.hpp's seam; plain_transport<Io> by default). With a TLS transport (such as
+// examples/tls/openssl_transport.hpp) the endpoints are https:// and `etcd_options::tls` names
+// the CA, the client certificate and key and the server name; with `user` and a password file or
+// environment variable the client authenticates (/v3/auth/authenticate) and sends the token on
+// every request and watch.
+//
 // Guarantees:
 //   - insert is one txn comparing the key's create_revision with 0: exactly one of any number of
 //     concurrent inserters (threads, processes, hosts) gets true.
@@ -18,14 +25,15 @@
 //     was complete) or gets etcd's "unavailable" answer; it is healthy again once it answers.
 //     Suspects are tried only when every endpoint is suspect. Within one call each endpoint is
 //     tried at most once, and a failed request moves on to the next endpoint:
-//       * for every request when nothing was sent (connecting failed);
+//       * for every request when nothing was sent (connecting, or the TLS handshake, failed);
 //       * for reads (try_get, list, get's ranges and watches, lease keep-alives) also after a
 //         timeout, a lost connection or an "unavailable" answer;
 //       * never for writes that were sent (put, insert, erase, erase_prefix, lease grant and
 //         revoke): their outcome is unknown, so they throw that transient error at once and the
 //         caller's retry goes to another endpoint.
-//     Connecting is bounded by `connect_timeout`, a request by `request_timeout`. The suspect
-//     marks are shared by every handle on the client and updated lock-free.
+//     Connecting (with a TLS handshake) is bounded by `connect_timeout`, a request by
+//     `request_timeout`. The suspect marks are shared by every handle on the client and updated
+//     lock-free.
 //   - Every failure throws holdfast::error naming the operation and the key, with the
 //     endpoint's own error inside: ECONNREFUSED/ETIMEDOUT/ECONNRESET/... when no endpoint answered
 //     in time (a connection closed before the reply is ECONNRESET), EAGAIN for etcd's
@@ -40,9 +48,21 @@
 //     flight to a hung server (the request is cancelled).
 //   - Copies (and with_namespace views) are cheap handles sharing endpoints and lease; every
 //     operation is safe to call from several threads at once.
+//   - Connections are reused (HTTP/1.1 keep-alive): up to `idle_connections` idle ones per
+//     client, so a TLS handshake is paid per connection, not per request. A suspect endpoint's
+//     idle connections are closed; a get's watch has a connection of its own.
+//   - Authentication: the token is fetched on first use and shared by the client's threads; an
+//     "invalid auth token" answer (gRPC code 16: the token expired, see etcd's
+//     --auth-token-ttl) makes the client authenticate again and retry the request once, as does
+//     a watch the server cancels for that reason. Neither the password nor the token appears in
+//     an error message. A wrong password or user is EACCES.
 // Caveats:
-//   - Plain http:// only (no TLS, no auth): run it on a trusted network or through a local
-//     proxy.
+//   - Without a TLS transport the traffic, and a password, cross the network in clear text: use
+//     https:// endpoints on any network that is not trusted.
+//   - etcd's gateway cannot authenticate a user by client-certificate name: with --client-cert-auth
+//     and auth enabled it ignores the certificate's CommonName ("CommonName of client sending a
+//     request against gateway will be ignored"). Client certificates authenticate the host to
+//     the TLS layer; authenticate the user with a password.
 //   - A write that failed with a transient error may have been applied (a frozen member may even
 //     apply it when it resumes): read the key before retrying. An insert retried after its
 //     first attempt was applied returns false; values that name their writer tell the two apart.
@@ -61,6 +81,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>  // getenv: etcd_options::password_env
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -79,7 +100,8 @@ HOLDFAST_NAMESPACE_BEGIN
 
 /// How to reach etcd.
 struct etcd_options {
-  /// Client URLs, `http://host:port`; failover goes round them in order (see the header).
+  /// Client URLs, `http://host:port` or (with a TLS transport) `https://host:port`, all of one
+  /// scheme; failover goes round them in order (see the header).
   std::vector<std::string> endpoints{"http://127.0.0.1:2379"};
   /// Time allowed to connect to one endpoint.
   std::chrono::milliseconds connect_timeout{1000};
@@ -89,10 +111,25 @@ struct etcd_options {
   /// How long an endpoint that failed to connect, timed out, lost its connection or answered
   /// "unavailable" is skipped while others are not suspect; 0 never skips one.
   std::chrono::milliseconds suspect_for{10000};
+  /// The longest watch message (one JSON line of the stream) accepted; a longer one is an
+  /// EMSGSIZE error naming the endpoint.
+  std::size_t max_message = std::size_t{64} << 20;
   /// Lease time-to-live; 0 means no lease (keys stay until erased).
   std::chrono::seconds lease_ttl{0};
   /// The first segment of every key holdfast writes in etcd.
   std::string prefix = "holdfast";
+  /// For https:// endpoints: CA file, client certificate and key, server name (read by the
+  /// TLS transport; setting any of them with http:// endpoints is refused).
+  tls_options tls;
+  /// The etcd user to authenticate as; empty: no authentication.
+  std::string user;
+  /// A file holding the user's password (one line; a final newline is dropped)...
+  std::string password_file;
+  /// ...or the name of an environment variable holding it. Exactly one of the two with a user.
+  std::string password_env;
+  /// Idle connections kept for reuse by one client (all endpoints together); 0: one
+  /// connection per request.
+  std::size_t idle_connections = 4;
 };
 
 namespace detail {
@@ -125,25 +162,49 @@ inline std::int64_t etcd_int(const json_value* v, std::int64_t fallback = 0) {
 
 /// The errno for a gateway error with gRPC status `code` and message `text`: EAGAIN for 14
 /// (unavailable), ETIMEDOUT for 4 (deadline exceeded) and for etcd's own request deadline
-/// (code 2, "context deadline exceeded"), EIO for the rest.
+/// (code 2, "context deadline exceeded"), EACCES for 16 (unauthenticated) and 7 (permission
+/// denied) and for a failed authentication, EIO for the rest.
 inline int etcd_errno(std::int64_t code, const std::string& text) noexcept {
   if (code == 14) return EAGAIN;
   if (code == 4 || (code == 2 && text == "context deadline exceeded")) return ETIMEDOUT;
+  if (code == 16 || code == 7 || text.find("authentication failed") != std::string::npos)
+    return EACCES;
   return EIO;
+}
+
+/// etcd refused the request's token (gRPC code 16, "invalid auth token": expired or unknown), or
+/// the request carried none while authentication is on: the client authenticates again and
+/// retries once.
+class etcd_unauthenticated : public error {
+ public:
+  using error::error;
+};
+
+/// True for an answer that a fresh token may cure: "invalid auth token" (code 16) and "user name
+/// is empty" (code 3: no token, as when authentication was enabled after the client started).
+inline bool etcd_token_problem(std::int64_t code, const std::string& text) noexcept {
+  return code == 16 || text.find("invalid auth token") != std::string::npos ||
+         text.find("user name is empty") != std::string::npos;
 }
 
 /// Whether a request may go to another endpoint after it was sent: reads may, writes (whose
 /// outcome is then unknown) may not.
 enum class etcd_request { read, write };
 
-/// The connection to an etcd cluster, shared by every handle: endpoints, failover, the lease.
-template <class Io>
+/// The connection to an etcd cluster, shared by every handle: endpoints, failover, connections,
+/// the token, the lease.
+template <class Io, class Transport = plain_transport<Io>>
 class etcd_client {
+  static_assert(check_transport<Transport>());
+
  public:
-  /// Parses the endpoints and, with a lease TTL, grants the lease and starts the keep-alives.
-  explicit etcd_client(etcd_options opts) : opts_(std::move(opts)) {
-    if (opts_.endpoints.empty()) throw error(EINVAL, "etcd connect", "", "no endpoints configured");
-    for (const auto& url : opts_.endpoints) endpoints_.push_back(parse_http_url(url));
+  /// Parses the endpoints, checks the TLS and authentication options, reads the password and,
+  /// with a lease TTL, grants the lease and starts the keep-alives.
+  explicit etcd_client(etcd_options opts)
+      : opts_(checked(std::move(opts))),
+        endpoints_(parse_endpoints(opts_)),
+        password_(read_password(opts_)),
+        pool_(Transport(opts_.tls), opts_.idle_connections) {
     suspect_until_ = std::make_unique<std::atomic<clock::rep>[]>(endpoints_.size());
     for (std::size_t k = 0; k < endpoints_.size(); ++k) suspect_until_[k].store(0);
     if (opts_.lease_ttl.count() > 0) start_lease();
@@ -164,11 +225,13 @@ class etcd_client {
   json_value call(etcd_request kind, const char* target, const std::string& body,
                   const std::string& op, const std::string& key,
                   const std::atomic<bool>* cancel = nullptr) const {
-    const http_request req{"POST", target, {{"Content-Type", "application/json"}}, body};
     json_value out;
     with_endpoint(kind, op, key, [&](const http_endpoint& ep) {
-      http_response resp = http_call<Io>(ep, req, timeouts(), cancel);
-      out = reply(resp.status, resp.body, ep.url() + target, op, key);
+      authorized(ep, op, key, cancel, [&](http_headers headers) {
+        const http_request req{"POST", target, std::move(headers), body};
+        http_response resp = pool_.call(ep, req, timeouts(), cancel);
+        out = reply(resp.status, resp.body, ep.url() + target, op, key);
+      });
     });
     return out;
   }
@@ -179,25 +242,39 @@ class etcd_client {
   void stream(const char* target, const std::string& body, const std::string& op,
               const std::string& key, std::chrono::steady_clock::time_point deadline,
               OnLine on_line) const {
-    const http_request req{"POST", target, {{"Content-Type", "application/json"}}, body};
     with_endpoint(etcd_request::read, op, key, [&](const http_endpoint& ep) {
-      const std::string url = ep.url() + target;
-      std::string pending;
-      bool go = true;
-      auto emit = [&](std::size_t end) {
-        std::string line = pending.substr(0, end);
-        pending.erase(0, end == std::string::npos ? end : end + 1);
-        if (line.find_first_not_of(" \r\t") != std::string::npos)
-          go = on_line(reply(200, line, url, op, key));
-      };
-      auto on_data = [&](std::string_view bytes) {
-        pending.append(bytes.data(), bytes.size());
-        for (std::size_t nl; go && (nl = pending.find('\n')) != std::string::npos;) emit(nl);
-        return go;
-      };
-      http_stream<Io>(ep, req, timeouts(), deadline, on_data);
-      if (go) emit(std::string::npos);
+      authorized(ep, op, key, nullptr, [&](http_headers headers) {
+        const http_request req{"POST", target, std::move(headers), body};
+        const std::string url = ep.url() + target;
+        std::string pending;
+        bool go = true;
+        auto emit = [&](std::size_t end) {
+          std::string line = pending.substr(0, end);
+          pending.erase(0, end == std::string::npos ? end : end + 1);
+          if (line.find_first_not_of(" \r\t") != std::string::npos)
+            go = on_line(reply(200, line, url, op, key));
+        };
+        auto on_data = [&](std::string_view bytes) {
+          pending.append(bytes.data(), bytes.size());
+          for (std::size_t nl; go && (nl = pending.find('\n')) != std::string::npos;) emit(nl);
+          if (pending.size() > opts_.max_message)  // a watch message may not grow unbounded
+            throw error(EMSGSIZE, op, key,
+                        "a watch message from " + url + " is longer than " +
+                            std::to_string(opts_.max_message) + " bytes");
+          return go;
+        };
+        pool_.stream(ep, req, timeouts(), deadline, on_data);
+        if (go) emit(std::string::npos);
+      });
     });
+  }
+
+  /// How many tokens the client fetched so far (for tests and diagnostics).
+  std::size_t authentications() const noexcept { return authentications_.load(); }
+
+  /// Idle pooled connections (to endpoint `k` when given), for tests.
+  std::size_t idle_connections(std::optional<std::size_t> k = std::nullopt) const {
+    return k ? pool_.idle(&endpoints_.at(*k)) : pool_.idle();
   }
 
   /// Revokes the lease now (etcd deletes every key attached to it) and stops the keep-alives;
@@ -219,9 +296,142 @@ class etcd_client {
     return http_timeouts{opts_.connect_timeout, opts_.request_timeout};
   }
 
+  // Nothing was sent: connecting, or the TLS handshake, failed.
   static bool is_connection_failure(const error& e) {
     const std::string& op = e.operation();
-    return op == "connect" || op == "resolve" || op == "socket";
+    return op == "connect" || op == "resolve" || op == "socket" || op == "tls handshake";
+  }
+
+  static etcd_options checked(etcd_options o) {
+    if (o.endpoints.empty()) throw error(EINVAL, "etcd connect", "", "no endpoints configured");
+    if (!o.user.empty() && o.password_file.empty() == o.password_env.empty())
+      throw error(EINVAL, "etcd auth", o.user,
+                  "a user needs exactly one of password_file and password_env");
+    if (o.user.empty() && (!o.password_file.empty() || !o.password_env.empty()))
+      throw error(EINVAL, "etcd auth", "", "a password source without a user");
+    return o;
+  }
+
+  static std::vector<http_endpoint> parse_endpoints(const etcd_options& o) {
+    std::vector<http_endpoint> out;
+    for (const auto& url : o.endpoints) out.push_back(parse_endpoint_url(url));
+    for (const auto& ep : out) {
+      if (ep.tls != out.front().tls)
+        throw error(EINVAL, "etcd connect", ep.url(), "the endpoints mix http:// and https://");
+      if (ep.tls && !transport_speaks_tls_v<Transport>)
+        throw error(EINVAL, "etcd connect", ep.url(),
+                    "an https:// endpoint needs a TLS transport: basic_etcd_kv<Io, Transport> "
+                    "with one such as examples/tls/openssl_transport.hpp");
+    }
+    if (!out.front().tls && !o.tls.empty())
+      throw error(EINVAL, "etcd connect", out.front().url(),
+                  "TLS options are set but the endpoints are http://: use https://");
+    return out;
+  }
+
+  // The password, from its file (one line; a final newline dropped) or environment variable.
+  static std::string read_password(const etcd_options& o) {
+    if (o.user.empty()) return {};
+    std::string pw;
+    if (!o.password_file.empty()) {
+      auto fd = open_file<Io>(o.password_file, O_RDONLY);
+      pw = read_all(fd);
+      if (!pw.empty() && pw.back() == '\n') pw.pop_back();
+      if (!pw.empty() && pw.back() == '\r') pw.pop_back();
+      if (pw.empty()) throw error(EINVAL, "etcd auth", o.password_file, "empty password file");
+    } else {
+      const char* v = std::getenv(o.password_env.c_str());
+      if (!v || !*v)
+        throw error(EINVAL, "etcd auth", o.password_env,
+                    "the password environment variable is not set or empty");
+      pw = v;
+    }
+    return pw;
+  }
+
+  // The headers of a request: the content type, and the token when authenticating.
+  static http_headers headers_with(const std::string* token) {
+    http_headers h{{"Content-Type", "application/json"}};
+    if (token && !token->empty()) h.emplace_back("Authorization", *token);
+    return h;
+  }
+
+  // Runs `fn(headers)` with the current token (authenticating first when there is none); when
+  // etcd refuses the token, authenticates again and runs it once more.
+  template <class Fn>
+  void authorized(const http_endpoint& ep, const std::string& op, const std::string& key,
+                  const std::atomic<bool>* cancel, Fn&& fn) const {
+    if (opts_.user.empty()) return fn(headers_with(nullptr));
+    for (int attempt = 0;; ++attempt) {
+      const std::string tok = token(ep, op, key, cancel);
+      try {
+        return fn(headers_with(&tok));
+      } catch (const etcd_unauthenticated&) {
+        if (attempt > 0) throw;
+        std::lock_guard<std::mutex> lock(auth_mutex_);
+        if (token_ && *token_ == tok) token_.reset();
+      } catch (const error& e) {
+        const std::string what = e.what();
+        if (tok.empty() || what.find(tok) == std::string::npos) throw;
+        throw error(e.errnum(), e.operation(), e.path(),
+                    scrubbed(what, tok));  // a server echoed it
+      }
+    }
+  }
+
+  // `text` with every occurrence of `secret` replaced by "***".
+  static std::string scrubbed(std::string text, const std::string& secret) {
+    for (std::size_t at; (at = text.find(secret)) != std::string::npos;)
+      text.replace(at, secret.size(), "***");
+    return text;
+  }
+
+  // The token to send ("" when the cluster has authentication off), authenticating on `ep`
+  // when the client has none yet.
+  std::string token(const http_endpoint& ep, const std::string& op, const std::string& key,
+                    const std::atomic<bool>* cancel) const {
+    {
+      std::lock_guard<std::mutex> lock(auth_mutex_);
+      if (token_) return *token_;
+    }
+    std::string fresh = authenticate(ep, op, key, cancel);
+    std::lock_guard<std::mutex> lock(auth_mutex_);
+    token_ = fresh;
+    return fresh;
+  }
+
+  // POST /v3/auth/authenticate; never puts the password or the token in an error.
+  std::string authenticate(const http_endpoint& ep, const std::string& op, const std::string& key,
+                           const std::atomic<bool>* cancel) const {
+    const std::string target = "/v3/auth/authenticate";
+    const std::string url = ep.url() + target;
+    const http_request req{
+        "POST", target, headers_with(nullptr),
+        "{\"name\":" + json_quote(opts_.user) + ",\"password\":" + json_quote(password_) + "}"};
+    http_response resp = pool_.call(ep, req, timeouts(), cancel);
+    const std::string who = "authenticating as user '" + opts_.user + "' at " + url;
+    json_value v;
+    try {
+      v = parse_json(resp.body, url);
+    } catch (const error&) {
+      throw error(EPROTO, op, key,
+                  who + ": malformed reply (status " + std::to_string(resp.status) + ")");
+    }
+    if (const json_value* err = v.is_object() ? v.find("error") : nullptr) {
+      const json_value* code = v.find("code");
+      const std::string text = err->is_string() ? err->as_string() : "error";
+      const std::int64_t c = code && code->is_integer() ? code->as_int64() : -1;
+      if (text.find("authentication is not enabled") != std::string::npos) return {};
+      const int errnum = etcd_errno(c, text);
+      throw error(errnum == EIO ? EACCES : errnum, op, key,
+                  who + ": " + text + " (gRPC code " + std::to_string(c) + ")");
+    }
+    const json_value* tok = v.is_object() ? v.find("token") : nullptr;
+    if (resp.status != 200 || !tok || !tok->is_string() || tok->as_string().empty())
+      throw error(EPROTO, op, key,
+                  who + ": no token in the reply (status " + std::to_string(resp.status) + ")");
+    authentications_.fetch_add(1);
+    return tok->as_string();
   }
 
   // The errno to report when `e` means this endpoint may be down or busy (the next may do
@@ -250,6 +460,7 @@ class etcd_client {
     const auto until =
         clock::now() + std::chrono::duration_cast<clock::duration>(opts_.suspect_for);
     suspect_until_[k].store(until.time_since_epoch().count());
+    pool_.drop(endpoints_[k]);  // its idle connections may be as dead as the one that failed
   }
 
   void mark_good(std::size_t k) const {
@@ -292,30 +503,46 @@ class etcd_client {
   // Checks the status, parses the JSON and surfaces etcd's own errors.
   static json_value reply(int status, const std::string& body, const std::string& url,
                           const std::string& op, const std::string& key) {
+    if (status == 400 && body.find("HTTP request to an HTTPS server") != std::string::npos)
+      throw error(EPROTO, op, key,
+                  "the etcd endpoint speaks TLS: use https:// (etcds:// in a store URL) and a TLS "
+                  "transport (" +
+                      url + ")");
     json_value v;
     try {
       v = parse_json(body, url);
     } catch (const error& e) {
+      if (status != 200)
+        throw error(EIO, op, key,
+                    "etcd answered status " + std::to_string(status) + ": " + body.substr(0, 200));
       throw error(EPROTO, op, key, "malformed reply from etcd: " + std::string(e.what()));
     }
     if (const json_value* err = v.is_object() ? v.find("error") : nullptr)
-      throw gateway_error(v, *err, url, op, key);
+      throw_gateway_error(v, *err, url, op, key);
     if (status != 200 || !v.is_object())
       throw error(EIO, op, key, "etcd answered status " + std::to_string(status) + ": " + body);
     return v;
   }
 
   // A gateway error: {"error":"msg","code":N,"message":"msg"} for a call, or
-  // {"error":{"grpc_code":N,"message":"msg",...}} inside a stream.
-  static error gateway_error(const json_value& v, const json_value& err, const std::string& url,
-                             const std::string& op, const std::string& key) {
+  // {"error":{"grpc_code":N,"message":"msg",...}} inside a stream. A token problem throws
+  // etcd_unauthenticated (the caller authenticates again).
+  [[noreturn]] static void throw_gateway_error(const json_value& v, const json_value& err,
+                                               const std::string& url, const std::string& op,
+                                               const std::string& key) {
     const bool nested = err.is_object();
     const json_value* code = nested ? err.find("grpc_code") : v.find("code");
     const json_value* msg = nested ? err.find("message") : &err;
     const std::string text = msg && msg->is_string() ? msg->as_string() : to_json(err);
     const std::int64_t c = code && code->is_integer() ? code->as_int64() : -1;
-    return error(etcd_errno(c, text), op, key,
-                 "etcd error: " + text + " (gRPC code " + std::to_string(c) + ", " + url + ")");
+    std::string detail =
+        "etcd error: " + text + " (gRPC code " + std::to_string(c) + ", " + url + ")";
+    if (text.find("user name is empty") != std::string::npos)
+      detail +=
+          "; the cluster requires authentication: set a user and a password file or "
+          "variable (user=...&password_file=... in an etcds:// URL)";
+    if (etcd_token_problem(c, text)) throw etcd_unauthenticated(EACCES, op, key, detail);
+    throw error(etcd_errno(c, text), op, key, detail);
   }
 
   void start_lease() {
@@ -362,6 +589,11 @@ class etcd_client {
 
   etcd_options opts_;
   std::vector<http_endpoint> endpoints_;
+  std::string password_;                   // never in a message
+  mutable http_pool<Io, Transport> pool_;  // idle connections, for keep-alive
+  mutable std::mutex auth_mutex_;
+  mutable std::optional<std::string> token_;  // none yet; "" when authentication is off
+  mutable std::atomic<std::size_t> authentications_{0};
   std::unique_ptr<std::atomic<clock::rep>[]> suspect_until_;  // steady_clock ticks; 0: healthy
   mutable std::atomic<std::size_t> current_{0};               // the last endpoint that answered
   std::atomic<std::int64_t> lease_id_{0};
@@ -375,15 +607,19 @@ class etcd_client {
 
 }  // namespace detail
 
-/// A kv_store on etcd v3 (see the header comment); `Io` carries the socket calls.
-template <class Io = posix_io>
+/// A kv_store on etcd v3 (see the header comment); `Io` carries the socket calls, `Transport`
+/// makes the connections (plain TCP by default; a TLS transport for https:// endpoints).
+template <class Io = posix_io, class Transport = plain_transport<Io>>
 class basic_etcd_kv {
+  static_assert(check_transport<Transport>());
+
  public:
+  using client_type = detail::etcd_client<Io, Transport>;
+
   /// Connects lazily (no request is made unless a lease is wanted); throws holdfast::error on a
   /// malformed endpoint URL, an invalid prefix, or a lease that cannot be granted.
   basic_etcd_kv(etcd_options options, kv_namespace ns)
-      : basic_etcd_kv(std::make_shared<detail::etcd_client<Io>>(checked(std::move(options))),
-                      std::move(ns)) {}
+      : basic_etcd_kv(std::make_shared<client_type>(checked(std::move(options))), std::move(ns)) {}
 
   /// Another handle on the same client and lease, scoped to namespace `ns`.
   basic_etcd_kv with_namespace(kv_namespace ns) const { return basic_etcd_kv(client_, ns); }
@@ -396,6 +632,10 @@ class basic_etcd_kv {
   /// Revokes the lease: etcd deletes every key this client wrote, at once; later writes carry
   /// no lease. Idempotent.
   void revoke_lease() { client_->revoke_lease(); }
+  /// How many times the client authenticated (fetched a token) so far; 0 without a user.
+  std::size_t authentications() const noexcept { return client_->authentications(); }
+  /// Idle connections the client keeps for reuse now (for tests and diagnostics).
+  std::size_t idle_connections() const { return client_->idle_connections(); }
   /// The full etcd key of `key`: "<prefix>/<run>/<incarnation>/<key>".
   std::string etcd_key(const std::string& key) const { return root_ + key; }
 
@@ -479,7 +719,7 @@ class basic_etcd_kv {
     std::int64_t revision = 0;
   };
 
-  basic_etcd_kv(std::shared_ptr<detail::etcd_client<Io>> client, kv_namespace ns)
+  basic_etcd_kv(std::shared_ptr<client_type> client, kv_namespace ns)
       : client_(std::move(client)),
         ns_(std::move(ns)),
         root_(client_->options().prefix + "/" + ns_.path() + "/") {}
@@ -540,14 +780,25 @@ class basic_etcd_kv {
   }
 
   // One watch message: notes `created`, takes the first put's value; false to stop watching.
+  // A cancelled watch ranges again (compacted, or no reason given); one cancelled for its token
+  // throws etcd_unauthenticated (the client authenticates again and watches once more), one
+  // cancelled for another reason (permission denied) throws that reason.
   static bool on_watch(const detail::json_value& msg, const std::string& key, bool& created,
                        std::optional<std::string>& value) {
     const detail::json_value* result = msg.find("result");
     if (!result) return true;
     if (const auto* c = result->find("created"); c && c->is_bool())
       created = created || c->as_bool();
-    if (const auto* c = result->find("canceled"); c && c->is_bool() && c->as_bool())
-      return false;  // e.g. compacted: range again
+    if (const auto* c = result->find("canceled"); c && c->is_bool() && c->as_bool()) {
+      const auto* why = result->find("cancel_reason");
+      const std::string reason = why && why->is_string() ? why->as_string() : std::string();
+      if (detail::etcd_int(result->find("compact_revision")) != 0 || reason.empty()) return false;
+      const std::string text = "etcd cancelled the watch: " + reason;
+      if (detail::etcd_token_problem(0, reason))
+        throw detail::etcd_unauthenticated(EACCES, "etcd get", key, text);
+      throw error(reason.find("permission denied") != std::string::npos ? EACCES : EIO, "etcd get",
+                  key, text);
+    }
     if (const auto* events = result->find("events"))
       for (const auto& ev : events->as_array()) {
         const auto* type = ev.find("type");
@@ -573,7 +824,7 @@ class basic_etcd_kv {
     return v->as_string();
   }
 
-  std::shared_ptr<detail::etcd_client<Io>> client_;
+  std::shared_ptr<client_type> client_;
   kv_namespace ns_;
   std::string root_;
 };
