@@ -1,0 +1,223 @@
+"""holdfast for PyTorch: the preemption handler, checkpoints and the multiprocess file cache.
+
+Builds the C++ extension (holdfast_torch.cpp) on first use with torch.utils.cpp_extension.load
+into a cached build directory ($HOLDFAST_TORCH_BUILD, default <repo>/build/pytorch-ext), then
+re-exports its classes with Python-side defaults read from torchrun's environment:
+
+    import holdfast_torch as holdfast
+
+    ckpt = holdfast.CheckpointManager(f"ckpt/rank-{rank}", save=save_fn, restore=restore_fn)
+    with holdfast.Handler(preset="generic", store="torch", checkpoints=ckpt) as h:
+        while h.total_run_calls < steps:
+            h.run(train_step)
+
+Exceptions (each carries holdfast's message; Error and its subclasses also `errno`,
+`operation` and `path`):
+    Error                 any holdfast failure (a store, a checkpoint, the cache)
+    AgreementTimeout      tasks did not answer within ack_timeout: `missing_tasks`
+    AgreementUnreachable  this worker could not reach the store to read or record an outcome
+    PeerError             another worker's step raised: `origin_task`, `type_name`, `message`
+    CorruptCache          a cache slot that cannot be trusted: `slot`
+    FormatError           malformed input (a store URL, a file)
+    Preempted             not an Error: a SystemExit raised after the agreed checkpoint, with the
+                          preset's exit `code` (42 generic, 143 k8s/slurm/gce/aws); uncaught,
+                          the interpreter exits with that code after running `finally` blocks.
+"""
+
+import inspect
+import os
+import sys
+
+__all__ = [
+    "Handler", "CheckpointManager", "Cache", "Error", "AgreementTimeout",
+    "AgreementUnreachable", "PeerError", "CorruptCache", "FormatError", "Preempted",
+    "load_extension", "default_build_directory",
+]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(os.path.dirname(_HERE))
+
+
+class Error(Exception):
+    """A holdfast failure; `errno`, `operation` and `path` as holdfast::error has them."""
+    errno = None
+    operation = ""
+    path = ""
+
+
+class AgreementTimeout(Error):
+    """Some tasks never answered the agreement: `missing_tasks` (a list of task ids)."""
+    missing_tasks = ()
+
+
+class AgreementUnreachable(Error):
+    """This worker could not reach the store to read or record an agreement's outcome."""
+
+
+class PeerError(Error):
+    """Another worker's step raised: `origin_task`, `type_name`, `message`."""
+    origin_task = -1
+    type_name = ""
+    message = ""
+
+
+class CorruptCache(Error):
+    """A cache file that cannot be trusted; `slot` names the bad entry."""
+    slot = 0
+
+
+class FormatError(Error):
+    """Malformed input: a store URL, a pointer file, a cache header."""
+
+
+class Preempted(SystemExit):
+    """Raised by Handler.run after the agreed checkpoint; `code` is the preset's exit code."""
+
+
+def default_build_directory():
+    """$HOLDFAST_TORCH_BUILD, else <repo>/build/pytorch-ext."""
+    return os.environ.get("HOLDFAST_TORCH_BUILD") or os.path.join(_REPO, "build", "pytorch-ext")
+
+
+_ext = None
+
+
+def load_extension(verbose=False):
+    """Builds (first time, or when a source or header changed) and imports the extension.
+
+    With $HOLDFAST_TORCH_EXTENSION naming an already built module file (a launcher that built
+    it sets this for its workers), that file is imported as is: no build check at all.
+    """
+    global _ext
+    if _ext is not None:
+        return _ext
+    # The extension's module is also named holdfast_torch (so its classes pickle as
+    # holdfast_torch.Cache and unpickle through this file); importing it, a single-phase
+    # extension module, registers it in sys.modules under that name: put this module back.
+    previous = sys.modules.get("holdfast_torch")
+    prebuilt = os.environ.get("HOLDFAST_TORCH_EXTENSION")
+    if prebuilt:
+        import importlib.util
+        import torch  # noqa: F401  (libtorch, and the c10d store types the module accepts)
+        spec = importlib.util.spec_from_file_location("holdfast_torch", prebuilt)
+        ext = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ext)
+    else:
+        import contextlib
+        import io
+        with contextlib.redirect_stderr(io.StringIO()):  # "No CUDA runtime is found, ..."
+            from torch.utils.cpp_extension import load
+        build = default_build_directory()
+        os.makedirs(build, exist_ok=True)
+        ext = load(
+            name="holdfast_torch",
+            sources=[os.path.join(_HERE, "holdfast_torch.cpp")],
+            # Debian's torch adds -std=c++14 before these; hidden visibility as pybind11 advises
+            # (the module exports only PyInit_holdfast_torch)
+            extra_cflags=["-std=c++17", "-O2", "-fvisibility=hidden"],
+            extra_include_paths=[os.path.join(_REPO, "include")],
+            build_directory=build,
+            verbose=verbose,
+        )
+    if previous is not None:
+        sys.modules["holdfast_torch"] = previous
+    elif sys.modules.get("holdfast_torch") is ext:
+        del sys.modules["holdfast_torch"]
+    ext._set_exception_classes({
+        "Error": Error, "AgreementTimeout": AgreementTimeout,
+        "AgreementUnreachable": AgreementUnreachable, "PeerError": PeerError,
+        "CorruptCache": CorruptCache, "FormatError": FormatError, "Preempted": Preempted,
+    })
+    _ext = ext
+    return ext
+
+
+load_extension(verbose=bool(os.environ.get("HOLDFAST_TORCH_VERBOSE")))
+
+
+def _env_int(name, default):
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def _adapt(fn, what):
+    """fn(directory) or fn(directory, step), called as f(directory, step)."""
+    if fn is None:
+        raise TypeError(f"CheckpointManager needs a {what} callable")
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+        two = len(params) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+    except (TypeError, ValueError):
+        two = True
+    return fn if two else (lambda directory, step: fn(directory))
+
+
+class CheckpointManager(_ext.CheckpointManager):
+    """holdfast's checkpoint_manager on `directory`, written and read by Python callables.
+
+    save(directory, step) fills a fresh checkpoint directory (e.g. torch.save of the state
+    dicts); restore(directory, step) loads one. Both may also take only the directory. Each
+    checkpoint is published whole (fsync, rename, then the `latest` pointer); the newest
+    `max_to_keep` are kept. Give every task its own directory (e.g. ckpt/rank-<k>).
+    """
+
+    def __init__(self, directory, save, restore, max_to_keep=3, async_save=False):
+        super().__init__(os.fspath(directory), _adapt(save, "save"), _adapt(restore, "restore"),
+                         max_to_keep, async_save)
+
+
+class Handler(_ext.Handler):
+    """The preemption handler around each training step (holdfast::preemption_handler).
+
+    preset:     "generic" (SIGTERM, exit 42), "k8s"/"kubernetes" (SIGTERM, 143, grace 30 s),
+                "slurm" (SIGUSR1 or SIGTERM, 143, grace 120 s), "gce" (maintenance event, 143),
+                "aws" (spot instance action, 143, grace 120 s), "detect" (from the environment).
+    store:      "torch" (the job's own c10d store: torch_store, else the default process
+                group's), "file:///shared/dir" or "etcd://host:port[,host:port...][/prefix]".
+    task, num_tasks, run_id, restart: default to torchrun's RANK, WORLD_SIZE,
+                TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT; keys are scoped by
+                (run_id, restart), so each restart of the worker group agrees afresh.
+    checkpoints: a CheckpointManager; the handler restores from it at construction (after
+                agreeing with every task on the newest step all of them hold) and saves
+                through it at the agreed step.
+    ack_timeout: seconds to wait for every task's answer (and for every task at the start).
+    grace:      seconds of training after a notice (None: the preset's); grace_margin: the
+                final save is claimed this much earlier than measured.
+
+    run(step_fn, *args, **kwargs) returns step_fn's result; raises Preempted (SystemExit with
+    the preset's code) after the agreed save, PeerError when another task's step raised,
+    AgreementTimeout naming tasks that did not answer. Use it from one thread.
+    """
+
+    def __init__(self, preset="generic", store="torch", torch_store=None, task=None,
+                 num_tasks=None, run_id=None, restart=None, checkpoints=None, ack_timeout=180.0,
+                 grace=None, grace_margin=3.0, watch_interval=0.1, store_poll=0.01):
+        if checkpoints is None:
+            raise TypeError("Handler needs checkpoints=CheckpointManager(...)")
+        task = _env_int("RANK", 0) if task is None else int(task)
+        num_tasks = _env_int("WORLD_SIZE", 1) if num_tasks is None else int(num_tasks)
+        if run_id is None:
+            run_id = os.environ.get("TORCHELASTIC_RUN_ID") or "default"
+        run_id = str(run_id).replace("/", "_") or "default"
+        restart = _env_int("TORCHELASTIC_RESTART_COUNT", 0) if restart is None else int(restart)
+        if store == "torch" and torch_store is None:
+            import torch.distributed as dist
+            if not dist.is_initialized():
+                raise RuntimeError("store='torch' needs torch_store=..., or "
+                                   "torch.distributed.init_process_group() first")
+            torch_store = dist.distributed_c10d._get_default_store()
+        super().__init__(preset, store, torch_store if store == "torch" else None, task,
+                         num_tasks, run_id, restart, checkpoints, float(ack_timeout),
+                         None if grace is None else float(grace), float(grace_margin),
+                         float(watch_interval), float(store_poll))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+Cache = _ext.Cache

@@ -1,0 +1,832 @@
+#!/usr/bin/env python3
+"""preemptible_ddp — holdfast in a real PyTorch job: DDP under the elastic agent, preempted.
+
+    python3 examples/pytorch/preemptible_ddp.py [--kv=torch|file:///dir|etcd://host:port]
+                                                [--workers 4] [--grace SECONDS] [--kill]
+                                                [--steps 48] [--seed 7] [--dir DIR]
+                                                [--reference computed|launch]
+
+The driver launches 4 workers with torch's elastic agent (the agent torchrun runs, started from
+Python: `torchrun` itself fails at start on Debian bookworm's torch 1.13 with Python 3.11). Each
+worker trains a small deterministic model with DistributedDataParallel (gloo, CPU) on synthetic
+data read through a holdfast multiprocess file cache in DataLoader worker processes (the first
+epoch fills it, later epochs read it), every step inside holdfast's preemption handler, whose
+coordination store is the job's own c10d store by default (--kv=torch). Every task also saves a
+periodic checkpoint every 5 steps into its own directory, <run dir>/ckpt/rank-<k>.
+
+Default: the driver sends SIGTERM to a random worker at a random step. Every worker checkpoints
+at one agreed step and exits with the preset's code (42); the agent restarts the worker group
+(TORCHELASTIC_RESTART_COUNT + 1); the workers agree on the newest checkpoint all of them hold,
+restore it and finish. (The first worker to exit makes the agent SIGTERM the others: the
+handler's notice is SIGTERM too, so their save at the agreed step still completes.)
+
+--kill: the driver SIGKILLs a random worker (no notice) after some periodic checkpoints. The
+survivors' next collective fails inside the step; the agent sees the dead worker and SIGTERMs
+the others, which is a notice: the survivors agree, the dead task never answers, and every
+survivor's handler raises AgreementTimeout naming it (within ack_timeout, 5 s, well below the
+agent's 30 s between SIGTERM and SIGKILL). The agent restarts the group, which resumes from the
+newest periodic checkpoint every task holds; the steps after it run twice (reported).
+
+Then the driver checks the final model and optimizer state against an uninterrupted run, bit for
+bit: by default the uninterrupted job computed in the driver's own process (every worker's
+gradient of every step, averaged in rank order as the workers' DDP communication hook does);
+with --reference=launch, a second launch of the same job with no signal (and it checks that the
+two references agree). It checks that every step ran exactly once (--kill: at least once),
+prints a timeline, the per-step cost of wrapping a step in the handler, and `verdict: PASS` or
+`verdict: FAIL` (exit status 0 only on PASS).
+
+With a torch whose torchrun works, the workers are this same script under torchrun (send
+SIGTERM to one of them yourself; the elastic agent restarts the group):
+
+    torchrun --nproc-per-node=4 --max-restarts=2 --master-port=29500 \\
+        examples/pytorch/preemptible_ddp.py --worker --dir /tmp/ddp-run
+
+(Not --standalone: that picks the c10d rendezvous, whose workers' store rank 0 hosts, so the
+store, and with it --kv=torch, dies with rank 0. The static rendezvous above, torchrun's
+default, has the agent host the store, as this driver does.)
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+_STARTED = time.time()
+
+
+def _ensure_torch():
+    """Re-executes this script under /usr/bin/python3 when this interpreter has no torch."""
+    try:
+        import torch  # noqa: F401
+        return
+    except ImportError:
+        pass
+    system = "/usr/bin/python3"
+    other = os.path.realpath(sys.executable) != os.path.realpath(system)
+    if other and os.path.exists(system) and subprocess.run(
+            [system, "-c", "import torch"], capture_output=True).returncode == 0:
+        print(f"preemptible_ddp: {sys.executable} cannot import torch; re-running under {system}",
+              file=sys.stderr, flush=True)
+        os.execv(system, [system] + sys.argv)
+    sys.exit("preemptible_ddp: torch is not importable (Debian: apt install python3-torch)")
+
+
+_ensure_torch()
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import random  # noqa: E402
+import re  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import stat  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import holdfast_torch as holdfast  # noqa: E402  (builds the extension when needed)
+
+_IMPORTED = time.time()
+
+# ---------------------------------------------------------------------------------------------
+# The job: everything here is deterministic, so a preempted run and an uninterrupted one can be
+# compared bit for bit.
+
+IN, HIDDEN, OUT = 16, 32, 4
+SHARD = 128               # samples per worker
+BATCH = 16                # samples per worker per step: an epoch is 8 steps
+STEPS_PER_EPOCH = SHARD // BATCH
+CKPT_EVERY = 5            # periodic checkpoints
+STEP_SLEEP = 0.03         # the rest of a real step's compute
+ACK_TIMEOUT = 5.0         # seconds; the agent waits 30 s between SIGTERM and SIGKILL
+COLLECTIVE_TIMEOUT = 20   # seconds: init_process_group(timeout=...)
+PRESET = "generic"        # SIGTERM, exit 42
+
+
+def make_model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(),
+                               torch.nn.Linear(HIDDEN, OUT))
+
+
+def make_optimizer(model):
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def make_sample(seed, rank, i):
+    """Sample i of worker `rank`'s shard, as bytes (what the cache stores)."""
+    g = torch.Generator().manual_seed(seed * 1000003 + rank * 65537 + i)
+    x = torch.randn(IN, generator=g)
+    w = torch.arange(IN * OUT, dtype=torch.float32).reshape(OUT, IN) / (IN * OUT) - 0.5
+    y = torch.tanh(w @ x) + 0.01 * torch.randn(OUT, generator=g)
+    return torch.cat([x, y]).numpy().tobytes()
+
+
+def batch_indices(seed, rank, step):
+    """The shard indices of `step`: a fresh permutation per epoch."""
+    epoch, pos = divmod(step, STEPS_PER_EPOCH)
+    g = torch.Generator().manual_seed(seed * 7919 + rank * 104729 + epoch)
+    perm = torch.randperm(SHARD, generator=g)
+    return perm[pos * BATCH:(pos + 1) * BATCH].tolist()
+
+
+class CachedShard(torch.utils.data.Dataset):
+    """A worker's shard, read through the holdfast cache (DataLoader workers share it)."""
+
+    def __init__(self, cache, seed, rank, fills, hits):
+        self.cache, self.seed, self.rank, self.fills, self.hits = cache, seed, rank, fills, hits
+
+    def __len__(self):
+        return SHARD
+
+    def __getitem__(self, i):
+        data = self.cache.get(i)
+        if data is None:
+            data = make_sample(self.seed, self.rank, i)
+            self.cache.put(i, data)
+            with self.fills.get_lock():
+                self.fills.value += 1
+        else:
+            with self.hits.get_lock():
+                self.hits.value += 1
+        t = torch.frombuffer(bytearray(data), dtype=torch.float32)
+        return t[:IN], t[IN:]
+
+
+def close_inherited_tcp_sockets(worker_id):
+    """DataLoader worker_init_fn. The loader workers are forked from a trainer whose gloo
+    connections (and store connection) are open; their copies would keep a SIGKILLed trainer's
+    connections open until its loader workers notice their parent is gone (up to 5 s), so its
+    peers' collectives would not fail at once. Close them: the loader needs none."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            s = socket.socket(fileno=fd)
+        except (OSError, ValueError):
+            continue
+        if s.family in (socket.AF_INET, socket.AF_INET6):
+            s.close()
+        else:
+            s.detach()
+
+
+class StepBatches(torch.utils.data.Sampler):
+    """The batches of steps [start, stop), in order."""
+
+    def __init__(self, seed, rank, start, stop):
+        self.seed, self.rank, self.start, self.stop = seed, rank, start, stop
+
+    def __iter__(self):
+        for s in range(self.start, self.stop):
+            yield batch_indices(self.seed, self.rank, s)
+
+    def __len__(self):
+        return self.stop - self.start
+
+
+def short_error(e):
+    """The gist of a gloo error: "Read error [127.0.0.1]:5678: Connection reset by peer"."""
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    text = text.split("when running the callback: ")[-1]
+    text = re.sub(r"^RuntimeError: ", "", text)
+    return re.sub(r"^\[[^\]]*gloo[^\]]*\] ", "", text)
+
+
+def line(text):
+    """One timeline line in one write(2): lines of concurrent workers never interleave."""
+    sys.stdout.flush()
+    os.write(1, (text + "\n").encode())
+
+
+def ordered_allreduce(world):
+    """A DDP communication hook: the gradient average as ((g0 + g1) + g2 ...) / world, summed in
+    rank order after an all-gather. Unlike a ring all-reduce, whose order of summation depends on
+    where an element falls in the bucket (and DDP rebuilds its buckets after the first step of
+    every process), this gives the same bits in a resumed process as in an uninterrupted one,
+    and the driver can compute the same bits in one process."""
+    def hook(state, bucket):
+        t = bucket.buffer()
+        parts = [torch.empty_like(t) for _ in range(world)]
+        fut = dist.all_gather(parts, t, async_op=True).get_future()
+
+        def reduce(done):
+            done.wait()  # raises the all-gather's error (a lost peer) into backward()
+            out = parts[0].clone()
+            for p in parts[1:]:
+                out += p
+            return out.div_(world)
+        return fut.then(reduce)
+    return hook
+
+
+def batch(seed, rank, step):
+    """Step `step`'s batch of worker `rank`, built as the DataLoader builds it (no cache)."""
+    rows = [torch.frombuffer(bytearray(make_sample(seed, rank, i)), dtype=torch.float32)
+            for i in batch_indices(seed, rank, step)]
+    return torch.stack([r[:IN] for r in rows]), torch.stack([r[IN:] for r in rows])
+
+
+def reference_state(seed, world, steps):
+    """The uninterrupted job computed in one process: every worker's gradient of every step,
+    averaged exactly as ordered_allreduce averages them."""
+    torch.set_num_threads(1)
+    model = make_model(seed)
+    optimizer = make_optimizer(model)
+    loss_fn = torch.nn.MSELoss()
+    params = list(model.parameters())
+    for s in range(steps):
+        grads = []
+        for r in range(world):
+            x, y = batch(seed, r, s)
+            for p in params:
+                p.grad = None
+            loss_fn(model(x), y).backward()
+            grads.append([p.grad.clone() for p in params])
+        for i, p in enumerate(params):
+            out = grads[0][i].clone()
+            for g in grads[1:]:
+                out += g[i]
+            p.grad = out.div_(world)
+        optimizer.step()
+    return model, optimizer
+
+
+def state_bytes(model, optimizer):
+    """Every tensor of the model and optimizer state, in a fixed order, as raw bytes."""
+    parts = []
+    for name, t in sorted(model.state_dict().items()):
+        parts.append((name, t.detach().contiguous().numpy().tobytes()))
+    for pid, st in sorted(optimizer.state_dict()["state"].items()):
+        for name, t in sorted(st.items()):
+            if torch.is_tensor(t):
+                parts.append((f"opt.{pid}.{name}", t.contiguous().numpy().tobytes()))
+    return parts
+
+
+def digest(parts):
+    h = hashlib.sha256()
+    for name, b in parts:
+        h.update(name.encode())
+        h.update(b)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker: one process of the job (started by the elastic agent, or by torchrun).
+
+class Worker:
+    def __init__(self, a):
+        self.a = a
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.t0 = a.t0 if a.t0 else time.time()
+        self.label = a.label
+        for sub in ("progress", "steps", "events", "cache"):
+            os.makedirs(os.path.join(a.dir, sub), exist_ok=True)
+        self.lost = None           # a collective's failure, caught inside the step
+        self.periodic = False      # the save callable is running for a periodic checkpoint
+
+    def say(self, text):
+        line(f"[{time.time() - self.t0:7.3f} s] worker {self.rank}: {text}")
+
+    def path(self, sub, name):
+        return os.path.join(self.a.dir, sub, f"{self.label}-{name}")
+
+    def progress(self, step):
+        tmp = self.path("progress", f"rank-{self.rank}.tmp")
+        with open(tmp, "w") as f:
+            f.write(f"{os.getpid()} {self.restart} {step}\n")
+        os.replace(tmp, self.path("progress", f"rank-{self.rank}"))
+
+    def event(self, **kw):
+        kw.update(rank=self.rank, restart=self.restart, pid=os.getpid(), t=time.time() - self.t0)
+        with open(self.path("events", f"rank-{self.rank}.jsonl"), "a") as f:
+            f.write(json.dumps(kw) + "\n")
+
+    def main(self):
+        a = self.a
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT))
+        model = make_model(a.seed)
+        optimizer = make_optimizer(model)
+
+        def save(directory, step):
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "step": step}, os.path.join(directory, "state.pt"))
+            if not self.periodic:
+                self.say(f"saved checkpoint of step {step} (the step all workers agreed on)")
+
+        def restore(directory, step):
+            state = torch.load(os.path.join(directory, "state.pt"))
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+
+        # Every task writes its own checkpoint directory; the handler restores the newest step
+        # all of them hold (its restore agreement) and saves there at the agreed step.
+        ckpt_dir = "ckpt" if self.label == "run" else f"ckpt-{self.label}"
+        ckpt = holdfast.CheckpointManager(
+            os.path.join(a.dir, ckpt_dir, f"rank-{self.rank}"), save=save, restore=restore,
+            max_to_keep=3)
+        grace = a.grace if a.grace > 0 else None
+        h = holdfast.Handler(preset=PRESET, store=a.kv, checkpoints=ckpt,
+                             ack_timeout=ACK_TIMEOUT, grace=grace,
+                             grace_margin=min(3.0, a.grace / 4) if grace else 3.0)
+        start = h.total_run_calls
+        if h.restored_step is not None:
+            self.say(f"restored checkpoint of step {h.restored_step} "
+                     f"(restart {self.restart}, pid {os.getpid()}), resuming")
+        else:
+            self.say(f"started fresh (restart {self.restart}, pid {os.getpid()})")
+        self.event(kind="start", restored=h.restored_step)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(None, ordered_allreduce(self.world))
+        loss_fn = torch.nn.MSELoss()
+
+        # Training data through the holdfast cache, in DataLoader worker processes (fork).
+        mp = torch.multiprocessing.get_context("fork")
+        fills, hits = mp.Value("q", 0), mp.Value("q", 0)
+        cache = holdfast.Cache(SHARD, dir=os.path.join(a.dir, "cache"))
+        loader = torch.utils.data.DataLoader(
+            CachedShard(cache, a.seed, self.rank, fills, hits),
+            batch_sampler=StepBatches(a.seed, self.rank, start, a.steps), num_workers=2,
+            multiprocessing_context=mp, worker_init_fn=close_inherited_tcp_sockets)
+        batches = iter(loader)
+        log = os.open(self.path("steps", f"rank-{self.rank}.log"),
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+        def train_step(x, y):
+            try:
+                loss = loss_fn(ddp(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()  # DDP's all-reduce of the gradients
+                optimizer.step()
+            except RuntimeError as e:  # a collective failed: some peer is gone
+                self.lost = e
+                return None
+            return loss.item()
+
+        code = 0
+        try:
+            self.progress(start - 1)
+            while h.total_run_calls < a.steps:
+                s = h.total_run_calls
+                x, y = next(batches)
+                h.run(train_step, x, y)
+                if self.lost is not None:
+                    self.name_the_missing(h, s)
+                if h.last_status == "saved":
+                    self.say(f"saved at the agreed step {s}; training on through the grace period")
+                    self.round_summary(h, "first")
+                os.write(log, f"{s}\n".encode())
+                self.progress(s)
+                if (s + 1) % CKPT_EVERY == 0 and s + 1 < a.steps:
+                    self.periodic = True
+                    try:
+                        ckpt.save(s + 1)
+                    finally:
+                        self.periodic = False
+                    if self.rank == 0:
+                        self.say(f"periodic checkpoint of step {s + 1} (each task: ckpt/rank-<k>)")
+                time.sleep(STEP_SLEEP)
+            state = state_bytes(model, optimizer)
+            if self.rank == 0:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                           os.path.join(a.dir, f"final-{self.label}.pt"))
+            self.event(kind="finish", digest=digest(state))
+            self.say(f"finished {a.steps} steps (cache: {fills.value} fills, {hits.value} hits)")
+        except holdfast.Preempted as p:
+            # Saved at the agreed step. The agent SIGTERMs the rest of the group once the first
+            # worker exits: ignore it now, we are leaving anyway.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            code = p.code
+            self.event(kind="preempted", step=h.total_run_calls, code=code)
+            self.say(f"exiting with {code} (preempted; saved at step {h.total_run_calls})")
+            self.round_summary(h, "final" if a.grace > 0 else "first")
+        except holdfast.AgreementTimeout as e:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            code = 3
+            self.event(kind="timeout", missing=list(e.missing_tasks), message=str(e))
+            self.say(f"AgreementTimeout: task(s) {list(e.missing_tasks)} never answered "
+                     f"({e}); exiting with {code}")
+            self.round_summary(h, "first")
+        except holdfast.PeerError as e:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            code = 4
+            self.event(kind="peer_error", origin=e.origin_task, message=str(e))
+            self.say(f"PeerError from task {e.origin_task}: {e.message}; exiting with {code}")
+        except RuntimeError as e:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            code = 5
+            self.event(kind="error", message=str(e))
+            self.say(f"step failed: {short_error(e)}; exiting with {code}")
+        finally:
+            del batches
+            os.close(log)
+            h.close()
+            dist.destroy_process_group()
+        return code
+
+    def name_the_missing(self, h, step):
+        """A collective failed inside step `step`: some peer is gone. Under the elastic agent
+        the others get SIGTERM at once (the agent saw a worker die), which is a notice: the
+        handler's agreement names the task that never answers. Raises what it recorded
+        (AgreementTimeout, or PeerError), else the collective's own error. Never saves: this
+        worker's state is past a failed step."""
+        self.say(f"step {step}: a collective failed ({short_error(self.lost)}); asking the "
+                 f"handler who is gone")
+        deadline = time.monotonic() + ACK_TIMEOUT + 10
+        while time.monotonic() < deadline:
+            state = h.state
+            if state == "failed":
+                h.save_checkpoint_if_preempted()  # raises the recorded failure
+                break
+            if state not in ("idle", "noticed", "claimed", "acked"):
+                break  # every task answered (nobody is gone): no verdict to wait for
+            time.sleep(0.05)
+        raise self.lost
+
+    def round_summary(self, h, phase):
+        """The claimant prints what the store holds for the round (claim, acks, outcome) of the
+        first save, or of the final save of the grace path."""
+        try:
+            r = h.round_summary(0)
+        except holdfast.Error:
+            return
+        prefix = "" if phase == "first" else "final_"
+        claim = r[prefix + "claim"]
+        if not claim or claim.get("by") != self.rank:
+            return
+        acks = " ".join(f"{t}@{v}" for t, v in sorted(r[prefix + "acks"].items()))
+        out = r[prefix + "outcome"] or {}
+        if out.get("kind") == "step":
+            outcome = f"agreed step {out['step']} = max + 1"
+        elif out.get("kind") == "timeout":
+            outcome = f"timeout: no answer from task(s) {out['missing']}"
+        else:
+            outcome = out.get("text", "none yet")
+        what = "checkpoint" if phase == "first" else "final save"
+        line(f"[{time.time() - self.t0:7.3f} s] store: {what}: worker {self.rank} claimed; acks "
+             f"(task@run counter): {acks}; outcome: {outcome}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver.
+
+class Timeline:
+    def __init__(self):
+        self.t0 = time.time()
+
+    def __call__(self, text):
+        line(f"[{time.time() - self.t0:7.3f} s] {text}")
+
+
+class AgentLog(logging.Handler):
+    """The elastic agent's log: all of it to <dir>/agent.log, the restarts on the timeline."""
+
+    def __init__(self, timeline, path, pid_names):
+        super().__init__(logging.INFO)
+        self.timeline, self.file, self.pid_names = timeline, open(path, "a"), pid_names
+
+    def emit(self, record):
+        msg = record.getMessage()
+        self.file.write(f"{record.levelname} {record.name}: {msg}\n")
+        self.file.flush()
+        failed = re.match(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)", msg)
+        if failed:
+            code, rank, pid = (int(v) for v in failed.groups())
+            how = (f"was killed by {signal.Signals(-code).name}" if code < 0 else
+                   f"exited with {code}")
+            self.timeline(f"agent: group stopped; the first worker to end was worker {rank} "
+                          f"(pid {pid}): it {how}")
+        elif msg.startswith("Sending process"):
+            pid = int(msg.split()[2])
+            self.timeline(f"agent: SIGTERM -> {self.pid_names(pid)} (pid {pid}), still running")
+        elif "will restart worker group" in msg:
+            left = re.search(r"(\d+)/(\d+) attempts left", msg)
+            self.timeline("agent: restarting the worker group"
+                          + (f" ({left.group(1)} of {left.group(2)} restarts left before this one)"
+                             if left else ""))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(a, timeline, label, pid_names, max_restarts):
+    """The elastic agent, as `torchrun --nproc-per-node=N --max-restarts=R` starts it: the
+    static rendezvous, whose TCPStore the agent itself hosts, so the workers' store (and the
+    handler's keys in it) outlives any worker. (torchrun --standalone uses the c10d rendezvous
+    instead, where rank 0 hosts the workers' store: it dies with rank 0.)"""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=a.workers,
+                       run_id=f"holdfast-ddp-{os.getpid()}-{label}", rdzv_backend="static",
+                       rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_configs={"rank": 0},
+                       max_restarts=max_restarts, monitor_interval=0.2,
+                       log_dir=os.path.join(a.dir, "agent-logs"))
+    args = [os.path.abspath(__file__), "--worker", "--label", label, "--dir", a.dir,
+            "--steps", str(a.steps), "--seed", str(a.seed), "--kv", a.kv_url(label),
+            "--grace", str(a.grace), "--t0", repr(timeline.t0)]
+    elastic_launch(cfg, sys.executable)(*args)
+
+
+def load_state(path, seed):
+    """state_bytes of a saved {"model": ..., "optimizer": ...}."""
+    saved = torch.load(path)
+    model = make_model(seed)
+    model.load_state_dict(saved["model"])
+    optimizer = make_optimizer(model)
+    optimizer.load_state_dict(saved["optimizer"])
+    return state_bytes(model, optimizer)
+
+
+def read_events(a, label):
+    out = []
+    for r in range(a.workers):
+        p = os.path.join(a.dir, "events", f"{label}-rank-{r}.jsonl")
+        if os.path.exists(p):
+            with open(p) as f:
+                out += [json.loads(line) for line in f if line.strip()]
+    return out
+
+
+def read_progress(a, label, rank):
+    try:
+        with open(os.path.join(a.dir, "progress", f"{label}-rank-{rank}")) as f:
+            pid, restart, step = (int(v) for v in f.read().split())
+        return pid, restart, step
+    except (OSError, ValueError):
+        return None
+
+
+def step_counts(a, label):
+    counts = []
+    for r in range(a.workers):
+        c = [0] * a.steps
+        p = os.path.join(a.dir, "steps", f"{label}-rank-{r}.log")
+        if os.path.exists(p):
+            with open(p) as f:
+                for line in f:
+                    s = int(line)
+                    if 0 <= s < a.steps:
+                        c[s] += 1
+        counts.append(c)
+    return counts
+
+
+def measure_overhead(a):
+    """Median over 5 runs of (h.run(noop) - noop()) per call, in a 1-task handler."""
+    d = os.path.join(a.dir, "overhead")
+    ckpt = holdfast.CheckpointManager(os.path.join(d, "ckpt"), save=lambda d, s: None,
+                                      restore=lambda d, s: None)
+    n, runs = 200000, []
+    with holdfast.Handler(store="file://" + os.path.join(d, "kv"), checkpoints=ckpt, task=0,
+                          num_tasks=1, run_id="overhead", restart=0) as h:
+        def noop():
+            pass
+        run = h.run
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                noop()
+            direct = (time.perf_counter() - t) / n
+            t = time.perf_counter()
+            for _ in range(n):
+                run(noop)
+            wrapped = (time.perf_counter() - t) / n
+            runs.append((direct, wrapped))
+    return (statistics.median(w - d for d, w in runs), statistics.median(d for d, _ in runs),
+            statistics.median(w for _, w in runs), n)
+
+
+def driver(a):
+    tl = Timeline()
+    if not a.dir:
+        a.dir = tempfile.mkdtemp(prefix="holdfast-ddp-")
+    os.makedirs(a.dir, exist_ok=True)
+    rng = random.Random()
+    victim = rng.randrange(a.workers) if a.victim < 0 else a.victim
+    if a.kill:
+        target = rng.randrange(2 * CKPT_EVERY + 2, a.steps - CKPT_EVERY)
+    else:
+        target = rng.randrange(a.steps // 4, a.steps // 2 + 1)
+    sig = signal.SIGKILL if a.kill else signal.SIGTERM
+    url = a.kv
+
+    def kv_url(label):
+        if url.startswith("etcd://") and "/" not in url[len("etcd://"):]:
+            return url + "/holdfast-example/" + os.path.basename(a.dir) + "-" + label
+        return url
+    a.kv_url = kv_url
+
+    print(f"(torch and the holdfast extension imported in {_IMPORTED - _STARTED:.1f} s; the first "
+          f"run, or a changed header, builds the extension: about a minute or two)", flush=True)
+    print(f"holdfast {holdfast._ext.holdfast_version} for PyTorch {torch.__version__}: "
+          f"{a.workers} workers (DDP, gloo, CPU) under the elastic agent, {a.steps} steps, "
+          f"run directory {a.dir}, coordination: {a.kv}", flush=True)
+    print(f"plan: {'SIGKILL (no notice)' if a.kill else 'SIGTERM'} worker {victim} when it "
+          f"reaches step {target}; reference: "
+          + ("an uninterrupted launch" if a.reference == "launch" else
+             "the uninterrupted job computed in this process") + "\n", flush=True)
+
+    def name_of(pid):
+        for label in ("run", "reference"):
+            for r in range(a.workers):
+                p = read_progress(a, label, r)
+                if p and p[0] == pid:
+                    return f"worker {r}"
+        return "a worker"
+
+    from torch.distributed.launcher import api as _  # noqa: F401  (creates the agent's loggers)
+    elastic = logging.getLogger("torch.distributed.elastic")
+    for name, lg in list(logging.root.manager.loggerDict.items()):
+        if name.startswith("torch.distributed.elastic") and isinstance(lg, logging.Logger):
+            lg.setLevel(logging.INFO)
+    elastic.setLevel(logging.INFO)
+    elastic.propagate = False
+    elastic.addHandler(AgentLog(tl, os.path.join(a.dir, "agent.log"), name_of))
+
+    # The preempted run, with the driver's signal sent from a thread watching the progress files.
+    sent = {}
+    stop = threading.Event()
+
+    def preempt():
+        while not stop.wait(0.01):
+            p = read_progress(a, "run", victim)
+            if p and p[1] == 0 and p[2] + 1 >= target:
+                os.kill(p[0], sig)
+                sent.update(pid=p[0], step=p[2])
+                tl(f"driver: {sig.name} -> worker {victim} (pid {p[0]}; it has run steps "
+                   f"0..{p[2]})")
+                return
+
+    # The workers import the extension this process built (no build check in each of them).
+    os.environ["HOLDFAST_TORCH_EXTENSION"] = holdfast._ext.__file__
+    tl(f"driver: launching {a.workers} workers with the elastic agent (max_restarts=2)")
+    watcher = threading.Thread(target=preempt, daemon=True)
+    watcher.start()
+    launched_ok = True
+    try:
+        launch(a, tl, "run", name_of, max_restarts=2)
+    except Exception as e:  # ChildFailedError: the restarts ran out
+        launched_ok = False
+        tl(f"driver: the job failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    stop.set()
+    watcher.join()
+    run_done = time.time()
+    tl("driver: the job finished" if launched_ok else "driver: the job did not finish")
+
+    ref_ok, launched_ref = True, None
+    if a.reference == "launch":
+        tl("driver: reference: launching the same job again, with no signal")
+        try:
+            launch(a, tl, "reference", name_of, max_restarts=0)
+            launched_ref = load_state(os.path.join(a.dir, "final-reference.pt"), a.seed)
+        except Exception as e:
+            ref_ok = False
+            tl(f"driver: the reference failed: {e}")
+    tl("driver: reference: the uninterrupted job computed in this process (every worker's "
+       "gradient of every step, averaged as the workers' all-reduce does)")
+    computed_ref = state_bytes(*reference_state(a.seed, a.workers, a.steps))
+    tl("driver: reference computed")
+
+    # ---- checks
+    checks = []
+
+    def check(ok, text):
+        checks.append(ok)
+        print(f"check: {text}{'' if ok else '  <-- FAIL'}", flush=True)
+
+    print(flush=True)
+    events = read_events(a, "run")
+    check(bool(sent), f"the driver sent {sig.name} to worker {victim}"
+          + (f" after its step {sent['step']}" if sent else " (never: it did not get that far)"))
+    check(launched_ok and ref_ok, "the job finished" if a.reference == "computed" else
+          "the job and the reference launch both finished")
+    restarted = [e for e in events if e["kind"] == "start" and e["restart"] >= 1]
+    if a.kill:
+        survivors = [r for r in range(a.workers) if r != victim]
+        named = {e["rank"]: e for e in events if e["restart"] == 0
+                 and e["kind"] in ("timeout", "peer_error", "error")}
+        names_victim = [r for r in survivors if r in named and named[r]["kind"] == "timeout"
+                        and named[r]["missing"] == [victim]]
+        check(len(names_victim) == len(survivors),
+              f"{len(names_victim)} of {len(survivors)} surviving workers raised "
+              f"AgreementTimeout naming the dead worker {victim} instead of hanging"
+              + "".join(f"; worker {r}: {named[r]['kind']}" for r in survivors
+                        if r not in names_victim and r in named))
+        restored = {e["restored"] for e in restarted}
+        check(len(restarted) == a.workers and len(restored) == 1 and None not in restored,
+              f"after the restart every worker resumed from one periodic checkpoint: "
+              f"step {sorted(restored, key=str)}")
+    else:
+        pre = [e for e in events if e["kind"] == "preempted" and e["restart"] == 0]
+        steps = {e["step"] for e in pre}
+        codes = {e["code"] for e in pre}
+        finished_in_grace = all(e["kind"] != "preempted" for e in events) and a.grace > 0
+        if finished_in_grace:
+            check(True, "training finished within the grace period; nothing to restart")
+        else:
+            check(len(pre) == a.workers and len(steps) == 1 and codes == {42},
+                  f"{len(pre)} of {a.workers} workers saved at one agreed step {sorted(steps)} "
+                  f"and exited with {sorted(codes)} (the preset's code: 42)")
+            restored = {e["restored"] for e in restarted}
+            check(len(restarted) == a.workers and restored == steps,
+                  f"after the agent's restart every worker restored step "
+                  f"{sorted(restored, key=str)}")
+    finals = {e["digest"] for e in events if e["kind"] == "finish"}
+    check(len(finals) == 1, f"the {a.workers} replicas ended with identical state "
+          f"({len(finals)} distinct digests)")
+    got = None
+    try:
+        got = load_state(os.path.join(a.dir, "final-run.pt"), a.seed)
+    except (OSError, RuntimeError, KeyError) as e:
+        print(f"final model: cannot read it ({e})", flush=True)
+    want = launched_ref if a.reference == "launch" else computed_ref
+    same = got is not None and want is not None and got == want
+    if got is not None:
+        w0 = torch.frombuffer(bytearray(dict(got)["0.weight"]), dtype=torch.float32)[0].item()
+        print(f"final model: 0.weight[0]={w0!r} ... sha256 {digest(got)[:16]} "
+              f"(reference {digest(want)[:16] if want else 'none'})", flush=True)
+    if a.reference == "launch":
+        check(launched_ref == computed_ref, "the launched reference equals the one computed in "
+              "one process, bit for bit")
+    check(same, "final model and optimizer state "
+          + ("equal an uninterrupted run, bit for bit" if same else "DIFFER FROM the reference"))
+    counts = step_counts(a, "run")
+    total = sum(map(sum, counts))
+    missing = sum(c.count(0) for c in counts)
+    twice = sum(sum(1 for v in c if v > 1) for c in counts)
+    if a.kill:
+        resumed = min((e["restored"] for e in restarted if e["restored"] is not None),
+                      default=a.steps)
+        early = [s for c in counts for s, v in enumerate(c) if v > 1 and s < resumed]
+        check(missing == 0 and not early, f"{total} steps ran in total for workers x steps = "
+              f"{a.workers * a.steps}: every step at least once; {twice} worker-steps ran twice, "
+              + ("all of them after the checkpoint the group resumed from" if not early else
+                 f"{len(early)} of them BEFORE the checkpoint the group resumed from"))
+    else:
+        check(missing == 0 and twice == 0 and total == a.workers * a.steps,
+              f"{total} steps ran in total; expected workers x steps = {a.workers * a.steps}"
+              + (", each exactly once" if twice == 0 and missing == 0 else
+                 f" — {missing} never ran, {twice} ran twice"))
+    wall = run_done - tl.t0
+    print(f"wall time: the preempted job {wall:.1f} s, with the reference and checks "
+          f"{time.time() - tl.t0:.1f} s", flush=True)
+    added, direct, wrapped, n = measure_overhead(a)
+    print(f"overhead: h.run(step) adds {added * 1e6:.2f} us per step over calling the step "
+          f"directly ({wrapped * 1e9:.0f} ns vs {direct * 1e9:.0f} ns; median of 5 runs of {n} "
+          f"calls)", flush=True)
+    ok = all(checks)
+    print(f"verdict: {'PASS' if ok else 'FAIL'}", flush=True)
+    return 0 if ok else 1
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kv", default="torch",
+                   help="torch (the job's c10d store), file:///dir or etcd://host:port")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--grace", type=float, default=0.0, help="grace period in seconds")
+    p.add_argument("--kill", action="store_true", help="SIGKILL a worker instead (no notice)")
+    p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--dir", default="")
+    p.add_argument("--victim", type=int, default=-1, help="which worker (default: random)")
+    p.add_argument("--reference", choices=("computed", "launch"), default="computed",
+                   help="computed: the uninterrupted job computed in this process (default); "
+                        "launch: launch it again with no signal (and check both agree)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--label", default="run", help=argparse.SUPPRESS)
+    p.add_argument("--t0", type=float, default=0.0, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.kv != "torch" and not (a.kv.startswith("file://") or a.kv.startswith("etcd://")):
+        p.error("--kv takes torch, file:///dir or etcd://host:port")
+    if a.workers < 2 or a.steps < 4 * CKPT_EVERY or a.victim >= a.workers:
+        p.error(f"--workers takes 2 or more, --steps {4 * CKPT_EVERY} or more, --victim less "
+                f"than --workers")
+    if a.worker:
+        if not a.dir:
+            p.error("--worker needs --dir")
+        code = Worker(a).main()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip the interpreter's teardown of torch (seconds on a busy machine): the agent
+        # restarts the group only once every worker has exited.
+        os._exit(code)
+    return driver(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
