@@ -69,6 +69,10 @@
 //     notice between its blocking gets. Smaller intervals mean more store requests (etcd: a
 //     range and a watch per interval per worker).
 //   - ack_timeout need not exceed the longest step: the watcher acks while a step runs.
+//   - One writer per checkpoint directory (checkpoint_manager holds a writer lock): in a
+//     multi-worker job each task writes its own directory (both examples do: run "worker-<t>" in
+//     preemptible_training, ckpt/rank-<k> in the PyTorch example), or one task writes and the
+//     others open it read_only and record the step only.
 //   - Restore-agreement keys live in the kv namespace (run id + incarnation): a restart with a
 //     different number of tasks agrees among the new tasks only, each reading its own task's
 //     checkpoint directory; a task id that did not exist before holds nothing, so the common
