@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/files.hpp"
 #include "support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -35,17 +36,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string read_file(const std::string& path) {
-  auto fd = holdfast::open_file(path, O_RDONLY);
-  return holdfast::read_all(fd);
-}
-
-void write_plain(const std::string& path, const std::string& content) {
-  fs::create_directories(fs::path(path).parent_path());
-  auto fd = holdfast::open_file(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  holdfast::write_all(fd, content.data(), content.size());
-  fd.close();
-}
+using holdfast_test::read_file;
+using holdfast_test::write_plain;
 
 // A checkpoint's one file holds its step.
 void write_step(const std::string& dir, std::int64_t step) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/files.hpp"
 #include "support/sanitizers.hpp"
 #include "support/shm_temp_dir.hpp"
 #include "support/temp_dir.hpp"
@@ -39,17 +40,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string read_file(const std::string& path) {
-  auto fd = holdfast::open_file(path, O_RDONLY);
-  return holdfast::read_all(fd);
-}
-
-void write_plain(const std::string& path, const std::string& content) {
-  fs::create_directories(fs::path(path).parent_path());
-  auto fd = holdfast::open_file(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  holdfast::write_all(fd, content.data(), content.size());
-  fd.close();
-}
+using holdfast_test::read_file;
+using holdfast_test::write_plain;
 
 // A flag file another process waits for (published whole).
 void signal_file(const std::string& path, const std::string& content = "1") {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/files.hpp"
 #include "support/kill_io.hpp"
 #include "support/sanitizers.hpp"
 #include "support/shm_temp_dir.hpp"
@@ -43,17 +44,8 @@ namespace {
 
 using holdfast_test::sanitized;
 
-std::string read_file(const std::string& path) {
-  auto fd = holdfast::open_file(path, O_RDONLY);
-  return holdfast::read_all(fd);
-}
-
-void write_plain(const std::string& path, const std::string& content) {
-  fs::create_directories(fs::path(path).parent_path());
-  auto fd = holdfast::open_file(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  holdfast::write_all(fd, content.data(), content.size());
-  fd.close();
-}
+using holdfast_test::read_file;
+using holdfast_test::write_plain;
 
 // The content of file `f` of the checkpoint of `step`: large enough to need several writes.
 std::string payload(std::int64_t step, const std::string& f, std::size_t size) {

@@ -76,6 +76,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/ascii.hpp"  // ascii_iequal: absl booleans in any case
 #include "detail/json.hpp"
 #include "error.hpp"
 #include "io.hpp"
@@ -113,18 +114,6 @@ constexpr std::string_view strip_flag_space(std::string_view s) noexcept {
   while (!s.empty() && is_flag_space(s.front())) s.remove_prefix(1);
   while (!s.empty() && is_flag_space(s.back())) s.remove_suffix(1);
   return s;
-}
-
-/// ASCII case-insensitive equality.
-constexpr bool iequals(std::string_view a, std::string_view b) noexcept {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-    if (x != y) return false;
-  }
-  return true;
 }
 
 /// Parses an int64 as absl's IntegerParser does: decimal with an optional '-', or a lowercase
@@ -322,9 +311,9 @@ class command {
     if (e.val.kind == type::string) {
       const std::string_view t = e.val.text;
       for (std::string_view yes : {"true", "t", "1", "yes"})
-        if (detail::iequals(t, yes)) return true;
+        if (detail::ascii_iequal(t, yes)) return true;
       for (std::string_view no : {"false", "f", "0", "no"})
-        if (detail::iequals(t, no)) return false;
+        if (detail::ascii_iequal(t, no)) return false;
     }
     throw bad_value(e, "a boolean");
   }

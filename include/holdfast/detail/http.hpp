@@ -67,6 +67,7 @@
 
 #include "../error.hpp"
 #include "../io.hpp"
+#include "ascii.hpp"  // ascii_iequal: header names
 
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
@@ -91,14 +92,7 @@ struct http_request {
 
 /// ASCII case-insensitive equality, for header names.
 inline bool http_iequal(std::string_view a, std::string_view b) noexcept {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-    if (x != y) return false;
-  }
-  return true;
+  return ascii_iequal(a, b);
 }
 
 /// A complete response: status code, header fields (values trimmed) and the de-chunked body.
