@@ -542,6 +542,9 @@ namespace {
 struct tls_etcd_backend {
   static constexpr const char* name = "etcd_kv over TLS + auth";
   std::string url = auth_server().url();
+  // written here, in the parent: forked workers writing it at once would read each other's
+  // truncated file
+  std::string pw_file = password_file();
   tls_kv make_kv(const kv_namespace& ns) const {
     return tls_kv(tls_options_for(url, true, 1000ms, 5000ms), ns);
   }
