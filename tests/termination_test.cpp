@@ -1482,7 +1482,6 @@ namespace {
 // An Exit policy that throws instead of ending the process (what a Python host does).
 struct raise_exit {
   int code;
-  static constexpr bool returns = true;
   void operator()(const holdfast::exit_context&) const {
     throw std::runtime_error("exit " + std::to_string(code));
   }
