@@ -19,6 +19,20 @@ inline constexpr bool sanitized = false;
 inline constexpr bool sanitized = false;
 #endif
 
+/// ThreadSanitizer alone: it defers asynchronous signals and runs the program's handler from its
+/// own, with every signal blocked, so a handler does not see the mask the kernel would give it.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool thread_sanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool thread_sanitized = true;
+#else
+inline constexpr bool thread_sanitized = false;
+#endif
+#else
+inline constexpr bool thread_sanitized = false;
+#endif
+
 /// Spawns and joins one thread, once per process, so that runtime threads started lazily at the
 /// first pthread_create (ThreadSanitizer's background thread) already exist when a test takes a
 /// baseline of /proc/self/task; CTest runs every test case in a fresh process.
