@@ -86,7 +86,7 @@ action cluster_call(milliseconds at, std::function<void()> call, std::string wha
 action after_claim(action a, const cluster_backend& be, const job& j, const scenario& sc) {
   using kv_type = decltype(be.make_observer_kv(j.ns(sc)));
   a.gate = holdfast_test::keys_gate(std::make_shared<kv_type>(be.make_observer_kv(j.ns(sc))),
-                                    {holdfast_test::handler_key("run", "r0/claim")});
+                                    {holdfast_test::handler_key("run", "ctl/r0/claim")});
   a.gate_timeout = 5s;
   return a;
 }

@@ -83,6 +83,8 @@
 //     polled_notice) need a new handler with a fresh config and run id (an in-process restart).
 #pragma once
 
+#include <poll.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -90,6 +92,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>  // std::random_device: the handler's nonce
@@ -105,6 +108,7 @@
 
 #include "agreement.hpp"
 #include "checkpoint.hpp"
+#include "detail/waker.hpp"
 #include "error.hpp"
 #include "kv.hpp"
 #include "kv/any.hpp"  // any_kv: asked at run time whether it can list
@@ -289,10 +293,12 @@ class preemption_handler {
         checkpointer_(std::move(checkpointer)),
         options_(options),
         scope_("holdfast/" + checked_run_id(cluster_.run_id) + "/"),
+        ctl_prefix_(agreement_control_prefix(scope_)),
         error_key_(agreement_key_name(scope_, agreement_key::error, 0)),
         machine_(machine_config(cluster_, config_, options_)) {
     restored_ = restore();
     word_.store(static_cast<std::uint64_t>(restored_.value_or(0)) << 1);
+    if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(&waker_);
     config_.start();
     notice_started_ = true;
     start_watcher();
@@ -382,6 +388,7 @@ class preemption_handler {
       notice_started_ = false;
       config_.stop();
     }
+    if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(nullptr);
   }
 
  private:
@@ -459,7 +466,7 @@ class preemption_handler {
       held = true;
       train_cv_.wait_for(lock, options_.watch_interval);
     }
-    watch_cv_.notify_all();  // the grace countdown may have handed the watcher a final claim
+    wake_watcher();  // the grace countdown may have handed the watcher a final claim
     run_status st = run_status::ran;
     switch (in.action) {
       case agreement_action::proceed:
@@ -504,7 +511,7 @@ class preemption_handler {
       stamped_ = false;
     }
     raise_attention_locked();
-    watch_cv_.notify_all();
+    wake_watcher();
     return st;
   }
 
@@ -586,7 +593,13 @@ class preemption_handler {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_.store(true);
     }
+    wake_watcher();
+  }
+
+  // Wakes the watcher wherever it sleeps: a pause (watch_cv_) or poll() on the waker.
+  void wake_watcher() noexcept {
     watch_cv_.notify_all();
+    waker_.notify();
   }
 
   void stop_watcher() noexcept {
@@ -636,6 +649,11 @@ class preemption_handler {
     if (in.kind == op::decide) return false;
     const std::string key = agreement_key_name(scope_, in.key, in.round, in.task);
     const time_point until = machine_.retry_deadline();
+    // The claimant waiting for an ack also looks at the outcome key (a step recorded past the
+    // deadline by a peer, an abort after a peer's error).
+    const std::string outcome = machine_.collecting()
+                                    ? agreement_key_name(scope_, machine_.outcome_key(), in.round)
+                                    : std::string();
     lock.unlock();
     try {
       switch (in.kind) {
@@ -657,12 +675,20 @@ class preemption_handler {
           break;
         }
         case op::wait: {
-          auto v = wait_for_key(key, in.deadline);
+          std::optional<std::string> outcome_value;
+          auto v = wait_for_key(key, in.deadline, outcome, outcome_value);
           lock.lock();
           if (stop_.load()) return true;  // abandoned: shutting down
-          machine_.on_value(v);
+          if (outcome_value)
+            machine_.on_outcome_seen(*outcome_value);
+          else
+            machine_.on_value(v);
           break;
         }
+        case op::erase:  // cleanup: best effort, never fails the round
+          erase_quietly(key);
+          lock.lock();
+          break;
         case op::list: {
           auto v = retrying([&] { return list_acks(key); }, until);
           lock.lock();
@@ -692,6 +718,19 @@ class preemption_handler {
       if (auto v = kv_.try_get(key)) out.emplace_back(std::move(key), std::move(*v));
     }
     return out;
+  }
+  void erase_quietly(const std::string& key) noexcept {
+    if constexpr (has_kv_erase_v<Kv>) {
+      try {
+        if constexpr (std::is_same_v<Kv, any_kv>) {
+          if (!kv_.supports(kv_op::erase)) return;
+        }
+        kv_.erase(key);
+      } catch (...) {
+      }
+    } else {
+      (void)key;
+    }
   }
   bool can_list() const {
     if constexpr (std::is_same_v<Kv, any_kv>)
@@ -736,14 +775,40 @@ class preemption_handler {
   }
 
   // A blocking get until `deadline`, in slices so a shutdown is never held up longer than one;
-  // transient store errors are retried until the deadline.
-  std::optional<std::string> wait_for_key(const std::string& key, time_point deadline) {
+  // transient store errors are retried until the deadline. With `also` (a key name), each slice
+  // that ends empty-handed also reads `also`: when it holds a value, that is stored in
+  // `also_value` and the wait ends.
+  std::optional<std::string> wait_for_key(const std::string& key, time_point deadline,
+                                          const std::string& also,
+                                          std::optional<std::string>& also_value) {
+    if constexpr (evented) {
+      if (is_control_key(key)) {  // the watch brings it: no request while waiting
+        for (;;) {
+          auto v = retrying([&] { return control_value(key); }, deadline);
+          if (v || stop_.load() || Clock::now() >= deadline) return v;
+          retrying([&] { await_control(deadline); }, deadline);
+        }
+      }
+    }
     for (;;) {
       auto left = std::max<typename Clock::duration>(deadline - Clock::now(), {});
       auto slice = std::min<std::chrono::milliseconds>(
           std::chrono::ceil<std::chrono::milliseconds>(left), options_.watch_interval);
       auto v = retrying([&] { return kv_.get(key, slice); }, deadline);
       if (v || stop_.load() || Clock::now() >= deadline) return v;
+      if (!also.empty()) {
+        also_value = retrying(
+            [&] {
+              if constexpr (evented) {
+                await_control(Clock::now());  // takes what the watch has, without sleeping
+                return control_value(also);
+              } else {
+                return kv_.try_get(also);
+              }
+            },
+            deadline);
+        if (also_value) return std::nullopt;
+      }
     }
   }
 
@@ -757,16 +822,34 @@ class preemption_handler {
       key = agreement_key_name(scope_, *trigger, round);
     else if (!error_seen_)
       key = error_key_;
-    if (key.empty()) {
-      watch_cv_.wait_for(lock, options_.watch_interval);
-      return;
-    }
-    lock.unlock();
-    auto v = kv_.get(key, options_.watch_interval);
+    std::optional<std::string> v;
     std::optional<std::string> error_payload;
-    if (v && !trigger) error_payload = v;
-    if (v && trigger && is_abort(*v))
-      error_payload = kv_.try_get(error_key_).value_or(std::string());
+    if constexpr (evented) {
+      const bool watch_error = !error_seen_;
+      lock.unlock();
+      auto look = [&] {
+        if (!key.empty()) v = control_value(key);
+        if (watch_error && !v) error_payload = control_value(error_key_);
+        return v || error_payload;
+      };
+      if (!look()) {
+        await_control(time_point::max());
+        look();
+      }
+      if (v && !trigger) error_payload = std::exchange(v, std::nullopt);
+      if (v && trigger && is_abort(*v))
+        error_payload = control_value(error_key_).value_or(std::string());
+    } else {
+      if (key.empty()) {
+        watch_cv_.wait_for(lock, options_.watch_interval);
+        return;
+      }
+      lock.unlock();
+      v = kv_.get(key, options_.watch_interval);
+      if (v && !trigger) error_payload = v;
+      if (v && trigger && is_abort(*v))
+        error_payload = kv_.try_get(error_key_).value_or(std::string());
+    }
     lock.lock();
     if (error_payload) {
       error_seen_ = true;
@@ -779,6 +862,64 @@ class preemption_handler {
     if (v) {
       raise_attention_locked();
       train_cv_.notify_all();
+    }
+  }
+
+  // ---- the control watch (stores that can be waited on: has_kv_watch_v) -----------------------
+  //
+  // One watch on ctl/ for the watcher's life. ctl_seen_ holds the control values it brought
+  // (nullopt: erased or read absent); a key not in it is read once with try_get. A resync (the
+  // first take, a resumed watch that may have missed events) forgets them all.
+
+  static constexpr bool evented = has_kv_watch_v<Kv>;
+
+  bool is_control_key(const std::string& key) const {
+    return key.compare(0, ctl_prefix_.size(), ctl_prefix_) == 0 &&
+           key.size() > ctl_prefix_.size() && key[ctl_prefix_.size()] == '/';
+  }
+
+  std::optional<std::string> control_value(const std::string& key) {
+    if (auto it = ctl_seen_.find(key); it != ctl_seen_.end()) return it->second;
+    auto v = kv_.try_get(key);
+    ctl_seen_[key] = v;
+    return v;
+  }
+
+  // Sleeps in one poll() on the waker and the watch until one is readable, the watch's due
+  // time, or `until` (Clock::now() to only take what is there); when the notices cannot wake
+  // the waker, at most one watch_interval. Then takes the watch's changes.
+  void await_control(time_point until) {
+    if constexpr (evented) {
+      if (!ctl_watch_) ctl_watch_.emplace(kv_.watch(ctl_prefix_));
+      auto& w = *ctl_watch_;
+      if (!w.buffered()) {
+        using ms = std::chrono::milliseconds;
+        ms timeout = ms::max();
+        if (until != time_point::max())
+          timeout = std::chrono::ceil<ms>(std::max<typename Clock::duration>(
+              until - Clock::now(), typename Clock::duration::zero()));
+        const auto due = w.due();
+        if (due != std::chrono::steady_clock::time_point::max())
+          timeout = std::min(timeout, std::chrono::ceil<ms>(
+                                          std::max(due - std::chrono::steady_clock::now(),
+                                                   std::chrono::steady_clock::duration::zero())));
+        if constexpr (!has_notice_waker_v<Config>)
+          timeout = std::min(timeout, options_.watch_interval);
+        const int t = timeout == ms::max()
+                          ? -1
+                          : static_cast<int>(std::min<ms::rep>(timeout.count(), 1 << 30));
+        pollfd fds[2] = {{waker_.fd(), POLLIN, 0}, {w.fd(), POLLIN, 0}};
+        ::poll(fds, w.fd() >= 0 ? 2 : 1, t);  // EINTR: the loop around looks again
+      }
+      waker_.drain();
+      kv_changes changes = w.take();
+      if (changes.resync || ctl_seen_.size() > 256) {  // 256: a bound; forgetting only costs reads
+        ctl_seen_.clear();
+      } else {
+        for (auto& e : changes.events) ctl_seen_[e.key] = std::move(e.value);
+      }
+    } else {
+      (void)until;
     }
   }
 
@@ -885,6 +1026,7 @@ class preemption_handler {
   Checkpointer checkpointer_;
   handler_options options_;
   std::string scope_;
+  std::string ctl_prefix_;  // agreement_control_prefix(scope_): what the control watch follows
   std::string error_key_;
   std::optional<std::int64_t> restored_;
   bool notice_started_ = false;
@@ -905,6 +1047,17 @@ class preemption_handler {
   std::condition_variable train_cv_;  // wakes a training thread waiting for the step
   std::atomic<bool> stop_{false};
   std::optional<std::chrono::steady_clock::time_point> last_notice_;  // watcher thread only
+  detail::waker waker_;  // notices, stop requests and the training thread wake the watcher
+  template <class K, bool = has_kv_watch_v<K>>
+  struct watch_of {
+    using type = char;
+  };
+  template <class K>
+  struct watch_of<K, true> {
+    using type = detail::kv_watch_t<K>;
+  };
+  std::optional<typename watch_of<Kv>::type> ctl_watch_;        // watcher thread only
+  std::map<std::string, std::optional<std::string>> ctl_seen_;  // watcher thread only
   std::thread watcher_;
 };
 

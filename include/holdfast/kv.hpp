@@ -237,12 +237,12 @@ using kv_list = std::enable_if_t<std::is_convertible_v<
 template <class T>
 using kv_watch_t = decltype(std::declval<T&>().watch(std::declval<const std::string&>()));
 template <class W>
-using kv_watch_members = std::enable_if_t<
-    std::is_convertible_v<decltype(std::declval<const W&>().fd()), int> &&
-    std::is_convertible_v<decltype(std::declval<const W&>().buffered()), bool> &&
-    std::is_convertible_v<decltype(std::declval<const W&>().due()),
-                          std::chrono::steady_clock::time_point> &&
-    std::is_convertible_v<decltype(std::declval<W&>().take()), kv_changes>>;
+using kv_watch_members =
+    std::enable_if_t<std::is_convertible_v<decltype(std::declval<const W&>().fd()), int> &&
+                     std::is_convertible_v<decltype(std::declval<const W&>().buffered()), bool> &&
+                     std::is_convertible_v<decltype(std::declval<const W&>().due()),
+                                           std::chrono::steady_clock::time_point> &&
+                     std::is_convertible_v<decltype(std::declval<W&>().take()), kv_changes>>;
 template <class T, class = void>
 struct has_kv_watch : std::false_type {};
 template <class T>
@@ -266,6 +266,10 @@ inline constexpr bool is_coordination_store_v =
 /// True when T can list a prefix (kv_pairs list(prefix)).
 template <class T>
 inline constexpr bool has_kv_list_v = detail::detect<detail::kv_list, T>::value;
+
+/// True when T can erase one key (erase(key)): the handler then cleans up each round's keys.
+template <class T>
+inline constexpr bool has_kv_erase_v = detail::detect<detail::kv_erase, T>::value;
 
 /// True when T can be waited on: `watch(prefix)` returns an object with fd(), buffered(), due()
 /// and take() (see "Waiting on a store" above).
@@ -428,6 +432,19 @@ class counting_kv {
   /// Counts then forwards.
   auto erase_prefix(const std::string& prefix) {
     return call(kv_op::erase_prefix, [&] { return inner_.erase_prefix(prefix); });
+  }
+
+  /// Forwards watch(prefix) where the wrapped store can be waited on (has_kv_watch_v), so that
+  /// wrapping a store never changes the path the handler takes. A watch is not counted: its
+  /// take() calls are not store operations (the store's own stats() counts its requests).
+  template <class K = Kv, class = std::enable_if_t<has_kv_watch_v<K>>>
+  auto watch(const std::string& prefix) {
+    return inner_.watch(prefix);
+  }
+  /// Forwards the wrapped store's own stats() (etcd_kv: the HTTP requests it sent), if it has it.
+  template <class K = Kv>
+  auto stats() const -> decltype(std::declval<const K&>().stats()) {
+    return inner_.stats();
   }
 
   /// A snapshot of the counters.

@@ -468,7 +468,7 @@ gate_fn keys_gate(std::shared_ptr<Kv> kv, std::vector<std::string> keys) {
   };
 }
 
-/// The key `name` ("r0/claim", "r0/ack/3", "restore/step") of handler `run_id`.
+/// The key `name` ("ctl/r0/claim", "ack/r0/3", "restore/step") of handler `run_id`.
 inline std::string handler_key(const std::string& run_id, const std::string& name) {
   return "holdfast/" + run_id + "/" + name;
 }
@@ -478,7 +478,7 @@ inline std::vector<std::string> ack_keys(const scenario& sc, const std::string& 
                                          int skip = -1) {
   std::vector<std::string> keys;
   for (int t = 0; t < sc.n; ++t)
-    if (t != skip) keys.push_back(handler_key(run_id, "r0/ack/" + std::to_string(t)));
+    if (t != skip) keys.push_back(handler_key(run_id, "ack/r0/" + std::to_string(t)));
   return keys;
 }
 
@@ -964,7 +964,7 @@ outcome_report check_outcomes(Kv& kv, const result& r) {
 /// The recorded outcome of round 0 of handler `run_id` (nullopt: none, or it does not parse).
 template <class Kv>
 std::optional<holdfast::agreement_value> recorded_step(Kv& kv, const std::string& run_id = "run") {
-  auto text = kv.try_get(handler_key(run_id, "r0/step"));
+  auto text = kv.try_get(handler_key(run_id, "ctl/r0/step"));
   if (!text) return std::nullopt;
   return holdfast::parse_agreement_value(*text);
 }
