@@ -41,7 +41,7 @@ TEST_CASE("kv url: refusals name the url and the offset") {
       {"file://relative", "offset 7: expected an absolute directory"},
       {"file://", "offset 7"},
       {"file:///", "root directory"},
-      {"file:///a?x=1", "offset 9: no query"},
+      {"file:///a?x", "offset 9: no query"},
       {"etcd://", "offset 7: no etcd member"},
       {"etcd:///p", "offset 7: no etcd member"},
       {"etcd://a,,b", "offset 9: empty member"},
@@ -68,6 +68,13 @@ TEST_CASE("kv url: refusals name the url and the offset") {
       CHECK(std::string(e.what()).find(why) != std::string::npos);
       CHECK(e.path() == url);
     }
+  }
+  try {  // a query value is never shown, even where no query belongs
+    parse_kv_url("file:///a?x=1");
+    FAIL("accepted");
+  } catch (const holdfast::format_error& e) {
+    CHECK(std::string(e.what()).find("offset 9: no query") != std::string::npos);
+    CHECK(e.path() == "file:///a?x=***");
   }
   try {
     parse_kv_url(std::string("file:///a\0b", 11));
@@ -140,7 +147,7 @@ TEST_CASE("kv url: a password in a URL is refused, and never shown") {
     parse_kv_url("file:///d?token=abc123&x=1");
     FAIL("accepted");
   } catch (const holdfast::format_error& e) {
-    CHECK(e.path() == "file:///d?token=***&x=1");
+    CHECK(e.path() == "file:///d?token=***&x=***");  // no value of an unknown key shows
   }
 }
 

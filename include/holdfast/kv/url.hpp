@@ -90,8 +90,8 @@ inline bool kv_url_secret_key(std::string_view key) {
 }
 
 // `url` as errors show it: a password in user info replaced by "***", and in the query every
-// item but the known harmless ones of etcds:// (and, in any scheme, every value whose key hints
-// at a secret) replaced by "***"; a NUL shown as \0.
+// value but those of the known harmless keys replaced by "***" (in etcds:// the whole item, key
+// included); a NUL shown as \0.
 inline std::string kv_url_redacted(std::string_view url) {
   std::string out;
   const bool secure = kv_url_starts(url, "etcds://");
@@ -118,11 +118,9 @@ inline std::string kv_url_redacted(std::string_view url) {
     const std::string_view key = item.substr(0, item.find('='));
     if (key.size() < item.size() && kv_url_safe_key(key))
       out += item;
-    else if (kv_url_secret_key(key))
+    else if (!secure || kv_url_secret_key(key))  // the name, never the value
       out += std::string(key) + (key.size() < item.size() ? "=***" : "");
-    else if (!secure)
-      out += item;
-    else if (!item.empty())
+    else if (!item.empty())  // etcds://: not even the name (a secret may be typed there)
       out += "***";
     if (amp == std::string_view::npos) break;
     out += '&';
