@@ -1061,16 +1061,10 @@ class basic_step_agreement {
     awaiting_ = await::none;
   }
 
+  // A run counter or task id as written by this protocol: a non-negative decimal, below
+  // INT64_MAX (so max + 1 is a step).
   static std::optional<std::int64_t> parse_int(const std::string& s) {
-    if (s.empty() || s.size() > 19) return std::nullopt;
-    std::size_t i = s[0] == '-' ? 1 : 0;
-    if (i == s.size()) return std::nullopt;
-    std::int64_t v = 0;
-    for (; i < s.size(); ++i) {
-      if (s[i] < '0' || s[i] > '9') return std::nullopt;
-      v = v * 10 + (s[i] - '0');
-    }
-    return s[0] == '-' ? -v : v;
+    return detail::parse_agreement_int(s, INT64_MAX - 1);
   }
 
   config cfg_;

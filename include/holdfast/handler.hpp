@@ -563,19 +563,22 @@ class preemption_handler {
       std::unique_lock<std::mutex> lock(mutex_);
       machine_.on_local_error(detail::current_exception_type_name(),
                               detail::current_exception_message());
+      // Take every insert now, under the lock, so the watcher cannot pick one up and be cut
+      // short by the process's exit: this thread writes the error before the aborts.
+      std::vector<instruction> inserts;
       for (;;) {
         instruction in = machine_.protocol_next(total_run_calls(), Clock::now());
         if (in.kind != op::insert) break;
-        lock.unlock();
-        bool created = false;
-        try {
-          created = kv_.insert(agreement_key_name(scope_, in.key, in.round, in.task), in.value);
-        } catch (...) {
-        }
-        lock.lock();
-        machine_.on_insert(created);
+        inserts.push_back(std::move(in));
       }
       raise_attention_locked();
+      lock.unlock();
+      for (const auto& in : inserts) {  // the machine is failed: it needs no results
+        try {
+          kv_.insert(agreement_key_name(scope_, in.key, in.round, in.task), in.value);
+        } catch (...) {
+        }
+      }
     } catch (...) {
     }
     train_cv_.notify_all();
@@ -659,6 +662,12 @@ class preemption_handler {
       switch (in.kind) {
         case op::insert: {
           bool created = insert_once(key, in.value, until);
+          if constexpr (evented) {  // what this worker knows now; a lost insert: read it again
+            if (created)
+              ctl_seen_[key] = in.value;
+            else
+              ctl_seen_.erase(key);
+          }
           lock.lock();
           machine_.on_insert(created);
           break;
@@ -783,9 +792,12 @@ class preemption_handler {
                                           std::optional<std::string>& also_value) {
     if constexpr (evented) {
       if (is_control_key(key)) {  // the watch brings it: no request while waiting
+        retrying([&] { await_control(Clock::now()); }, deadline);  // what arrived already
         for (;;) {
           auto v = retrying([&] { return control_value(key); }, deadline);
-          if (v || stop_.load() || Clock::now() >= deadline) return v;
+          if (v || stop_.load()) return v;
+          if (Clock::now() >= deadline)  // the last word is the store's, not the watch's
+            return retrying([&] { return kv_.try_get(key); }, deadline);
           retrying([&] { await_control(deadline); }, deadline);
         }
       }
@@ -859,7 +871,7 @@ class preemption_handler {
     } else if (v && *trigger == agreement_key::final_claim) {
       machine_.on_final_seen(round);
     }
-    if (v) {
+    if (v || error_payload) {
       raise_attention_locked();
       train_cv_.notify_all();
     }
@@ -894,15 +906,11 @@ class preemption_handler {
       auto& w = *ctl_watch_;
       if (!w.buffered()) {
         using ms = std::chrono::milliseconds;
+        auto left = [](auto d) { return std::chrono::ceil<ms>(std::max(d, decltype(d)::zero())); };
         ms timeout = ms::max();
-        if (until != time_point::max())
-          timeout = std::chrono::ceil<ms>(std::max<typename Clock::duration>(
-              until - Clock::now(), typename Clock::duration::zero()));
-        const auto due = w.due();
-        if (due != std::chrono::steady_clock::time_point::max())
-          timeout = std::min(timeout, std::chrono::ceil<ms>(
-                                          std::max(due - std::chrono::steady_clock::now(),
-                                                   std::chrono::steady_clock::duration::zero())));
+        if (until != time_point::max()) timeout = left(until - Clock::now());
+        if (w.due() != std::chrono::steady_clock::time_point::max())
+          timeout = std::min(timeout, left(w.due() - std::chrono::steady_clock::now()));
         if constexpr (!has_notice_waker_v<Config>)
           timeout = std::min(timeout, options_.watch_interval);
         const int t = timeout == ms::max()

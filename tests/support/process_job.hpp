@@ -738,8 +738,9 @@ inline std::string round_of_key(const std::string& key) {
   const auto slash = key.find('/', prefix.size());
   if (slash == std::string::npos) return "?" + key;
   const std::string run = key.substr(prefix.size(), slash - prefix.size());
-  const std::string rest = key.substr(slash + 1);
+  std::string rest = key.substr(slash + 1);
   if (rest.rfind("restore", 0) == 0) return run + "/restore";
+  if (rest.rfind("ctl/", 0) == 0) rest = rest.substr(4);  // ctl/r<N>/step: round r<N>
   const auto r = rest.find('/');
   const std::string round = rest.substr(0, r);
   const bool final = r != std::string::npos && rest.compare(r + 1, 5, "final") == 0;
@@ -752,8 +753,8 @@ inline std::string outcome_key(const std::string& round) {
   const std::string run = round.substr(0, slash), rest = round.substr(slash + 1);
   if (rest == "restore") return handler_key(run, "restore/step");
   if (rest.size() > 6 && rest.compare(rest.size() - 6, 6, "/final") == 0)
-    return handler_key(run, rest.substr(0, rest.size() - 6) + "/final_step");
-  return handler_key(run, rest + "/step");
+    return handler_key(run, "ctl/" + rest.substr(0, rest.size() - 6) + "/final_step");
+  return handler_key(run, "ctl/" + rest + "/step");
 }
 
 /// "1,3," → {1, 3}.
@@ -950,7 +951,7 @@ outcome_report check_outcomes(Kv& kv, const result& r) {
     detail::check_round(round, text, acts, rep.violations);
   }
   for (const auto& run : runs) {
-    detail::check_peers(run, kv.try_get(handler_key(run, "error")), acts, rep.violations);
+    detail::check_peers(run, kv.try_get(handler_key(run, "ctl/error")), acts, rep.violations);
     const auto before = rep.violations.size();
     detail::check_restores(run, acts, rep.violations);
     rep.splits = rep.splits || rep.violations.size() > before;
