@@ -123,7 +123,7 @@ TEST_CASE("etcd_kv watch on a cluster: a frozen member's watch moves and the put
   etcd_kv healthy(options_for({urls[1], urls[2]}), ns);
   auto w = kv.watch("ctl");
   REQUIRE(w.endpoint() == c.url(member));
-  CHECK(w.take().resync);
+  CHECK(w.take().complete);
   healthy.put("ctl/before", "1");
   REQUIRE(follow_until(w, "ctl/before", 5000ms).size() == 1);
   const auto before = kv.stats();

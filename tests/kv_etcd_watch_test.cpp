@@ -1,10 +1,10 @@
 // etcd_kv's long-lived watch (etcd_kv::watch, the handler's way of waiting) against a real etcd on
-// loopback: the first take is a resync; a put by another client wakes poll() on fd() within
-// 50 ms and take() returns it; an erase is nullopt; keys below the prefix are seen at any depth,
-// keys outside it (or in another namespace) are not; an idle watch costs at most one request per
-// second (stats()); after the server is killed and restarted on its data directory the watch
-// resumes and delivers every later change exactly once, in order; a resume past a compaction
-// reports resync. The 3-member cases (a frozen member) are in etcd_watch_cluster_test.cpp.
+// loopback: the first take is a snapshot of the prefix; a put by another client wakes poll() on
+// fd() within 50 ms and take() returns it; an erase is nullopt; keys below the prefix are seen at
+// any depth, keys outside it (or in another namespace) are not; an idle watch costs at most one
+// request per second (stats()); after the server is killed and restarted on its data directory the
+// watch resumes and delivers every later change exactly once, in order; a resume past a compaction
+// gives a new snapshot. The 3-member cases (a frozen member) are in etcd_watch_cluster_test.cpp.
 #include <doctest/doctest.h>
 #include <poll.h>
 
@@ -56,11 +56,11 @@ std::string show(const std::vector<kv_event>& events) {
 }
 
 // Follows a watch as the handler's watcher does (poll on fd() until min(deadline, due()), then
-// take()) until `done(events so far)` or `timeout`; returns the events; `resync` notes whether a
-// take reported one.
+// take()) until `done(events so far)` or `timeout`; returns the events (a snapshot's included);
+// `snapshot` notes whether a take was complete (a new snapshot after a re-range).
 template <class Done>
 std::vector<kv_event> follow(etcd_kv::watcher& w, milliseconds timeout, Done done,
-                             bool* resync = nullptr) {
+                             bool* snapshot = nullptr) {
   const auto deadline = clk::now() + timeout;
   std::vector<kv_event> all;
   for (;;) {
@@ -76,7 +76,8 @@ std::vector<kv_event> follow(etcd_kv::watcher& w, milliseconds timeout, Done don
       }
     }
     auto c = w.take();
-    if (resync && c.resync) *resync = true;
+    CHECK_FALSE(c.resync);  // etcd never asks for a re-read: it gives snapshots
+    if (snapshot && c.complete) *snapshot = true;
     all.insert(all.end(), c.events.begin(), c.events.end());
     if (done(all) || clk::now() >= deadline) return all;
   }
@@ -134,7 +135,7 @@ void retrying(Op op, milliseconds timeout = 10000ms) {
 
 }  // namespace
 
-TEST_CASE("etcd_kv watch: first take is a resync and a put wakes poll within 50 ms") {
+TEST_CASE("etcd_kv watch: first take is a snapshot and a put wakes poll within 50 ms") {
   holdfast_test::etcd_server server;
   etcd_kv kv(options_for({server.url()}), ns0);
   etcd_kv writer(options_for({server.url()}), ns0);  // another client
@@ -143,12 +144,15 @@ TEST_CASE("etcd_kv watch: first take is a resync and a put wakes poll within 50 
   auto w = kv.watch("ctl");
   CHECK(w.fd() >= 0);
   CHECK(w.endpoint() == server.url());
-  CHECK(w.buffered());  // the resync is due at once
+  CHECK(w.buffered());  // the snapshot is due at once
   auto first = w.take();
-  CHECK(first.resync);
-  CHECK(first.events.empty());  // "ctl/before" predates the watch: the caller reads it itself
+  CHECK(first.complete);
+  CHECK_FALSE(first.resync);
+  REQUIRE(first.events.size() == 1);  // "ctl/before" predates the watch: in the snapshot
+  CHECK(first.events[0].key == "ctl/before");
+  CHECK(first.events[0].value == "old");
   settle(w);
-  CHECK_FALSE(w.take().resync);
+  CHECK_FALSE(w.take().complete);
 
   long long worst_us = 0, worst_from_start_us = 0;
   auto us_since = [](clk::time_point t) {
@@ -184,7 +188,7 @@ TEST_CASE("etcd_kv watch: erase is nullopt, nested keys are seen, keys outside a
   etcd_kv writer(options_for({server.url()}), ns0);
   etcd_kv other_ns = writer.with_namespace(kv_namespace("run", 1));
   auto w = kv.watch("ctl");
-  CHECK(w.take().resync);
+  CHECK(w.take().complete);
 
   writer.put("ctl/a/b/c", "1");
   writer.put("ctlx", "outside");    // a sibling, not below "ctl/"
@@ -207,7 +211,7 @@ TEST_CASE("etcd_kv watch: erase is nullopt, nested keys are seen, keys outside a
   CHECK(events[3].value == "");  // an empty value is a value, not an erase
 
   auto all = kv.watch("");  // every key of the namespace
-  CHECK(all.take().resync);
+  CHECK(all.take().complete);
   writer.put("top", "t");
   other_ns.put("top", "not ours");
   auto seen = follow(all, 5000ms, until_key("top"));
@@ -248,7 +252,7 @@ TEST_CASE("etcd_kv watch: resumes after a server restart, each change once and i
   etcd_kv kv(options_for({server.url(0)}, 1000ms), ns0);
   etcd_kv writer(options_for({server.url(0)}, 1000ms), ns0);
   auto w = kv.watch("ctl");
-  CHECK(w.take().resync);
+  CHECK(w.take().complete);
   writer.put("ctl/k", "1");
   auto events = follow(w, 5000ms, until_key("ctl/k"));
   REQUIRE(events.size() == 1);
@@ -262,29 +266,29 @@ TEST_CASE("etcd_kv watch: resumes after a server restart, each change once and i
 
   server.restart(0);
   retrying([&] { writer.put("ctl/k", "2"); });  // before the watch reconnects
-  bool resync = false;
+  bool snapshot = false;
   events = follow(
-      w, 10000ms, [](const std::vector<kv_event>& evs) { return !evs.empty(); }, &resync);
+      w, 10000ms, [](const std::vector<kv_event>& evs) { return !evs.empty(); }, &snapshot);
   REQUIRE(w.fd() >= 0);
   retrying([&] { writer.put("ctl/k", "3"); });
   retrying([&] { writer.put("ctl/j", "4"); });
   retrying([&] { writer.erase("ctl/k"); });
   retrying([&] { writer.put("ctl/end", "5"); });
-  auto more = follow(w, 10000ms, until_key("ctl/end"), &resync);
+  auto more = follow(w, 10000ms, until_key("ctl/end"), &snapshot);
   events.insert(events.end(), more.begin(), more.end());
   INFO(show(events));
-  CHECK_FALSE(resync);  // nothing was missed
+  CHECK_FALSE(snapshot);  // resumed: nothing was missed, no re-range
   REQUIRE(events.size() == 5);
   CHECK(show(events) == "ctl/k=2 ctl/k=3 ctl/j=4 ctl/k=<erased> ctl/end=5");
   CHECK(kv.stats().watch_opens > opens);
 }
 
-TEST_CASE("etcd_kv watch: a resume past a compaction reports resync") {
+TEST_CASE("etcd_kv watch: a resume past a compaction gives a new snapshot") {
   holdfast_test::etcd_cluster server(1);
   etcd_kv kv(options_for({server.url(0)}, 1000ms), ns0);
   etcd_kv writer(options_for({server.url(0)}, 1000ms), ns0);
   auto w = kv.watch("ctl");
-  CHECK(w.take().resync);
+  CHECK(w.take().complete);
   writer.put("ctl/k", "1");
   REQUIRE(follow(w, 5000ms, until_key("ctl/k")).size() == 1);
   const std::int64_t seen = w.revision();
@@ -299,15 +303,15 @@ TEST_CASE("etcd_kv watch: a resume past a compaction reports resync") {
   REQUIRE(now > seen + 1);
   compact(server.url(0), now);
 
-  bool resync = false;
+  bool snapshot = false;
   auto events = follow(
-      w, 10000ms, [&](const std::vector<kv_event>&) { return resync && w.fd() >= 0; }, &resync);
+      w, 10000ms, [&](const std::vector<kv_event>&) { return snapshot && w.fd() >= 0; }, &snapshot);
   INFO(show(events));
-  CHECK(resync);
-  CHECK(events.empty());  // the resync says "re-read"; no stale event is replayed
+  CHECK(snapshot);
+  CHECK(show(events) == "ctl/k=3");  // what the key holds now; "2" is not replayed
   CHECK(w.revision() >= now);
   writer.put("ctl/k", "4");  // and it watches on
-  events = follow(w, 5000ms, until_key("ctl/k"), &resync);
+  events = follow(w, 5000ms, until_key("ctl/k"), &snapshot);
   REQUIRE(events.size() == 1);
   CHECK(events[0].value == "4");
 }

@@ -96,6 +96,7 @@
 #include <mutex>
 #include <optional>
 #include <random>  // std::random_device: the handler's nonce
+#include <set>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -663,10 +664,12 @@ class preemption_handler {
         case op::insert: {
           bool created = insert_once(key, in.value, until);
           if constexpr (evented) {  // what this worker knows now; a lost insert: read it again
-            if (created)
+            if (created) {
               ctl_seen_[key] = in.value;
-            else
+            } else {  // it exists, and its event may not have come yet: read it
               ctl_seen_.erase(key);
+              ctl_stale_.insert(key);
+            }
           }
           lock.lock();
           machine_.on_insert(created);
@@ -880,8 +883,9 @@ class preemption_handler {
   // ---- the control watch (stores that can be waited on: has_kv_watch_v) -----------------------
   //
   // One watch on ctl/ for the watcher's life. ctl_seen_ holds the control values it brought
-  // (nullopt: erased or read absent); a key not in it is read once with try_get. A resync (the
-  // first take, a resumed watch that may have missed events) forgets them all.
+  // (nullopt: erased or read absent); a key not in it is read once with try_get, unless the
+  // watch gave a complete snapshot (etcd): then it is absent, no read. A resync (a store that
+  // only knows something changed, a resumed watch that may have missed events) forgets them.
 
   static constexpr bool evented = has_kv_watch_v<Kv>;
 
@@ -892,6 +896,8 @@ class preemption_handler {
 
   std::optional<std::string> control_value(const std::string& key) {
     if (auto it = ctl_seen_.find(key); it != ctl_seen_.end()) return it->second;
+    if (ctl_complete_ && !ctl_stale_.count(key)) return std::nullopt;  // absent, the watch says
+    ctl_stale_.erase(key);
     auto v = kv_.try_get(key);
     ctl_seen_[key] = v;
     return v;
@@ -921,11 +927,13 @@ class preemption_handler {
       }
       waker_.drain();
       kv_changes changes = w.take();
-      if (changes.resync || ctl_seen_.size() > 256) {  // 256: a bound; forgetting only costs reads
-        ctl_seen_.clear();
-      } else {
-        for (auto& e : changes.events) ctl_seen_[e.key] = std::move(e.value);
+      if (changes.complete || changes.resync || ctl_seen_.size() > 256) {
+        ctl_seen_.clear();  // 256: a bound; forgetting costs reads, never correctness
+        ctl_stale_.clear();
+        ctl_complete_ = changes.complete;
       }
+      if (!changes.resync)
+        for (auto& e : changes.events) ctl_seen_[e.key] = std::move(e.value);
     } else {
       (void)until;
     }
@@ -1066,6 +1074,8 @@ class preemption_handler {
   };
   std::optional<typename watch_of<Kv>::type> ctl_watch_;        // watcher thread only
   std::map<std::string, std::optional<std::string>> ctl_seen_;  // watcher thread only
+  std::set<std::string> ctl_stale_;  // keys a lost insert proved present, not yet read
+  bool ctl_complete_ = false;        // ctl_seen_ holds every key (the watch's snapshot)
   std::thread watcher_;
 };
 

@@ -192,8 +192,10 @@ class kv_namespace {
 //   kv_changes take();           what changed since the last take(); never blocks on the
 //                                store's data, only on its own probe or reconnect, each bounded
 //                                by the store's request timeout
-// The first take() after watch() reports resync (the caller reads what it needs once). A watch
-// is used by one thread at a time; the store may be used by others meanwhile.
+// The first take() after watch() reports resync (the caller reads what it needs once), or,
+// from a store that can list the prefix as it starts the watch (etcd_kv), complete: a snapshot
+// of every key, so the caller needs no read at all. A watch is used by one thread at a time;
+// the store may be used by others meanwhile.
 
 /// One change seen by a watch: the key (full, as passed to the store) and its new value, or
 /// nullopt when it was erased.
@@ -208,8 +210,12 @@ struct kv_changes {
   /// Changes may have been missed (the first take, a resume after compaction, a store that
   /// only knows that something changed): re-read every key of interest.
   bool resync = false;
+  /// The events start with a snapshot of every key below the prefix (the first take, a resume
+  /// after compaction): forget what was known; a key the snapshot and the events after it do
+  /// not name is absent, until an event says otherwise.
+  bool complete = false;
   /// Nothing happened.
-  bool empty() const noexcept { return events.empty() && !resync; }
+  bool empty() const noexcept { return events.empty() && !resync && !complete; }
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -20,18 +20,19 @@
 //     member freezes under it moves to another within about 2 x request_timeout. It returns
 //     std::nullopt at its deadline.
 //   - watch(prefix) (kv.hpp, "Waiting on a store"; the handler keeps one for its life): a
-//     count-only range of the keys below `prefix + "/"` learns revision R, then ONE streaming
-//     /v3/watch from R + 1 on a connection of its own serves the watch for its whole life. take()
-//     reads what arrived without blocking and returns each put (its value) and erase (nullopt)
-//     below the prefix, in revision order, exactly once (events at or below the last delivered
-//     revision are dropped); the first take() is a resync.
+//     range of the keys below `prefix + "/"` learns revision R and what they hold, then ONE
+//     streaming /v3/watch from R + 1 on a connection of its own serves the watch for its whole
+//     life. take() reads what arrived without blocking and returns each put (its value) and erase
+//     (nullopt) below the prefix, in revision order, exactly once (events at or below the last
+//     delivered revision are dropped); the first take() is complete: it starts with the range's
+//     snapshot, so the caller knows every key without a read.
 //   - Resume: when the stream ends or breaks (server restart, reset, etcd's "unavailable"), its
 //     endpoint becomes suspect and the watch reopens from the last delivered revision + 1 on
 //     the endpoint failover picks (the same one when it is the only one): nothing is lost or
 //     repeated. One attempt per take(); while disconnected fd() is -1 and due() is the next
 //     attempt: at once while endpoints remain untried, then 50 ms doubling up to the probe
 //     interval. A resume older than etcd's last compaction is cancelled with compact_revision:
-//     the watch ranges again, reopens, and its take() reports resync.
+//     the watch ranges again, reopens, and its take() is complete again (a new snapshot).
 //   - Health probe: a frozen member keeps a watch open and silent. So after every probe
 //     interval, max(1 s, request_timeout / 2), without a message on the stream (any message
 //     postpones it), take() sends one linearizable count-only range of a single key to the
@@ -99,7 +100,9 @@
 //     that fails over like list()). A watch cancelled for another reason (permission denied)
 //     makes take() throw; the watch retries later.
 //   - After a compaction past a disconnected watch's revision, the changes in between are not
-//     replayed: take() reports resync and the caller reads the keys again.
+//     replayed: take() reports a complete snapshot instead (what the keys hold now).
+//   - The snapshot lists every key below the prefix: watch prefixes that stay small (the
+//     handler's control keys: one round's, the rest are erased).
 //   - Suspect marks belong to one client (one etcd_kv and its copies), not to the process.
 //   - The lease is not revoked on destruction (other workers may still need the keys); call
 //     revoke_lease() to delete this client's keys at once.
@@ -1042,10 +1045,10 @@ class basic_etcd_kv<Io, Transport>::watcher {
 
   /// The watch stream's socket, to poll for POLLIN; -1 while disconnected (sleep until due()).
   int fd() const noexcept { return stream_.fd(); }
-  /// True when take() has something without waiting: the first resync, events already decoded,
+  /// True when take() has something without waiting: a snapshot, events already decoded,
   /// a complete message buffered, or bytes a TLS layer holds.
   bool buffered() const noexcept {
-    return resync_ || !events_.empty() || pending_.find('\n') != std::string::npos ||
+    return complete_ || !events_.empty() || pending_.find('\n') != std::string::npos ||
            stream_.pending();
   }
   /// When take() must be called even if fd() stays quiet: the next health probe while
@@ -1067,11 +1070,11 @@ class basic_etcd_kv<Io, Transport>::watcher {
     kv_changes out;
     out.events = std::move(events_);
     events_.clear();
-    out.resync = std::exchange(resync_, false);
+    out.complete = std::exchange(complete_, false);
     return out;
   }
 
-  /// The revision of the last event delivered (or of the range that started or resynced the
+  /// The revision of the last event delivered (or of the range that started or re-ranged the
   /// watch): a resume starts right after it.
   std::int64_t revision() const noexcept { return revision_; }
   /// The URL of the endpoint the stream is on; "" while disconnected.
@@ -1096,15 +1099,24 @@ class basic_etcd_kv<Io, Transport>::watcher {
     reconnect();  // a transient failure leaves it disconnected, retried by take()
   }
 
-  // Learns the revision to watch from: a count-only range of the prefix.
+  // Learns the revision to watch from, and what the prefix holds at it: the snapshot the next
+  // take() reports (complete) before the events that follow.
   void range() {
     const std::string body =
         "{\"key\":" + detail::json_quote(detail::base64_encode(start_)) + ",\"range_end\":" +
-        detail::json_quote(detail::base64_encode(detail::etcd_prefix_end(start_))) +
-        ",\"count_only\":true}";
+        detail::json_quote(detail::base64_encode(detail::etcd_prefix_end(start_))) + "}";
     auto r = client_->call(detail::etcd_request::read, "/v3/kv/range", body, "etcd watch", prefix_);
     const detail::json_value* header = r.find("header");
     revision_ = detail::etcd_int(header ? header->find("revision") : nullptr);
+    events_.clear();
+    if (const auto* kvs = r.find("kvs"))
+      for (const auto& kv : kvs->as_array()) {
+        const std::string full =
+            detail::base64_decode(string_of(kv, "key", prefix_), "etcd watch range");
+        if (full.compare(0, start_.size(), start_) == 0)
+          events_.push_back(kv_event{full.substr(root_.size()), value_of(kv, prefix_)});
+      }
+    complete_ = true;
   }
 
   std::string create_body() const {
@@ -1122,7 +1134,6 @@ class basic_etcd_kv<Io, Transport>::watcher {
       if (need_range_) {
         range();
         need_range_ = false;
-        resync_ = true;
       }
       const std::size_t k = client_->preferred_endpoint();
       bool go = true;
@@ -1279,7 +1290,7 @@ class basic_etcd_kv<Io, Transport>::watcher {
   std::string pending_;           // stream bytes not yet a complete message
   std::vector<kv_event> events_;  // decoded, not yet taken
   std::int64_t revision_ = 0;     // events are delivered up to here
-  bool resync_ = true;            // the first take, or a re-range after compaction
+  bool complete_ = false;         // events_ starts with a range's snapshot (first, compacted)
   bool need_range_ = false;       // compacted past revision_: range before reopening
   unsigned failures_ = 0;         // reconnection attempts failed in a row
   clock::time_point probe_at_{}, retry_at_{};
