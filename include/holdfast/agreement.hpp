@@ -53,10 +53,13 @@
 //   claimed        | W: put ack/<task> = counter                      | (awaiting result)
 //   claimed        | on_put                                           | acked, deadline set
 //   acked, claimant| W: wait ack/<t> (deadline), each other task t    | (awaiting result)
-//   acked, claimant| on_value(counter), or nullopt (t missing)        | next task
+//   acked, claimant| on_value(counter); nullopt or not a counter: t   | next task (past the
+//                  | is missing                                       | deadline: no waiting)
 //   acked, claimant| every task read, none missing                    | W: insert step S = max+1
-//   acked, claimant| every task read, tasks M missing                 | W: insert step "timeout M"
+//   acked, claimant| every task read, tasks M missing                 | recording: W: insert
+//                  |                                                  | step "timeout M"
 //   acked, claimant| on_outcome_seen(value) while waiting for an ack  | as on_value(value) below
+//   any other      | on_outcome_seen(value)                           | (ignored)
 //   acked          | on_insert(step) true                             | step_published (S)
 //   acked          | on_insert(step) false; a non-claimant after ack  | W: wait step (deadline)
 //   acked          | on_value("step S by ...")                        | step_published (S)
@@ -73,6 +76,7 @@
 //   noticed..acked | on_store_failure while recording                 | failed (unreachable)
 //   step_published | (entering it) W: erase ack/<me>; the recorder of   | (no result)
 //                  | a first step in round N > 0: erase ctl/r<N-1>/*  |
+//   final_published| (entering it) W: erase final_ack/<me>            | (no result)
 //   noticed..acked | T: counter <= published counter (or none yet)    | proceed
 //   noticed..acked | T: counter > published counter                   | wait
 //   step_published | T: counter < S                                   | proceed
@@ -709,8 +713,8 @@ class basic_step_agreement {
   /// The watcher's question: the next store operation of the protocol, or a decide instruction
   /// (action proceed) when there is none now. `counter` is the run counter the watcher read at
   /// the moment it raised the training thread's attention (see wants_counter()): the ack carries
-  /// it. Each store instruction's result must be reported (on_insert, on_put, on_value, on_list)
-  /// before asking again.
+  /// it. Each store instruction's result but an erase's must be reported (on_insert, on_put,
+  /// on_value, on_list) before asking again.
   instruction protocol_next(std::int64_t counter, time_point now) {
     now_ = now;
     if (!outbox_.empty()) {

@@ -28,13 +28,23 @@
 //   - Steady state (no notice, no claim): run() costs one relaxed atomic load, one atomic add
 //     (the run counter the watcher reads) and one clock read plus two additions for the running
 //     mean of step time; no store traffic, no lock, no allocation.
-//   - One background thread per handler (the watcher). It forwards this worker's notice, blocks
-//     on the one store key that can start an agreement (claim, final claim, or the error key) in
-//     slices of `handler_options::watch_interval`, and runs the protocol itself: it claims,
-//     acks with the run counter, lists the acks and records the outcome. So a worker blocked
-//     inside a step (a collective waiting for a peer) still takes part; its training thread
-//     stops at its next step boundary at the latest and waits only until the outcome is known.
-//     The destructor stops and joins the watcher; destruction is safe in every state.
+//   - One background thread per handler (the watcher). It forwards this worker's notice, waits
+//     for the control keys that can start or end an agreement (claim, final claim, outcome,
+//     error), and runs the protocol itself: it claims, acks with the run counter, collects the
+//     acks (the claimant) and records the outcome. So a worker blocked inside a step (a
+//     collective waiting for a peer) still takes part; its training thread stops at its next
+//     step boundary at the latest and waits only until the outcome is known. The destructor
+//     stops and joins the watcher; destruction is safe in every state.
+//   - Event-driven waiting: the watcher sleeps in one poll() on a waker (an eventfd) and on the
+//     store's control watch (kv.hpp, "Waiting on a store": etcd_kv, filesystem_kv), with no
+//     time slicing. Notice sources with set_waker (signal_notice from its signal handler, the
+//     polled, file and cloud notices from their threads) wake it the moment they notice; a stop
+//     and the training thread use the same waker. The watch brings the control keys' changes
+//     (etcd: the values themselves, from one long-lived stream; filesystem: inotify on one
+//     descriptor), so an idle worker sends no request but the watch's health probes (etcd: one
+//     per max(1 s, request_timeout / 2)). handler_options::watch_interval remains the fallback:
+//     the slice of a blocking get for stores without a watch (in_process_kv, any_kv, c10d-like
+//     stores), and the longest sleep when a notice source cannot wake.
 //   - One recorded decision per round (agreement.hpp): every worker that acts follows the
 //     outcome recorded in the round's outcome key — all save at its step, or all throw
 //     holdfast::agreement_timeout naming the same missing tasks — including a worker paused past
@@ -46,8 +56,17 @@
 //     "unavailable"), until the round's deadline; inserts stay exactly-once (values name their
 //     writer, and a retry first reads the key). When the store cannot be reached to read or
 //     record the outcome, this worker never saves and throws holdfast::agreement_unreachable.
-//   - Per agreement each worker makes a constant number of store operations (see agreement.hpp),
-//     whatever the number of workers; waiting for the others is one blocking get with a deadline.
+//   - Per agreement the job makes O(N) store operations in all (agreement.hpp): each worker a
+//     constant number (its ack put and erase; over etcd nothing to wait, the watch brings the
+//     outcome), the claimant one read per other worker's ack. Each round's keys are erased once
+//     acted on (single-key erases, where the store has erase): 1,000 rounds leave as many keys
+//     as one. Scale (benchmarks/scale_bench.cpp): per worker and agreement about 3 requests and
+//     2 watch events, whatever N; the claimant's N - 1 reads are sequential, so the agreement
+//     takes about N store round trips (256 workers on one etcd: ~0.2 s; 10,000 workers at
+//     0.5 ms a request: ~6 s, well inside the 3-minute ack_timeout). A 10,000-worker job needs
+//     from etcd ~10,000 long-lived watch streams (one per worker, each idle but for a probe
+//     per second: ~10,000 requests/s idle with the default request_timeout; raise it to cut the
+//     probes) and ~30,000 requests per agreement.
 //   - A worker that never acks (dead without notice) makes the others throw
 //     holdfast::agreement_timeout naming the missing task ids within `ack_timeout`, never hang.
 //   - An exception from a step is published; every other worker throws holdfast::peer_error
@@ -65,9 +84,9 @@
 //   - Signal handlers are the notice policy's business; this file installs none.
 // Caveats:
 //   - run() and save_checkpoint_if_preempted() must be called from one thread.
-//   - A notice is seen within one watch interval (default 100 ms): the watcher looks at the
-//     notice between its blocking gets. Smaller intervals mean more store requests (etcd: a
-//     range and a watch per interval per worker).
+//   - Over a store without a watch, or with a notice source that cannot wake, a notice or a
+//     claim is seen within one watch interval (default 100 ms), and an idle worker makes a
+//     blocking get per interval.
 //   - ack_timeout need not exceed the longest step: the watcher acks while a step runs.
 //   - One writer per checkpoint directory (checkpoint_manager holds a writer lock): in a
 //     multi-worker job each task writes its own directory (both examples do: run "worker-<t>" in
@@ -129,7 +148,9 @@ struct handler_options {
   /// How long a worker waits for every other worker's ack (XLA's barrier: 3 minutes); also the
   /// bound of the start-up restore agreement.
   std::chrono::milliseconds ack_timeout{std::chrono::minutes(3)};
-  /// The watcher's slice: latency of noticing a notice, and of a stop at destruction.
+  /// The fallback slice: how long one blocking get lasts over a store that cannot be waited on
+  /// (no watch()), and the longest sleep when a notice source cannot wake the watcher. Stores
+  /// with a watch and waking notices do not use it.
   std::chrono::milliseconds watch_interval{100};
   /// Grace path: the final claim is made this much earlier than the measured rule asks, so the
   /// final save ends before the deadline despite scheduling stalls the measurements missed.
@@ -481,9 +502,12 @@ class preemption_handler {
         save(in.step);
         overhead_ += Clock::now() - started;  // the final claim leaves room for as much again
         lock.lock();
-        // + one watch interval: the watcher may be in a blocking get when the final claim is due
-        machine_.note_overhead(overhead_ + std::chrono::duration_cast<typename Clock::duration>(
-                                               options_.watch_interval));
+        // + one watch interval where the watcher may be in a blocking get when the final claim
+        // is due (a store without a watch); with a watch, the waker wakes it at once
+        machine_.note_overhead(overhead_ +
+                               (evented ? typename Clock::duration{}
+                                        : std::chrono::duration_cast<typename Clock::duration>(
+                                              options_.watch_interval)));
         held = false;
         stamped_ = false;
         st = run_status::saved;
