@@ -247,6 +247,30 @@ TEST_CASE("etcd_kv watch: an idle watch costs at most one request per second") {
   CHECK(w.due() > clk::now());
 }
 
+TEST_CASE("etcd_kv watch: with a lease, the keep-alives are the probes and nothing else is sent") {
+  holdfast_test::etcd_server server;
+  etcd_options o = options_for({server.url()}, 2000ms);
+  o.lease_ttl = std::chrono::seconds(3);  // a keep-alive every second, on the watched endpoint
+  etcd_kv kv(o, ns0);
+  auto w = kv.watch("ctl");
+  CHECK(w.probe_interval() == 1500ms);  // 1.5 keep-alive periods
+  w.take();
+  settle(w);
+  const auto before = kv.stats();
+  const auto t0 = clk::now();
+  auto events = follow(w, 3500ms, [](const std::vector<kv_event>&) { return false; });
+  const double seconds = static_cast<double>(ms_since(t0)) / 1000.0;
+  const auto after = kv.stats();
+  const auto requests = after.requests - before.requests;
+  MESSAGE("idle with a lease: " << requests << " requests in " << seconds << " s, "
+                                << after.probes - before.probes << " probes");
+  CHECK(events.empty());
+  CHECK(after.probes == before.probes);  // the keep-alives answered for the endpoint
+  CHECK(requests >= 2);                  // the keep-alives themselves
+  CHECK(requests <= 5);                  // one per second, nothing more
+  CHECK(after.watch_opens == before.watch_opens);
+}
+
 TEST_CASE("etcd_kv watch: resumes after a server restart, each change once and in order") {
   holdfast_test::etcd_cluster server(1);  // one member that can be killed and restarted
   etcd_kv kv(options_for({server.url(0)}, 1000ms), ns0);

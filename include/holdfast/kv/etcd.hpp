@@ -34,13 +34,16 @@
 //     interval. A resume older than etcd's last compaction is cancelled with compact_revision:
 //     the watch ranges again, reopens, and its take() is complete again (a new snapshot).
 //   - Health probe: a frozen member keeps a watch open and silent. So after every probe
-//     interval, max(1 s, request_timeout / 2), without a message on the stream (any message
-//     postpones it), take() sends one linearizable count-only range of a single key to the
-//     stream's endpoint on a pooled keep-alive connection, within request_timeout; it also
-//     fails on a member cut off from its quorum. A failed probe marks the endpoint suspect and
-//     moves the watch (resuming), so a watch on a frozen member delivers again within about 2
-//     probe intervals + request_timeout. Lease keep-alives are not used as probes (failover may
-//     send them to another endpoint). An idle watch costs one probe per interval, nothing else.
+//     interval, max(1 s, request_timeout / 2, 1.5 x the lease keep-alive period), in which the
+//     stream's endpoint answered nothing (a message on the stream, or any request of this client
+//     to that endpoint — a lease keep-alive included — postpones it), take() sends one
+//     linearizable count-only range of a single key to that endpoint on a pooled keep-alive
+//     connection, within request_timeout; it also fails on a member cut off from its quorum. A
+//     failed probe marks the endpoint suspect and moves the watch (resuming), so a watch on a
+//     frozen member delivers again within about 2 probe intervals + request_timeout. An idle
+//     watch costs one probe per interval and nothing else; with a lease, the keep-alives (one
+//     per TTL / 3, on the endpoint that last answered: the watch's) are the probes, and it costs
+//     nothing more.
 //   - stats(): requests sent (unary calls, authentication, keep-alives, watch opens and
 //     probes), connections made, watch opens and probes, counted with relaxed atomics shared
 //     by every handle on the client.
@@ -268,7 +271,11 @@ class etcd_client {
         password_(read_password(opts_)),
         pool_(Transport(opts_.tls), opts_.idle_connections) {
     suspect_until_ = std::make_unique<std::atomic<clock::rep>[]>(endpoints_.size());
-    for (std::size_t k = 0; k < endpoints_.size(); ++k) suspect_until_[k].store(0);
+    answered_at_ = std::make_unique<std::atomic<clock::rep>[]>(endpoints_.size());
+    for (std::size_t k = 0; k < endpoints_.size(); ++k) {
+      suspect_until_[k].store(0);
+      answered_at_[k].store(0);
+    }
     if (opts_.lease_ttl.count() > 0) start_lease();
   }
   etcd_client(const etcd_client&) = delete;
@@ -349,6 +356,17 @@ class etcd_client {
   /// The endpoint a new request goes to first: round from the last one that answered, those
   /// not suspect first.
   std::size_t preferred_endpoint() const { return try_order().front(); }
+  /// When endpoint `k` last answered a request of this client (any kind: keep-alives too).
+  std::chrono::steady_clock::time_point last_answer(std::size_t k) const noexcept {
+    using c = std::chrono::steady_clock;
+    return c::time_point(c::duration(answered_at_[k].load(std::memory_order_relaxed)));
+  }
+  /// The lease keep-alive period (TTL / 3), or zero without a lease.
+  std::chrono::milliseconds keepalive_period() const noexcept {
+    if (opts_.lease_ttl.count() <= 0) return std::chrono::milliseconds(0);
+    return std::max<std::chrono::milliseconds>(std::chrono::milliseconds(100),
+                                               std::chrono::milliseconds(opts_.lease_ttl) / 3);
+  }
   /// Marks endpoint `k` suspect (a watch lost its stream there) and closes its idle connections.
   void suspect(std::size_t k) const { mark_suspect(k); }
   /// True when `e` means the endpoint may be down or busy (another one may do better).
@@ -634,6 +652,7 @@ class etcd_client {
 
   void mark_good(std::size_t k) const {
     if (suspect_until_[k].load() != 0) suspect_until_[k].store(0);
+    answered_at_[k].store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     current_.store(k);
   }
 
@@ -741,8 +760,7 @@ class etcd_client {
   }
 
   void keepalive_loop() {
-    const auto period = std::max<std::chrono::milliseconds>(
-        std::chrono::milliseconds(100), std::chrono::milliseconds(opts_.lease_ttl) / 3);
+    const auto period = keepalive_period();
     const std::string body = "{\"ID\":\"" + std::to_string(lease_id_.load()) + "\"}";
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
@@ -779,6 +797,7 @@ class etcd_client {
   mutable std::optional<std::string> token_;  // none yet; "" when authentication is off
   mutable std::atomic<std::size_t> authentications_{0};
   std::unique_ptr<std::atomic<clock::rep>[]> suspect_until_;  // steady_clock ticks; 0: healthy
+  std::unique_ptr<std::atomic<clock::rep>[]> answered_at_;    // the last answer, steady ticks
   mutable std::atomic<std::size_t> current_{0};               // the last endpoint that answered
   mutable std::atomic<std::uint64_t> watch_opens_{0};
   mutable std::atomic<std::uint64_t> probes_{0};
@@ -1081,7 +1100,7 @@ class basic_etcd_kv<Io, Transport>::watcher {
   std::string endpoint() const {
     return stream_.is_open() ? client_->endpoint_url(endpoint_) : std::string();
   }
-  /// How often a quiet stream is probed: max(1 s, request_timeout / 2).
+  /// How often a quiet stream is probed: max(1 s, request_timeout / 2, 1.5 x keep-alive period).
   std::chrono::milliseconds probe_interval() const noexcept { return interval_; }
 
  private:
@@ -1093,8 +1112,9 @@ class basic_etcd_kv<Io, Transport>::watcher {
         root_(std::move(root)),
         start_(std::move(start)),
         prefix_(std::move(prefix)),
-        interval_(std::max<std::chrono::milliseconds>(std::chrono::seconds(1),
-                                                      client_->options().request_timeout / 2)) {
+        interval_(std::max({std::chrono::milliseconds(std::chrono::seconds(1)),
+                            client_->options().request_timeout / 2,
+                            client_->keepalive_period() * 3 / 2})) {
     range();
     reconnect();  // a transient failure leaves it disconnected, retried by take()
   }
@@ -1266,6 +1286,13 @@ class basic_etcd_kv<Io, Transport>::watcher {
   // Sends the health probe on the stream's endpoint (see the header); a transient failure
   // (the endpoint is then suspect) moves the watch.
   void probe() {
+    // Any answer from the endpoint since the last look (a lease keep-alive, another request of
+    // this client) proves it alive: no probe of our own.
+    const auto answered = client_->last_answer(endpoint_);
+    if (answered + interval_ > clock::now()) {
+      probe_at_ = answered + interval_;
+      return;
+    }
     const std::string body =
         "{\"key\":" + detail::json_quote(detail::base64_encode(start_)) + ",\"count_only\":true}";
     try {
