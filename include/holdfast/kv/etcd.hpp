@@ -182,6 +182,8 @@ struct etcd_stats {
   std::uint64_t watch_opens = 0;
   /// Health probes sent by watch objects (counted in `requests` too).
   std::uint64_t probes = 0;
+  /// Response body bytes received: unary answers, watch streams (the HTTP heads aside).
+  std::uint64_t bytes_read = 0;
 };
 
 namespace detail {
@@ -299,6 +301,7 @@ class etcd_client {
       authorized(ep, op, key, cancel, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
         http_response resp = pool_.call(ep, req, timeouts(), cancel);
+        bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
         out = reply(resp.status, resp.body, ep.url() + target, op, key);
       });
     });
@@ -324,6 +327,7 @@ class etcd_client {
             go = on_line(reply(200, line, url, op, key));
         };
         auto on_data = [&](std::string_view bytes) {
+          bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
           pending.append(bytes.data(), bytes.size());
           for (std::size_t nl; go && (nl = pending.find('\n')) != std::string::npos;) emit(nl);
           if (pending.size() > opts_.max_message)  // a watch message may not grow unbounded
@@ -345,6 +349,7 @@ class etcd_client {
     s.requests = pool_.requests();
     s.connections = pool_.connections();
     s.watch_opens = watch_opens_.load(std::memory_order_relaxed);
+    s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
     s.probes = probes_.load(std::memory_order_relaxed);
     return s;
   }
@@ -383,6 +388,7 @@ class etcd_client {
         const http_request req{"POST", target, std::move(headers), body};
         if (probe) probes_.fetch_add(1, std::memory_order_relaxed);
         http_response resp = pool_.call(ep, req, timeouts(), nullptr);
+        bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
         out = reply(resp.status, resp.body, ep.url() + target, op, key);
       });
     });
@@ -436,6 +442,7 @@ class etcd_client {
   /// max_message.
   void append_message(std::string& pending, std::string_view bytes, const std::string& url,
                       const std::string& op, const std::string& key) const {
+    bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
     pending.append(bytes.data(), bytes.size());
     if (pending.size() > opts_.max_message && pending.find('\n') == std::string::npos)
       throw error(EMSGSIZE, op, key,
@@ -596,6 +603,7 @@ class etcd_client {
         "POST", target, headers_with(nullptr),
         "{\"name\":" + json_quote(opts_.user) + ",\"password\":" + json_quote(password_) + "}"};
     http_response resp = pool_.call(ep, req, timeouts(), cancel);
+    bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
     const std::string who = "authenticating as user '" + opts_.user + "' at " + url;
     json_value v;
     try {
@@ -800,6 +808,7 @@ class etcd_client {
   std::unique_ptr<std::atomic<clock::rep>[]> answered_at_;    // the last answer, steady ticks
   mutable std::atomic<std::size_t> current_{0};               // the last endpoint that answered
   mutable std::atomic<std::uint64_t> watch_opens_{0};
+  mutable std::atomic<std::uint64_t> bytes_read_{0};
   mutable std::atomic<std::uint64_t> probes_{0};
   std::atomic<std::int64_t> lease_id_{0};
   std::atomic<bool> lease_alive_{false};
