@@ -4,7 +4,9 @@
 // any depth, keys outside it (or in another namespace) are not; an idle watch costs at most one
 // request per second (stats()); after the server is killed and restarted on its data directory the
 // watch resumes and delivers every later change exactly once, in order; a resume past a compaction
-// gives a new snapshot. The 3-member cases (a frozen member) are in etcd_watch_cluster_test.cpp.
+// gives a new snapshot; watch() returns at once (not after request_timeout) whether the stream's
+// first message comes with the HTTP head or after it. The 3-member cases (a frozen member) are in
+// etcd_watch_cluster_test.cpp.
 #include <doctest/doctest.h>
 #include <poll.h>
 
@@ -20,6 +22,7 @@
 
 #include "support/etcd_cluster.hpp"
 #include "support/etcd_server.hpp"
+#include "support/http_server.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::etcd_kv;
@@ -151,6 +154,7 @@ TEST_CASE("etcd_kv watch: first take is a snapshot and a put wakes poll within 5
   REQUIRE(first.events.size() == 1);  // "ctl/before" predates the watch: in the snapshot
   CHECK(first.events[0].key == "ctl/before");
   CHECK(first.events[0].value == "old");
+  CHECK(kv.stats().bytes_read > 0);  // the range's answer and the stream's first message
   settle(w);
   CHECK_FALSE(w.take().complete);
 
@@ -338,4 +342,65 @@ TEST_CASE("etcd_kv watch: a resume past a compaction gives a new snapshot") {
   events = follow(w, 5000ms, until_key("ctl/k"), &snapshot);
   REQUIRE(events.size() == 1);
   CHECK(events[0].value == "4");
+}
+
+TEST_CASE("etcd_kv watch: watch() returns within 500 ms, not after request_timeout") {
+  // Regression: opening a watch waited request_timeout when the stream's first message (the
+  // "created" one) arrived in the same read as the HTTP head.
+  constexpr milliseconds bound = 500ms;
+  SUBCASE("a real etcd") {
+    holdfast_test::etcd_server server;
+    etcd_kv writer(options_for({server.url()}, 5000ms), ns0);
+    writer.put("ctl/before", "old");
+    long long worst = 0;
+    for (int i = 0; i < 5; ++i) {
+      etcd_kv kv(options_for({server.url()}, 5000ms), ns0);  // a new client: a new connection
+      const auto t0 = clk::now();
+      auto w = kv.watch(i % 2 ? "ctl" : "empty");
+      const long long ms = ms_since(t0);
+      worst = std::max(worst, ms);
+      CHECK(ms < bound.count());
+      CHECK(w.fd() >= 0);  // connected, not left to retry
+      CHECK(w.take().complete);
+      CHECK(kv.stats().watch_opens == 1);
+      auto again = kv.watch("ctl");  // a second watch on the same client
+      CHECK(ms_since(t0) < 2 * bound.count());
+      CHECK(again.fd() >= 0);
+    }
+    MESSAGE("real etcd: the slowest of 5 watch() calls took " << worst << " ms");
+  }
+  SUBCASE("a fake server: the first message in the head's packet, or after it") {
+    const std::string created = R"({"result":{"header":{"revision":"5"},"created":true}})"
+                                "\n";
+    for (bool together : {true, false}) {
+      const std::string how =
+          together ? "head and first message in one write" : "first message 20 ms after the head";
+      INFO(how);
+      holdfast_test::http_server fake([&](const holdfast_test::seen_request& r) {
+        if (r.target == "/v3/kv/range")
+          return holdfast_test::reply(200, R"({"header":{"revision":"5"}})");
+        holdfast_test::reply s;
+        if (together) {
+          s.then(0ms, holdfast_test::reply::chunked_head() + holdfast_test::reply::chunk(created));
+        } else {
+          s.then(0ms, holdfast_test::reply::chunked_head());
+          s.then(20ms, holdfast_test::reply::chunk(created));
+        }
+        return s.keep_open();
+      });
+      etcd_kv kv(options_for({fake.url()}, 5000ms), ns0);
+      const auto t0 = clk::now();
+      auto w = kv.watch("ctl");
+      const long long ms = ms_since(t0);
+      MESSAGE(how << ": watch() took " << ms << " ms");
+      CHECK(ms < bound.count());
+      CHECK(w.fd() >= 0);
+      CHECK(w.endpoint() == fake.url());
+      CHECK(w.revision() == 5);
+      auto c = w.take();
+      CHECK(c.complete);
+      CHECK(c.events.empty());
+      CHECK(fake.request_count() == 2);  // range, watch
+    }
+  }
 }
