@@ -135,22 +135,14 @@ constexpr bool fs_notifies_all(std::uint64_t f_type) noexcept {
   }
 }
 
-template <class T>
-using fs_io_fstatfs = decltype(T::fstatfs(0, static_cast<struct statfs*>(nullptr)));
-
-/// The statfs f_type of directory `dir` (Io::fstatfs when the policy has it); 0 when unknown.
+/// The statfs f_type of directory `dir` (see detail::filesystem_type); 0 when unknown.
 template <class Io>
 std::uint64_t fs_type_of(const std::string& dir) noexcept {
   int fd = Io::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
   if (fd < 0) return 0;
-  struct statfs st {};
-  int r;
-  if constexpr (detect<fs_io_fstatfs, Io>::value)
-    r = Io::fstatfs(fd, &st);
-  else
-    r = ::fstatfs(fd, &st);
+  const std::uint64_t type = filesystem_type<Io>(fd);
   Io::close(fd);
-  return r == 0 ? static_cast<std::uint64_t>(st.f_type) : 0;
+  return type;
 }
 
 template <class W>
