@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "support/etcd_cluster.hpp"
+#include "support/watch_follow.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::etcd_kv;
@@ -66,29 +67,13 @@ struct thaw_at_exit {
   }
 };
 
-// Follows the watch as the handler does (poll on fd() until min(deadline, due()), take()) until
-// an event for `key` arrived or `timeout` passed; returns every event seen.
+// Follows the watch as the handler does until an event for `key` arrived or `timeout` passed;
+// returns every event seen.
 std::vector<kv_event> follow_until(etcd_kv::watcher& w, const std::string& key,
                                    milliseconds timeout) {
-  const auto deadline = clk::now() + timeout;
-  std::vector<kv_event> all;
-  while (clk::now() < deadline) {
-    if (!w.buffered()) {
-      const auto left = std::chrono::ceil<milliseconds>(std::min(deadline, w.due()) - clk::now());
-      const int ms = static_cast<int>(std::clamp<long long>(left.count(), 0, 1000));
-      if (w.fd() >= 0) {
-        pollfd p{w.fd(), POLLIN, 0};
-        ::poll(&p, 1, ms);
-      } else {
-        std::this_thread::sleep_for(milliseconds(ms));
-      }
-    }
-    auto c = w.take();
-    all.insert(all.end(), c.events.begin(), c.events.end());
-    for (const auto& e : c.events)
-      if (e.key == key) return all;
-  }
-  return all;
+  return holdfast_test::follow_watch(w, timeout, [&](const std::vector<kv_event>& all) {
+    return std::any_of(all.begin(), all.end(), [&](const kv_event& e) { return e.key == key; });
+  });
 }
 
 // Puts through the healthy members, retrying transient errors (an election) for up to 10 s.

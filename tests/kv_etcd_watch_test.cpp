@@ -23,6 +23,7 @@
 #include "support/etcd_cluster.hpp"
 #include "support/etcd_server.hpp"
 #include "support/http_server.hpp"
+#include "support/watch_follow.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::etcd_kv;
@@ -58,32 +59,15 @@ std::string show(const std::vector<kv_event>& events) {
   return out;
 }
 
-// Follows a watch as the handler's watcher does (poll on fd() until min(deadline, due()), then
-// take()) until `done(events so far)` or `timeout`; returns the events (a snapshot's included);
-// `snapshot` notes whether a take was complete (a new snapshot after a re-range).
+// Follows a watch as the handler's watcher does (support/watch_follow.hpp); etcd never asks for
+// a re-read: it gives snapshots.
 template <class Done>
 std::vector<kv_event> follow(etcd_kv::watcher& w, milliseconds timeout, Done done,
                              bool* snapshot = nullptr) {
-  const auto deadline = clk::now() + timeout;
-  std::vector<kv_event> all;
-  for (;;) {
-    if (!w.buffered()) {
-      const auto until = std::min(deadline, w.due());
-      const auto left = std::chrono::ceil<milliseconds>(until - clk::now()).count();
-      const int ms = static_cast<int>(std::clamp<long long>(left, 0, 1000));
-      if (w.fd() >= 0) {
-        pollfd p{w.fd(), POLLIN, 0};
-        ::poll(&p, 1, ms);
-      } else {
-        std::this_thread::sleep_for(milliseconds(ms));
-      }
-    }
-    auto c = w.take();
-    CHECK_FALSE(c.resync);  // etcd never asks for a re-read: it gives snapshots
-    if (snapshot && c.complete) *snapshot = true;
-    all.insert(all.end(), c.events.begin(), c.events.end());
-    if (done(all) || clk::now() >= deadline) return all;
-  }
+  bool resync = false;
+  auto all = holdfast_test::follow_watch(w, timeout, done, snapshot, &resync);
+  CHECK_FALSE(resync);
+  return all;
 }
 
 // Until an event for `key` arrived.
