@@ -461,38 +461,43 @@ std::string slurp(const std::string& path) {
   return holdfast::read_all(fd);
 }
 
-// Prints the agreement as the workers left it in the coordination store: who claimed, each
-// worker's acknowledged run counter, and the recorded outcome (the agreed step, max + 1, or a
-// timeout naming the missing workers); the same for the final save of the grace path.
+// Prints the agreement as the workers left it in the coordination store: who claimed, the
+// acknowledged run counters still there (each worker erases its own once a step is agreed; a
+// timeout leaves them), and the recorded outcome (the agreed step, max + 1, or a timeout naming
+// the missing workers); the same for the final save of the grace path.
 template <class Kv>
 void print_agreement(Kv kv) {
+  using holdfast::agreement_key;
+  const std::string scope = "holdfast/train/";
   std::map<std::string, std::string> keys;
   for (const auto& [key, value] : kv.list("holdfast/train")) keys[key] = value;
   auto get = [&](const std::string& k) {
-    auto it = keys.find("holdfast/train/" + k);
+    auto it = keys.find(k);
     return it == keys.end() ? std::string() : it->second;
   };
-  if (auto e = get("error"); !e.empty())
+  if (auto e = get(holdfast::agreement_key_name(scope, agreement_key::error, 0)); !e.empty())
     timeline("store: worker %s published an error; every other worker raises it",
              e.substr(0, e.find('\n')).c_str());
-  for (int r = 0;; ++r) {
-    std::string round = "r";  // appends: GCC 12 -Wrestrict misfires on "r" + string&&
-    round += std::to_string(r);
-    round += '/';
-    if (get(round + "claim").empty()) break;
-    for (const char* phase : {"", "final_"}) {
-      auto claim = holdfast::parse_agreement_value(get(round + (*phase ? "final" : "claim")));
+  for (std::uint64_t r = 0;; ++r) {
+    if (get(holdfast::agreement_key_name(scope, agreement_key::claim, r)).empty()) break;
+    for (bool final_phase : {false, true}) {
+      auto claim = holdfast::parse_agreement_value(get(holdfast::agreement_key_name(
+          scope, final_phase ? agreement_key::final_claim : agreement_key::claim, r)));
       if (!claim || claim->what != holdfast::agreement_value::kind::claim) continue;
+      const std::string ack_prefix = holdfast::agreement_key_name(
+          scope, final_phase ? agreement_key::final_ack : agreement_key::ack, r);
       std::string acks;
-      for (const auto& [key, value] : keys) {
-        auto pos = key.find(round + phase + "ack/");
-        if (pos == std::string::npos) continue;
+      for (auto it = keys.lower_bound(ack_prefix);
+           it != keys.end() && it->first.compare(0, ack_prefix.size(), ack_prefix) == 0; ++it) {
         acks += ' ';  // appends, not operator+: GCC 12 -Wrestrict misfires on " " + string&&
-        acks += key.substr(key.rfind('/') + 1);
+        acks += it->first.substr(ack_prefix.size());
         acks += '@';
-        acks += value;
+        acks += it->second;
       }
-      std::string outcome = get(round + phase + "step");  // "step S by ..." or "timeout ..."
+      if (acks.empty()) acks = " (erased once the step was agreed)";
+      // "step S by ..." or "timeout ..."
+      std::string outcome = get(holdfast::agreement_key_name(
+          scope, final_phase ? agreement_key::final_step : agreement_key::step, r));
       if (auto v = holdfast::parse_agreement_value(outcome);
           v && v->what == holdfast::agreement_value::kind::step) {
         outcome = "agreed step ";  // appends: GCC 12 -Wrestrict misfires on "..." + string&&
@@ -500,7 +505,8 @@ void print_agreement(Kv kv) {
         outcome += " = max + 1";
       }
       timeline("store: %s: worker %d claimed; acks (task@run counter):%s; outcome: %s",
-               *phase ? "final save" : "checkpoint", claim->writer, acks.c_str(), outcome.c_str());
+               final_phase ? "final save" : "checkpoint", claim->writer, acks.c_str(),
+               outcome.c_str());
     }
   }
 }

@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <holdfast/agreement.hpp>
 #include <map>
 #include <optional>
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 using holdfast::agreement_action;
@@ -38,8 +41,11 @@ step_agreement::config cfg(int task, int n, milliseconds grace = milliseconds(0)
   return c;
 }
 
+std::string name(agreement_key k, std::uint64_t round, int task = -1) {
+  return holdfast::agreement_key_name(scope, k, round, task);
+}
 std::string key_of(const step_agreement::instruction& in) {
-  return holdfast::agreement_key_name(scope, in.key, in.round, in.task);
+  return name(in.key, in.round, in.task);
 }
 
 // The test-local fake store: a sorted map (agreement tests only; handler tests use real stores).
@@ -55,6 +61,7 @@ struct fake_kv {
     if (it == m.end()) return std::nullopt;
     return it->second;
   }
+  bool has(const std::string& k) const { return m.count(k) != 0; }
   std::vector<std::pair<std::string, std::string>> list(const std::string& prefix) {
     ++ops;
     std::vector<std::pair<std::string, std::string>> out;
@@ -63,10 +70,33 @@ struct fake_kv {
       out.push_back(*it);
     return out;
   }
+  void erase(const std::string& k) {
+    ++ops;
+    m.erase(k);
+  }
+  // How many keys start with `prefix`.
+  std::size_t count(const std::string& prefix) const {
+    std::size_t c = 0;
+    for (auto it = m.lower_bound(prefix);
+         it != m.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+      ++c;
+    return c;
+  }
+  std::vector<std::string> keys() const {
+    std::vector<std::string> out;
+    for (auto& kv : m) out.push_back(kv.first);
+    return out;
+  }
 };
 
-// Performs one store instruction on `kv`; a wait whose key is absent is answered now as the
-// deadline (for single-machine tests). Returns false for a decide.
+// The ack keys of every round and phase ("<scope>ack/..." and "<scope>final_ack/...").
+std::size_t ack_keys(const fake_kv& kv) {
+  return kv.count(scope + "ack/") + kv.count(scope + "final_ack/");
+}
+
+// Performs one store instruction on `kv`; a wait whose key is absent (the outcome key, or an ack
+// key the claimant collects) is answered now as the deadline (for single-machine tests); an erase
+// is done and reported to nobody. Returns false for a decide.
 bool perform(step_agreement& a, const step_agreement::instruction& in, fake_kv& kv) {
   switch (in.kind) {
     case op::decide:
@@ -80,12 +110,15 @@ bool perform(step_agreement& a, const step_agreement::instruction& in, fake_kv& 
       a.on_put();
       return true;
     case op::try_get:
-    case op::wait:
+    case op::wait:  // a wait on the outcome key or on one task's ack key
       ++kv.ops;
       a.on_value(kv.try_get(key_of(in)));
       return true;
     case op::list:
       a.on_list(kv.list(key_of(in)));
+      return true;
+    case op::erase:  // no result is reported
+      kv.erase(key_of(in));
       return true;
   }
   return false;
@@ -108,6 +141,37 @@ step_agreement::instruction decide(step_agreement& a, fake_kv& kv, std::int64_t 
   return a.decide(counter, now, mean);
 }
 
+// The store instructions protocol_next() hands out until it answers a decide (erases and the
+// like, which report no result), as "op key" strings.
+std::vector<std::string> pending(step_agreement& a, std::int64_t counter, clk::time_point now,
+                                 fake_kv* kv = nullptr) {
+  std::vector<std::string> out;
+  for (int i = 0; i < 100; ++i) {
+    auto in = a.protocol_next(counter, now);
+    if (in.kind == op::decide) return out;
+    CHECK(in.kind == op::erase);  // the only instructions with no result
+    out.push_back("erase " + key_of(in));
+    if (kv) kv->erase(key_of(in));
+  }
+  FAIL("exchange did not end");
+  return out;
+}
+
+// A claimant of `n` tasks (task `me`, noticed at t0) that has claimed and published `counter`.
+step_agreement claimant_after_ack(int me, int n, std::int64_t counter) {
+  step_agreement a(cfg(me, n));
+  a.on_notice(t0);
+  CHECK(a.protocol_next(counter, t0).kind == op::insert);
+  a.on_insert(true);
+  CHECK(a.claimant());
+  auto in = a.protocol_next(counter, t0);
+  CHECK(in.kind == op::put);
+  CHECK(in.value == std::to_string(counter));
+  a.on_put();
+  CHECK(a.state() == agreement_state::acked);
+  return a;
+}
+
 }  // namespace
 
 TEST_CASE("idle: proceeds with no store traffic and needs no attention") {
@@ -127,18 +191,32 @@ TEST_CASE("rejects a task id outside the job") {
   CHECK_THROWS_AS(step_agreement(cfg(-1, 2)), std::invalid_argument);
 }
 
-TEST_CASE("key names are scoped by run and round") {
-  CHECK(holdfast::agreement_key_name("j/", agreement_key::claim, 3) == "j/r3/claim");
-  CHECK(holdfast::agreement_key_name("j/", agreement_key::ack, 0, 7) == "j/r0/ack/7");
-  CHECK(holdfast::agreement_key_name("j/", agreement_key::ack, 0) == "j/r0/ack/");
-  CHECK(holdfast::agreement_key_name("j/", agreement_key::final_ack, 1, 2) == "j/r1/final_ack/2");
-  CHECK(holdfast::agreement_key_name("j/", agreement_key::step, 1) == "j/r1/step");
-  CHECK(holdfast::agreement_key_name("j/", agreement_key::final_claim, 1) == "j/r1/final");
-  CHECK(holdfast::agreement_key_name("j/", agreement_key::final_step, 1) == "j/r1/final_step");
-  CHECK(holdfast::agreement_key_name("j/", agreement_key::error, 9) == "j/error");
+TEST_CASE("key names: control keys under ctl, acks apart, scoped by run and round") {
+  using holdfast::agreement_key_name;
+  CHECK(agreement_key_name("j/", agreement_key::claim, 3) == "j/ctl/r3/claim");
+  CHECK(agreement_key_name("j/", agreement_key::step, 1) == "j/ctl/r1/step");
+  CHECK(agreement_key_name("j/", agreement_key::final_claim, 1) == "j/ctl/r1/final");
+  CHECK(agreement_key_name("j/", agreement_key::final_step, 1) == "j/ctl/r1/final_step");
+  CHECK(agreement_key_name("j/", agreement_key::error, 9) == "j/ctl/error");
+  CHECK(agreement_key_name("j/", agreement_key::ack, 0, 7) == "j/ack/r0/7");
+  CHECK(agreement_key_name("j/", agreement_key::ack, 0) == "j/ack/r0/");
+  CHECK(agreement_key_name("j/", agreement_key::final_ack, 1, 2) == "j/final_ack/r1/2");
+  CHECK(agreement_key_name("j/", agreement_key::final_ack, 1) == "j/final_ack/r1/");
+  CHECK(holdfast::agreement_control_prefix("j/") == "j/ctl");
+  // Every control key is under the control prefix, no ack is: a watch on the prefix sees O(1)
+  // events per round.
+  const std::string ctl = holdfast::agreement_control_prefix("j/");
+  for (agreement_key k : {agreement_key::claim, agreement_key::step, agreement_key::final_claim,
+                          agreement_key::final_step, agreement_key::error})
+    CHECK(agreement_key_name("j/", k, 12).rfind(ctl + "/", 0) == 0);
+  for (agreement_key k : {agreement_key::ack, agreement_key::final_ack})
+    for (int t : {-1, 0, 5}) CHECK(agreement_key_name("j/", k, 12, t).rfind(ctl, 0) != 0);
+  // The ack prefix of round 1 is not a prefix of round 10's acks.
+  CHECK(agreement_key_name("j/", agreement_key::ack, 10, 3)
+            .rfind(agreement_key_name("j/", agreement_key::ack, 1), 0) != 0);
 }
 
-TEST_CASE("one worker: notice → claim → ack → list → step published → save then exit") {
+TEST_CASE("one worker: notice → claim → ack → step recorded with no wait → save then exit") {
   step_agreement a(cfg(0, 1));
   a.on_notice(t0);
   CHECK(a.state() == agreement_state::noticed);
@@ -146,7 +224,7 @@ TEST_CASE("one worker: notice → claim → ack → list → step published → 
 
   auto in = a.protocol_next(5, t0);
   CHECK(in.kind == op::insert);
-  CHECK(key_of(in) == "run/r0/claim");
+  CHECK(key_of(in) == "run/ctl/r0/claim");
   CHECK(in.value == "claim by 0/0");
   a.on_insert(true);
   CHECK(a.state() == agreement_state::claimed);
@@ -154,22 +232,20 @@ TEST_CASE("one worker: notice → claim → ack → list → step published → 
 
   in = a.protocol_next(5, t0);
   CHECK(in.kind == op::put);
-  CHECK(key_of(in) == "run/r0/ack/0");
+  CHECK(key_of(in) == "run/ack/r0/0");
   CHECK(in.value == "5");
   a.on_put();
   CHECK(a.state() == agreement_state::acked);
 
-  in = a.protocol_next(5, t0);
-  CHECK(in.kind == op::list);
-  CHECK(key_of(in) == "run/r0/ack/");
-  a.on_list({{"run/r0/ack/0", "5"}});
+  // The claimant of a one-task job has every counter: no wait, no list.
   in = a.protocol_next(5, t0);
   CHECK(in.kind == op::insert);
-  CHECK(key_of(in) == "run/r0/step");
+  CHECK(key_of(in) == "run/ctl/r0/step");
   CHECK(in.value == "step 6 by 0/0");  // max + 1
   a.on_insert(true);
   CHECK(a.state() == agreement_state::step_published);
   CHECK(a.agreed_step() == 6);
+  CHECK(pending(a, 5, t0) == std::vector<std::string>{"erase run/ack/r0/0"});  // round 0
 
   in = a.decide(5, t0);
   CHECK(in.kind == op::decide);
@@ -203,58 +279,73 @@ TEST_CASE("lost claim and a claim seen by the watcher both make a follower") {
   c.on_claim_seen(0);
   CHECK(c.state() == agreement_state::claimed);
   CHECK(c.protocol_next(2, t0).kind == op::put);
+
+  // A lost claim's follower waits on the outcome key after its ack, like any follower.
+  CHECK(a.protocol_next(3, t0).kind == op::put);
+  a.on_put();
+  in = a.protocol_next(3, t0);
+  CHECK(in.kind == op::wait);
+  CHECK(key_of(in) == "run/ctl/r0/step");
 }
 
-TEST_CASE("incomplete acks: wait for the step until the deadline, then a step or a timeout") {
+TEST_CASE("a follower waits on the outcome key alone until the deadline, then a step or timeout") {
   step_agreement a(cfg(0, 3));
   a.on_claim_seen(0);
+  CHECK_FALSE(a.claimant());
   a.protocol_next(4, t0);
   a.on_put();
-  CHECK(a.protocol_next(4, t0).kind == op::list);
-  a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/2", "9"}});
+  CHECK(a.retry_deadline() == t0 + milliseconds(1000));  // deadline set by the ack
+  CHECK_FALSE(a.collecting());
   auto in = a.protocol_next(4, t0 + milliseconds(10));
-  CHECK(in.kind == op::wait);
-  CHECK(key_of(in) == "run/r0/step");
+  CHECK(in.kind == op::wait);  // no list of the acks: only the claimant reads them
+  CHECK(key_of(in) == "run/ctl/r0/step");
   CHECK(in.deadline == t0 + milliseconds(1000));  // acked at t0 + ack_timeout
+  CHECK_FALSE(a.collecting());
 
-  SUBCASE("the step arrives") {
+  SUBCASE("the step arrives: followed, and this worker's ack is erased") {
     a.on_value(std::string("step 10 by 2/x"));
     CHECK(a.state() == agreement_state::step_published);
     CHECK(a.agreed_step() == 10);
+    CHECK(pending(a, 4, t0) == std::vector<std::string>{"erase run/ack/r0/0"});
     CHECK(a.decide(9, t0).action == agreement_action::proceed);
     CHECK(a.decide(10, t0).action == agreement_action::save_then_exit);
   }
   SUBCASE("the deadline passes and task 1 never acked: the timeout is recorded, then raised") {
     a.on_value(std::nullopt);
+    CHECK(a.retry_deadline() == t0 + milliseconds(2000));  // recording: one more ack_timeout
     in = a.protocol_next(4, t0 + milliseconds(1000));
     CHECK(in.kind == op::list);
-    a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/2", "9"}});
+    CHECK(key_of(in) == "run/ack/r0/");
+    a.on_list({{"run/ack/r0/0", "4"}, {"run/ack/r0/2", "9"}});
     CHECK(a.state() == agreement_state::acked);  // nothing decided before it is recorded
     CHECK(a.decide(5, t0).action == agreement_action::wait);
     in = a.protocol_next(4, t0 + milliseconds(1000));
     CHECK(in.kind == op::insert);
-    CHECK(key_of(in) == "run/r0/step");
+    CHECK(key_of(in) == "run/ctl/r0/step");
     CHECK(in.value == "timeout 1 by 0/0");
     a.on_insert(true);
     CHECK(a.state() == agreement_state::failed);
     CHECK(a.failure().kind == agreement_failure::timeout);
     CHECK(a.failure().missing_tasks == std::vector<int>{1});
     CHECK(a.failure().key == agreement_key::step);
+    CHECK(a.failure().round == 0);
+    CHECK(pending(a, 4, t0).empty());                         // a timeout erases nothing
     CHECK(a.decide(4, t0).action == agreement_action::fail);  // sticky
     CHECK(a.decide(5, t0).action == agreement_action::fail);
   }
   SUBCASE("recording the timeout loses to a step recorded meanwhile: the step is followed") {
     a.on_value(std::nullopt);
     a.protocol_next(4, t0 + milliseconds(1000));
-    a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/2", "9"}});
+    a.on_list({{"run/ack/r0/0", "4"}, {"run/ack/r0/2", "9"}});
     CHECK(a.protocol_next(4, t0 + milliseconds(1000)).kind == op::insert);
     a.on_insert(false);
     in = a.protocol_next(4, t0 + milliseconds(1001));
     CHECK(in.kind == op::wait);
-    CHECK(key_of(in) == "run/r0/step");
+    CHECK(key_of(in) == "run/ctl/r0/step");
     a.on_value(std::string("step 12 by 1/late"));
     CHECK(a.state() == agreement_state::step_published);
     CHECK(a.agreed_step() == 12);
+    CHECK(pending(a, 4, t0) == std::vector<std::string>{"erase run/ack/r0/0"});
     CHECK(a.decide(12, t0).action == agreement_action::save_then_exit);
   }
   SUBCASE("another worker's recorded timeout is followed, with its list of tasks") {
@@ -266,7 +357,7 @@ TEST_CASE("incomplete acks: wait for the step until the deadline, then a step or
   SUBCASE("a late worker that sees every ack finds the recorded timeout and raises it") {
     a.on_value(std::nullopt);
     a.protocol_next(4, t0 + milliseconds(5000));  // resumed long after the deadline
-    a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/1", "2"}, {"run/r0/ack/2", "9"}});
+    a.on_list({{"run/ack/r0/0", "4"}, {"run/ack/r0/1", "2"}, {"run/ack/r0/2", "9"}});
     in = a.protocol_next(4, t0 + milliseconds(5000));
     CHECK(in.value == "step 10 by 0/0");
     a.on_insert(false);
@@ -282,24 +373,32 @@ TEST_CASE("incomplete acks: wait for the step until the deadline, then a step or
     CHECK(a.failure().kind == agreement_failure::peer);
     CHECK(a.failure().message.find("malformed outcome '10'") != std::string::npos);
   }
-  SUBCASE("the deadline passes but the last ack landed meanwhile: the step is computed here") {
+  SUBCASE("the deadline passes but the last ack landed meanwhile: the step is recorded here") {
     a.on_value(std::nullopt);
     a.protocol_next(4, t0 + milliseconds(1000));
-    a.on_list({{"run/r0/ack/0", "4"}, {"run/r0/ack/1", "2"}, {"run/r0/ack/2", "9"}});
+    a.on_list({{"run/ack/r0/0", "4"}, {"run/ack/r0/1", "2"}, {"run/ack/r0/2", "9"}});
     in = a.protocol_next(4, t0);
     CHECK(in.kind == op::insert);
     CHECK(in.value == "step 10 by 0/0");
-    a.on_insert(false);  // someone else inserted it first: read it
-    in = a.protocol_next(4, t0);
-    CHECK(in.kind == op::wait);
-    a.on_value(std::string("step 10 by 2/x"));
-    CHECK(a.agreed_step() == 10);
+    SUBCASE("its insert wins") {
+      a.on_insert(true);
+      CHECK(a.agreed_step() == 10);
+      CHECK(pending(a, 4, t0) == std::vector<std::string>{"erase run/ack/r0/0"});  // round 0
+    }
+    SUBCASE("someone else inserted it first: read it") {
+      a.on_insert(false);
+      in = a.protocol_next(4, t0);
+      CHECK(in.kind == op::wait);
+      a.on_value(std::string("step 10 by 2/x"));
+      CHECK(a.agreed_step() == 10);
+    }
   }
   SUBCASE("an aborted step names the peer's error") {
     a.on_value(std::string("abort by 1/y"));
+    CHECK(a.state() == agreement_state::acked);
     in = a.protocol_next(4, t0);
     CHECK(in.kind == op::try_get);
-    CHECK(key_of(in) == "run/error");
+    CHECK(key_of(in) == "run/ctl/error");
     a.on_value(step_agreement::encode_error(1, "std::runtime_error", "nan\nloss"));
     CHECK(a.state() == agreement_state::failed);
     CHECK(a.failure().kind == agreement_failure::peer);
@@ -307,11 +406,244 @@ TEST_CASE("incomplete acks: wait for the step until the deadline, then a step or
     CHECK(a.failure().type_name == "std::runtime_error");
     CHECK(a.failure().message == "nan\nloss");
   }
+  SUBCASE("an abort whose error key is absent still fails") {
+    a.on_value(std::string("abort by 1/y"));
+    CHECK(a.protocol_next(4, t0).kind == op::try_get);
+    a.on_value(std::nullopt);
+    CHECK(a.state() == agreement_state::failed);
+    CHECK(a.failure().kind == agreement_failure::peer);
+    CHECK(a.failure().message == "agreement aborted");
+  }
+}
+
+TEST_CASE("claimant: collects the N-1 other acks in task order, then records max + 1") {
+  // Task 2 of 4 claimed and published 5; the other counters are skewed.
+  fake_kv kv;
+  kv.m["run/ack/r0/0"] = "3";
+  kv.m["run/ack/r0/1"] = "1000";
+  kv.m["run/ack/r0/3"] = "17";
+  step_agreement a = claimant_after_ack(2, 4, 5);
+  CHECK(a.decide(5, t0).action == agreement_action::proceed);
+  CHECK(a.decide(6, t0).action == agreement_action::wait);  // might be the step
+  std::vector<int> waited;
+  for (;;) {
+    auto in = a.protocol_next(5, t0 + milliseconds(1));
+    if (in.kind != op::wait) {
+      CHECK(in.kind == op::insert);
+      CHECK(key_of(in) == "run/ctl/r0/step");
+      CHECK(in.value == "step 1001 by 2/0");
+      break;
+    }
+    CHECK(in.key == agreement_key::ack);
+    CHECK(in.round == 0);
+    CHECK(in.deadline == t0 + milliseconds(1000));  // the claimant's ack deadline
+    CHECK(a.collecting());
+    CHECK(a.outcome_key() == agreement_key::step);
+    waited.push_back(in.task);
+    a.on_value(kv.try_get(key_of(in)));
+    CHECK_FALSE(a.collecting());
+    CHECK(a.state() == agreement_state::acked);
+  }
+  CHECK(waited == std::vector<int>{0, 1, 3});               // in task order, its own skipped
+  CHECK(a.decide(6, t0).action == agreement_action::wait);  // not recorded yet
+  a.on_insert(true);
+  CHECK(a.state() == agreement_state::step_published);
+  CHECK(a.agreed_step() == 1001);
+  CHECK(a.decide(1000, t0).action == agreement_action::proceed);
+  CHECK(a.decide(1001, t0).action == agreement_action::save_then_exit);
+}
+
+TEST_CASE("the agreed step is max of the counters + 1, whatever the skew or the claimant") {
+  for (int me = 0; me < 3; ++me) {
+    fake_kv kv;
+    const std::int64_t counters[] = {3, 1000, 17};
+    for (int t = 0; t < 3; ++t)
+      if (t != me) kv.m[name(agreement_key::ack, 0, t)] = std::to_string(counters[t]);
+    step_agreement a = claimant_after_ack(me, 3, counters[me]);
+    std::vector<int> waited;
+    step_agreement::instruction in;
+    while ((in = a.protocol_next(counters[me], t0)).kind == op::wait) {
+      waited.push_back(in.task);
+      a.on_value(kv.try_get(key_of(in)));
+    }
+    std::vector<int> others;
+    for (int t = 0; t < 3; ++t)
+      if (t != me) others.push_back(t);
+    CHECK(waited == others);
+    CHECK(in.value == "step 1001 by " + std::to_string(me) + "/0");
+  }
+  // The follower's path (every ack listed after the deadline) computes the same step.
+  step_agreement b(cfg(1, 3));
+  b.on_claim_seen(0);
+  b.protocol_next(1000, t0);
+  b.on_put();
+  CHECK(b.protocol_next(1000, t0).kind == op::wait);
+  b.on_value(std::nullopt);
+  CHECK(b.protocol_next(1000, t0).kind == op::list);
+  b.on_list({{"run/ack/r0/0", "3"}, {"run/ack/r0/1", "1000"}, {"run/ack/r0/2", "17"}});
+  CHECK(b.protocol_next(1000, t0).value == "step 1001 by 1/0");
+}
+
+TEST_CASE("claimant: an ack absent at the deadline or malformed is missing: it records timeout") {
+  // Task 1 of 5: task 2 never acks, task 3's ack is not a counter.
+  fake_kv kv;
+  kv.m["run/ack/r0/0"] = "7";
+  kv.m["run/ack/r0/3"] = "x";
+  kv.m["run/ack/r0/4"] = "8";
+  step_agreement a = claimant_after_ack(1, 5, 6);
+  auto in = a.protocol_next(6, t0);
+  CHECK(key_of(in) == "run/ack/r0/0");
+  a.on_value(kv.try_get(key_of(in)));
+  in = a.protocol_next(6, t0 + milliseconds(5));
+  CHECK(key_of(in) == "run/ack/r0/2");
+  CHECK(in.deadline == t0 + milliseconds(1000));
+  a.on_value(std::nullopt);  // the deadline passed
+  CHECK(a.state() == agreement_state::acked);
+  in = a.protocol_next(6, t0 + milliseconds(1500));  // past the deadline: no more blocking
+  CHECK(key_of(in) == "run/ack/r0/3");
+  CHECK(in.deadline == t0 + milliseconds(1500));
+  a.on_value(kv.try_get(key_of(in)));  // "x"
+  in = a.protocol_next(6, t0 + milliseconds(1500));
+  CHECK(key_of(in) == "run/ack/r0/4");
+  a.on_value(kv.try_get(key_of(in)));
+  CHECK(a.retry_deadline() == t0 + milliseconds(1000));
+  in = a.protocol_next(6, t0 + milliseconds(1500));
+  CHECK(in.kind == op::insert);
+  CHECK(key_of(in) == "run/ctl/r0/step");
+  CHECK(in.value == "timeout 2,3 by 1/0");               // exactly the missing tasks
+  CHECK(a.retry_deadline() == t0 + milliseconds(2000));  // recording
+  CHECK(a.decide(7, t0).action == agreement_action::wait);
+  SUBCASE("recorded: it fails with that timeout") {
+    a.on_insert(true);
+    CHECK(a.state() == agreement_state::failed);
+    CHECK(a.failure().kind == agreement_failure::timeout);
+    CHECK(a.failure().missing_tasks == std::vector<int>{2, 3});
+    CHECK(pending(a, 6, t0).empty());
+  }
+  SUBCASE("a step was recorded first: it follows the step") {
+    a.on_insert(false);
+    in = a.protocol_next(6, t0 + milliseconds(1500));
+    CHECK(in.kind == op::wait);
+    CHECK(key_of(in) == "run/ctl/r0/step");
+    a.on_value(std::string("step 9 by 0/z"));
+    CHECK(a.agreed_step() == 9);
+    CHECK(pending(a, 6, t0) == std::vector<std::string>{"erase run/ack/r0/1"});
+  }
+  SUBCASE("recording fails for good: unreachable, never a save") {
+    a.on_store_failure("kv insert: EIO");
+    CHECK(a.failure().kind == agreement_failure::unreachable);
+  }
+}
+
+TEST_CASE("claimant: a malformed or foreign ack counts as missing, in a wait or a list") {
+  step_agreement a = claimant_after_ack(0, 2, 1);
+  auto in = a.protocol_next(1, t0);
+  CHECK(key_of(in) == "run/ack/r0/1");
+  a.on_value(std::string("-"));
+  CHECK(a.protocol_next(1, t0).value == "timeout 1 by 0/0");
+
+  step_agreement b(cfg(0, 2));  // the list after the deadline
+  b.on_claim_seen(0);
+  b.protocol_next(1, t0);
+  b.on_put();
+  b.protocol_next(1, t0);
+  b.on_value(std::nullopt);
+  CHECK(b.protocol_next(1, t0).kind == op::list);
+  b.on_list({{"run/ack/r0/0", "1"}, {"run/ack/r0/1", "x"}, {"run/ack/r0/7", "3"}});
+  CHECK(b.protocol_next(1, t0).value == "timeout 1 by 0/0");
+}
+
+TEST_CASE("claimant: the outcome key seen while it collects is followed") {
+  step_agreement a = claimant_after_ack(0, 3, 4);
+  auto in = a.protocol_next(4, t0);
+  CHECK(key_of(in) == "run/ack/r0/1");
+  CHECK(a.collecting());
+  CHECK(a.outcome_key() == agreement_key::step);
+  SUBCASE("a step: published, its ack erased, nothing more collected") {
+    a.on_outcome_seen("step 12 by 2/q");
+    CHECK_FALSE(a.collecting());
+    CHECK(a.state() == agreement_state::step_published);
+    CHECK(a.agreed_step() == 12);
+    CHECK(pending(a, 4, t0) == std::vector<std::string>{"erase run/ack/r0/0"});
+    CHECK(a.decide(12, t0).action == agreement_action::save_then_exit);
+  }
+  SUBCASE("a timeout: failed with its tasks") {
+    a.on_outcome_seen("timeout 1 by 2/q");
+    CHECK(a.state() == agreement_state::failed);
+    CHECK(a.failure().kind == agreement_failure::timeout);
+    CHECK(a.failure().missing_tasks == std::vector<int>{1});
+    CHECK(pending(a, 4, t0).empty());
+  }
+  SUBCASE("an abort: the error is read, then raised") {
+    a.on_outcome_seen("abort by 2/q");
+    CHECK(a.state() == agreement_state::acked);
+    in = a.protocol_next(4, t0);
+    CHECK(in.kind == op::try_get);
+    CHECK(key_of(in) == "run/ctl/error");
+    a.on_value(step_agreement::encode_error(2, "E", "boom"));
+    CHECK(a.state() == agreement_state::failed);
+    CHECK(a.failure().kind == agreement_failure::peer);
+    CHECK(a.failure().task == 2);
+    CHECK(a.failure().message == "boom");
+  }
+  SUBCASE("a value outside the grammar: a peer error naming it") {
+    a.on_outcome_seen("garbage");
+    CHECK(a.failure().kind == agreement_failure::peer);
+    CHECK(a.failure().message.find("malformed outcome 'garbage'") != std::string::npos);
+  }
+}
+
+TEST_CASE("on_outcome_seen is ignored when the machine is not collecting") {
+  const std::string step = "step 3 by 1/q";
+  step_agreement idle(cfg(0, 2));
+  idle.on_outcome_seen(step);
+  CHECK(idle.state() == agreement_state::idle);
+
+  // The claimant between two waits (the result of one reported, the next not asked for yet).
+  fake_kv kv;
+  kv.m["run/ack/r0/1"] = "2";
+  step_agreement a = claimant_after_ack(0, 3, 1);
+  auto in = a.protocol_next(1, t0);
+  a.on_value(kv.try_get(key_of(in)));
+  CHECK_FALSE(a.collecting());
+  a.on_outcome_seen(step);
+  CHECK(a.state() == agreement_state::acked);
+  in = a.protocol_next(1, t0);  // the collection goes on
+  CHECK(in.kind == op::wait);
+  CHECK(key_of(in) == "run/ack/r0/2");
+
+  // A follower's wait on the outcome key is answered by on_value, not on_outcome_seen.
+  step_agreement f(cfg(1, 2));
+  f.on_claim_seen(0);
+  f.protocol_next(1, t0);
+  f.on_put();
+  CHECK(f.protocol_next(1, t0).kind == op::wait);
+  CHECK_FALSE(f.collecting());
+  f.on_outcome_seen("timeout 0 by 0/q");
+  CHECK(f.state() == agreement_state::acked);
+  f.on_value(step);
+  CHECK(f.agreed_step() == 3);
+  f.on_outcome_seen("timeout 0 by 0/q");  // published: ignored
+  CHECK(f.state() == agreement_state::step_published);
+
+  // Failed and stopped machines ignore it too.
+  step_agreement g = claimant_after_ack(0, 2, 1);
+  g.protocol_next(1, t0);
+  g.on_error_seen(step_agreement::encode_error(1, "E", "m"));
+  g.on_outcome_seen(step);
+  CHECK(g.failure().kind == agreement_failure::peer);
+  step_agreement h = claimant_after_ack(0, 2, 1);
+  h.protocol_next(1, t0);
+  h.on_stop();
+  h.on_outcome_seen(step);
+  CHECK(h.state() == agreement_state::stopped);
 }
 
 TEST_CASE("training side: proceeds up to its published counter, then waits for the step") {
   step_agreement a(cfg(0, 2));
-  a.on_claim_seen(0);
+  a.on_notice(t0);
+  a.protocol_next(5, t0);
+  a.on_insert(true);
   CHECK(a.wants_counter());
   CHECK(a.decide(5, t0).action == agreement_action::proceed);  // the ack will carry >= 5
   auto in = a.protocol_next(5, t0);
@@ -322,8 +654,10 @@ TEST_CASE("training side: proceeds up to its published counter, then waits for t
   CHECK(a.decide(5, t0).action == agreement_action::proceed);  // below the step (>= 6)
   CHECK(a.decide(6, t0).action == agreement_action::wait);     // might be the step: wait
   a.on_put();
-  CHECK(a.protocol_next(6, t0).kind == op::list);
-  a.on_list({{"run/r0/ack/0", "5"}, {"run/r0/ack/1", "9"}});
+  in = a.protocol_next(6, t0);
+  CHECK(in.kind == op::wait);
+  CHECK(key_of(in) == "run/ack/r0/1");
+  a.on_value(std::string("9"));
   in = a.protocol_next(6, t0);
   CHECK(in.value == "step 10 by 0/0");
   CHECK(a.decide(6, t0).action == agreement_action::wait);  // still not published
@@ -333,27 +667,194 @@ TEST_CASE("training side: proceeds up to its published counter, then waits for t
   CHECK(a.decide(10, t0).action == agreement_action::save_then_exit);
 }
 
-TEST_CASE("the agreed step is max of the counters + 1, whatever the skew") {
-  for (int me = 0; me < 3; ++me) {
-    step_agreement a(cfg(me, 3));
-    a.on_claim_seen(0);
-    a.protocol_next(1000, t0);
+TEST_CASE("claimant: its step insert loses to another outcome and it follows that") {
+  step_agreement a = claimant_after_ack(0, 2, 1);
+  a.protocol_next(1, t0);
+  a.on_value(std::string("4"));
+  CHECK(a.protocol_next(1, t0).value == "step 5 by 0/0");
+  a.on_insert(false);
+  auto in = a.protocol_next(1, t0);
+  CHECK(in.kind == op::wait);
+  CHECK(key_of(in) == "run/ctl/r0/step");
+  a.on_value(std::string("timeout 0 by 1/q"));  // a peer recorded a timeout first
+  CHECK(a.failure().kind == agreement_failure::timeout);
+  CHECK(a.failure().missing_tasks == std::vector<int>{0});
+}
+
+TEST_CASE("erase after a step: its own ack, and the recorder of round N erases round N-1") {
+  auto c = cfg(0, 2, milliseconds(0), false);
+  c.first_round = 5;
+  const std::vector<std::string> previous = {"erase run/ctl/r4/claim", "erase run/ctl/r4/step",
+                                             "erase run/ctl/r4/final",
+                                             "erase run/ctl/r4/final_step"};
+  SUBCASE("the claimant that records the step") {
+    step_agreement a(c);
+    a.on_notice(t0);
+    a.protocol_next(1, t0);
+    a.on_insert(true);
+    a.protocol_next(1, t0);
     a.on_put();
-    a.protocol_next(1000, t0);
-    a.on_list({{"run/r0/ack/0", "3"}, {"run/r0/ack/1", "1000"}, {"run/r0/ack/2", "17"}});
-    auto in = a.protocol_next(1000, t0);
-    CHECK(in.value == "step 1001 by " + std::to_string(me) + "/0");
+    a.protocol_next(1, t0);
+    a.on_value(std::string("3"));
+    CHECK(a.protocol_next(1, t0).value == "step 4 by 0/0");
+    a.on_insert(true);
+    std::vector<std::string> want = {"erase run/ack/r5/0"};
+    want.insert(want.end(), previous.begin(), previous.end());
+    CHECK(a.needs_attention());
+    SUBCASE("drained at once") { CHECK(pending(a, 1, t0) == want); }
+    SUBCASE("drained after the save and re-arm: the instructions keep their rounds") {
+      CHECK(a.decide(4, t0).action == agreement_action::save);
+      CHECK(a.state() == agreement_state::idle);
+      CHECK(a.round() == 6);
+      CHECK(a.needs_attention());  // the erases are still to be done
+      CHECK(pending(a, 4, t0) == want);
+      CHECK_FALSE(a.needs_attention());
+    }
+  }
+  SUBCASE("a follower erases its ack only") {
+    auto fc = c;
+    fc.task = 1;
+    step_agreement f(fc);
+    f.on_claim_seen(5);
+    f.protocol_next(3, t0);
+    f.on_put();
+    f.protocol_next(3, t0);
+    f.on_value(std::string("step 4 by 0/0"));
+    CHECK(pending(f, 3, t0) == std::vector<std::string>{"erase run/ack/r5/1"});
+  }
+  SUBCASE("a follower that records the step after the deadline erases round N-1 too") {
+    auto fc = c;
+    fc.task = 1;
+    step_agreement f(fc);
+    f.on_claim_seen(5);
+    f.protocol_next(3, t0);
+    f.on_put();
+    f.protocol_next(3, t0);
+    f.on_value(std::nullopt);
+    f.protocol_next(3, t0);
+    f.on_list({{"run/ack/r5/0", "1"}, {"run/ack/r5/1", "3"}});
+    CHECK(f.protocol_next(3, t0).value == "step 4 by 1/0");
+    f.on_insert(true);
+    std::vector<std::string> want = {"erase run/ack/r5/1"};
+    want.insert(want.end(), previous.begin(), previous.end());
+    CHECK(pending(f, 3, t0) == want);
+  }
+  SUBCASE("the claimant that follows an outcome seen while collecting erases its ack only") {
+    step_agreement a(c);
+    a.on_notice(t0);
+    a.protocol_next(1, t0);
+    a.on_insert(true);
+    a.protocol_next(1, t0);
+    a.on_put();
+    a.protocol_next(1, t0);
+    a.on_outcome_seen("step 4 by 1/0");
+    CHECK(pending(a, 1, t0) == std::vector<std::string>{"erase run/ack/r5/0"});
+  }
+  SUBCASE("the final step's recorder erases its final ack only") {
+    auto gc = c;
+    gc.num_tasks = 1;
+    gc.grace = milliseconds(10);
+    step_agreement g(gc);
+    fake_kv kv;
+    g.on_notice(t0);
+    drain(g, kv, 1, t0);
+    CHECK(g.decide(2, t0).action == agreement_action::save_then_continue);
+    CHECK(g.decide(3, t0 + milliseconds(11)).action == agreement_action::proceed);
+    CHECK(g.state() == agreement_state::final_noticed);
+    CHECK(g.protocol_next(3, t0 + milliseconds(11)).kind == op::insert);  // final claim
+    g.on_insert(true);
+    CHECK(g.protocol_next(3, t0 + milliseconds(11)).kind == op::put);
+    g.on_put();
+    auto in = g.protocol_next(3, t0 + milliseconds(11));
+    CHECK(key_of(in) == "run/ctl/r5/final_step");
+    g.on_insert(true);
+    CHECK(pending(g, 3, t0) == std::vector<std::string>{"erase run/final_ack/r5/0"});
   }
 }
 
-TEST_CASE("a malformed ack or a foreign task id counts as missing") {
-  step_agreement a(cfg(0, 2));
-  a.on_claim_seen(0);
-  a.protocol_next(1, t0);
-  a.on_put();
-  a.protocol_next(1, t0);
-  a.on_list({{"run/r0/ack/0", "1"}, {"run/r0/ack/1", "x"}, {"run/r0/ack/7", "3"}});
-  CHECK(a.protocol_next(1, t0).kind == op::wait);
+TEST_CASE("per-agreement store traffic: constant for non-claimants, O(N) for the claimant") {
+  // n workers over one map: task n/2 is noticed first and claims, task 1 is noticed too and
+  // loses the claim; everyone else sees the claim. Waits on an absent key are parked until it
+  // appears (no deadline passes).
+  auto one_agreement = [](int n, std::vector<int>& per_worker, std::vector<int>& claimant_waits) {
+    fake_kv kv;
+    const int claimant = n / 2, loser = 1;
+    std::vector<step_agreement> w;
+    w.reserve(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) w.emplace_back(cfg(i, n));
+    std::vector<std::optional<step_agreement::instruction>> parked(static_cast<std::size_t>(n));
+    per_worker.assign(static_cast<std::size_t>(n), 0);
+    claimant_waits.clear();
+    w[static_cast<std::size_t>(claimant)].on_notice(t0);
+    w[static_cast<std::size_t>(loser)].on_notice(t0);
+    auto drive = [&](int i) {
+      auto& a = w[static_cast<std::size_t>(i)];
+      auto& p = parked[static_cast<std::size_t>(i)];
+      if (p) {
+        auto v = kv.try_get(key_of(*p));
+        if (!v) return;
+        p.reset();
+        a.on_value(v);
+      }
+      for (;;) {
+        auto in = a.protocol_next(10 + i % 7, t0);
+        if (in.kind == op::decide) return;
+        ++per_worker[static_cast<std::size_t>(i)];
+        if (in.kind == op::wait && in.key == agreement_key::ack) {
+          CHECK(i == claimant);
+          claimant_waits.push_back(in.task);
+        }
+        if (in.kind == op::wait && !kv.has(key_of(in))) {
+          p = in;
+          return;
+        }
+        perform(a, in, kv);
+      }
+    };
+    drive(claimant);
+    for (int pass = 0; pass < 6; ++pass)
+      for (int i = 0; i < n; ++i) {
+        auto& a = w[static_cast<std::size_t>(i)];
+        if (a.state() == agreement_state::idle && kv.has(name(agreement_key::claim, 0)))
+          a.on_claim_seen(0);
+        drive(i);
+      }
+    const std::int64_t want = (n < 7 ? 10 + n - 1 : 16) + 1;
+    for (auto& a : w) {
+      CHECK(a.state() == agreement_state::step_published);
+      CHECK(a.agreed_step() == want);
+      CHECK(a.protocol_next(0, t0).kind == op::decide);  // every erase done
+    }
+    CHECK(w[static_cast<std::size_t>(claimant)].claimant());
+    CHECK(ack_keys(kv) == 0);  // every ack erased
+    CHECK(kv.keys() == std::vector<std::string>{"run/ctl/r0/claim", "run/ctl/r0/step"});
+  };
+  std::vector<int> totals;
+  for (int n : {4, 64, 1024}) {
+    INFO("n " << n);
+    std::vector<int> per, waits;
+    one_agreement(n, per, waits);
+    const int claimant = n / 2;
+    // claim, put, n - 1 waits, insert step, erase its ack
+    CHECK(per[static_cast<std::size_t>(claimant)] == n + 3);
+    std::vector<int> expect_waits;
+    for (int t = 0; t < n; ++t)
+      if (t != claimant) expect_waits.push_back(t);
+    CHECK(waits == expect_waits);
+    CHECK(per[1] == 4);  // lost claim, put, wait step, erase
+    int others_max = 0;
+    for (int i = 0; i < n; ++i)
+      if (i != claimant && i != 1) {
+        CHECK(per[static_cast<std::size_t>(i)] == 3);  // put, wait step, erase
+        others_max = std::max(others_max, per[static_cast<std::size_t>(i)]);
+      }
+    CHECK(others_max == 3);
+    int total = 0;
+    for (int x : per) total += x;
+    CHECK(total == 4 * n + 1);  // linear in n
+    totals.push_back(total);
+  }
+  CHECK(totals == std::vector<int>{17, 257, 4097});
 }
 
 TEST_CASE("grace path: save then continue, final claim at end − 6 × mean step, final save") {
@@ -378,11 +879,11 @@ TEST_CASE("grace path: save then continue, final claim at end − 6 × mean step
   CHECK(a.state() == agreement_state::final_noticed);
   in = a.protocol_next(13, t0 + milliseconds(701));
   CHECK(in.kind == op::insert);
-  CHECK(key_of(in) == "run/r0/final");
+  CHECK(key_of(in) == "run/ctl/r0/final");
   a.on_insert(true);
   CHECK(a.state() == agreement_state::final_claimed);
   in = a.protocol_next(13, t0 + milliseconds(701));
-  CHECK(key_of(in) == "run/r0/final_ack/0");
+  CHECK(key_of(in) == "run/final_ack/r0/0");
   CHECK(perform(a, in, kv));
   CHECK(a.state() == agreement_state::final_acked);
   in = decide(a, kv, 13, t0 + milliseconds(701), mean);
@@ -426,26 +927,114 @@ TEST_CASE("grace: the final claim also leaves room for twice the first save's ov
 TEST_CASE("grace: a worker that was never noticed waits for the final claim") {
   step_agreement a(cfg(1, 2, milliseconds(10)));
   fake_kv kv;
-  kv.m["run/r0/ack/0"] = "3";
+  kv.m["run/ack/r0/0"] = "3";
   a.on_claim_seen(0);
   decide(a, kv, 3, t0);
   CHECK(a.agreed_step() == 4);
   CHECK(decide(a, kv, 4, t0).action == agreement_action::save_then_continue);
   CHECK(decide(a, kv, 5, t0 + std::chrono::hours(1)).action == agreement_action::proceed);
   CHECK(a.state() == agreement_state::grace);
-  CHECK(kv.try_get("run/r0/final") == std::nullopt);
+  CHECK(kv.try_get("run/ctl/r0/final") == std::nullopt);
   a.on_final_seen(0);
   CHECK(a.state() == agreement_state::final_claimed);
-  kv.m["run/r0/final_ack/0"] = "9";
+  kv.m["run/final_ack/r0/0"] = "9";
   decide(a, kv, 6, t0);
   CHECK(a.agreed_step(1) == 10);
 }
 
-TEST_CASE("no_exit: save, re-arm into the next round, and agree again") {
+TEST_CASE("grace: the final phase has a claimant of its own, which collects the final acks") {
+  // Task 0 claims the first save; task 1 (noticed later) claims the final one. Task 0 must then
+  // wait on the final outcome key like any follower, and task 1 collect the final acks.
+  const auto grace = milliseconds(1000);
+  fake_kv kv;
+  step_agreement a(cfg(0, 2, grace)), b(cfg(1, 2, grace));
+  a.on_notice(t0);
+  CHECK(perform(a, a.protocol_next(10, t0), kv));  // claim: won
+  CHECK(a.claimant());
+  b.on_claim_seen(0);
+  b.on_notice(t0 + milliseconds(200));             // its grace ends later, but it is noticed too
+  CHECK(perform(a, a.protocol_next(10, t0), kv));  // put 10
+  CHECK(perform(b, b.protocol_next(12, t0), kv));  // put 12
+  auto in = a.protocol_next(10, t0);
+  CHECK(key_of(in) == "run/ack/r0/1");
+  CHECK(perform(a, in, kv));
+  in = b.protocol_next(12, t0);
+  CHECK(in.kind == op::wait);
+  CHECK(key_of(in) == "run/ctl/r0/step");
+  CHECK(perform(a, a.protocol_next(10, t0), kv));  // insert step 13
+  CHECK(perform(b, in, kv));
+  CHECK(a.agreed_step() == 13);
+  CHECK(b.agreed_step() == 13);
+  CHECK(decide(a, kv, 13, t0).action == agreement_action::save_then_continue);
+  CHECK(decide(b, kv, 13, t0).action == agreement_action::save_then_continue);
+  CHECK_FALSE(a.claimant());  // the final phase has a claimant of its own
+
+  // b's notice is later, yet b claims the final save first (its clock, its decision).
+  CHECK(b.decide(14, t0 + milliseconds(1201)).action == agreement_action::proceed);
+  CHECK(b.state() == agreement_state::final_noticed);
+  in = b.protocol_next(14, t0 + milliseconds(1201));
+  CHECK(key_of(in) == "run/ctl/r0/final");
+  CHECK(perform(b, in, kv));
+  CHECK(b.claimant());
+  CHECK(a.decide(14, t0 + milliseconds(900)).action == agreement_action::proceed);
+  CHECK(a.state() == agreement_state::grace);
+  a.on_final_seen(0);
+  CHECK(a.state() == agreement_state::final_claimed);
+  in = a.protocol_next(14, t0 + milliseconds(900));
+  CHECK(key_of(in) == "run/final_ack/r0/0");
+  CHECK(perform(a, in, kv));
+  in = a.protocol_next(14, t0 + milliseconds(900));
+  CHECK(in.kind == op::wait);  // a follower now: no collection
+  CHECK(key_of(in) == "run/ctl/r0/final_step");
+  CHECK_FALSE(a.collecting());
+  auto a_wait = in;
+  CHECK(perform(b, b.protocol_next(15, t0 + milliseconds(1201)), kv));  // final ack 15
+  in = b.protocol_next(15, t0 + milliseconds(1201));
+  CHECK(in.kind == op::wait);
+  CHECK(key_of(in) == "run/final_ack/r0/0");
+  CHECK(b.collecting());
+  CHECK(b.outcome_key() == agreement_key::final_step);
+  CHECK(perform(b, in, kv));
+  in = b.protocol_next(15, t0 + milliseconds(1201));
+  CHECK(key_of(in) == "run/ctl/r0/final_step");
+  CHECK(in.value == "step 16 by 1/0");
+  CHECK(perform(b, in, kv));
+  CHECK(b.agreed_step(1) == 16);
+  CHECK(pending(b, 15, t0, &kv) == std::vector<std::string>{"erase run/final_ack/r0/1"});
+  CHECK(perform(a, a_wait, kv));
+  CHECK(a.agreed_step(1) == 16);
+  CHECK(pending(a, 14, t0, &kv) == std::vector<std::string>{"erase run/final_ack/r0/0"});
+  CHECK(decide(a, kv, 16, t0).action == agreement_action::save_then_exit);
+  CHECK(decide(b, kv, 16, t0).action == agreement_action::save_then_exit);
+  CHECK(ack_keys(kv) == 0);
+}
+
+TEST_CASE("grace: the final claimant sees the final outcome while collecting and follows it") {
+  step_agreement a(cfg(0, 2, milliseconds(10)));
+  fake_kv kv;
+  kv.m["run/ack/r0/1"] = "0";
+  a.on_notice(t0);
+  CHECK(decide(a, kv, 0, t0).action == agreement_action::proceed);
+  CHECK(decide(a, kv, 1, t0).action == agreement_action::save_then_continue);
+  CHECK(a.decide(2, t0 + milliseconds(11)).action == agreement_action::proceed);
+  CHECK(perform(a, a.protocol_next(2, t0 + milliseconds(11)), kv));  // final claim
+  CHECK(a.claimant());
+  CHECK(perform(a, a.protocol_next(2, t0 + milliseconds(11)), kv));  // final ack
+  auto in = a.protocol_next(2, t0 + milliseconds(11));
+  CHECK(key_of(in) == "run/final_ack/r0/1");
+  CHECK(a.collecting());
+  CHECK(a.outcome_key() == agreement_key::final_step);
+  a.on_outcome_seen("step 7 by 1/q");
+  CHECK(a.state() == agreement_state::final_published);
+  CHECK(a.agreed_step(1) == 7);
+}
+
+TEST_CASE("no_exit: save, re-arm into the next round, agree again, round 0's keys erased") {
   step_agreement a(cfg(0, 1, milliseconds(0), false));
   fake_kv kv;
   a.on_notice(t0);
   decide(a, kv, 0, t0 + milliseconds(1));
+  CHECK(kv.keys() == std::vector<std::string>{"run/ctl/r0/claim", "run/ctl/r0/step"});
   auto in = decide(a, kv, 1, t0 + milliseconds(2));
   CHECK(in.action == agreement_action::save);
   CHECK(a.state() == agreement_state::idle);
@@ -458,14 +1047,15 @@ TEST_CASE("no_exit: save, re-arm into the next round, and agree again") {
   a.on_notice(t0 + milliseconds(5));  // a new one
   CHECK(a.state() == agreement_state::noticed);
   in = a.protocol_next(7, t0 + milliseconds(5));
-  CHECK(key_of(in) == "run/r1/claim");
+  CHECK(key_of(in) == "run/ctl/r1/claim");
   CHECK(perform(a, in, kv));
   decide(a, kv, 7, t0 + milliseconds(5));
   CHECK(a.agreed_step() == 8);
+  // The recorder of round 1's step erased round 0's control keys; no ack is left.
+  CHECK(kv.keys() == std::vector<std::string>{"run/ctl/r1/claim", "run/ctl/r1/step"});
   CHECK(decide(a, kv, 8, t0 + milliseconds(6)).action == agreement_action::save);
   CHECK(a.round() == 2);
 }
-
 TEST_CASE("explicit rearm from exiting, and rearm does nothing once failed or stopped") {
   step_agreement a(cfg(0, 1));
   fake_kv kv;
@@ -499,11 +1089,12 @@ TEST_CASE("a local error publishes the error and aborts both rounds' step keys, 
     perform(a, in, kv);
   }
   const std::string abort = "=abort by 2/0";
-  CHECK(inserted == std::vector<std::string>{"run/error=2\nstd::domain_error\nbad batch",
-                                             "run/r0/step" + abort, "run/r0/final_step" + abort,
-                                             "run/r0/claim" + abort, "run/r0/final" + abort,
-                                             "run/r1/step" + abort, "run/r1/final_step" + abort,
-                                             "run/r1/claim" + abort, "run/r1/final" + abort});
+  CHECK(inserted ==
+        std::vector<std::string>{"run/ctl/error=2\nstd::domain_error\nbad batch",
+                                 "run/ctl/r0/step" + abort, "run/ctl/r0/final_step" + abort,
+                                 "run/ctl/r0/claim" + abort, "run/ctl/r0/final" + abort,
+                                 "run/ctl/r1/step" + abort, "run/ctl/r1/final_step" + abort,
+                                 "run/ctl/r1/claim" + abort, "run/ctl/r1/final" + abort});
   CHECK(a.failure().kind == agreement_failure::local);
   CHECK(a.failure().task == 2);
   a.on_error_seen(step_agreement::encode_error(1, "x", "y"));  // first error wins locally
@@ -551,6 +1142,16 @@ TEST_CASE("misuse is a logic_error, not a silent wrong answer") {
   a.on_notice(t0);
   a.protocol_next(0, t0);                                     // insert claim issued
   CHECK_THROWS_AS(a.protocol_next(0, t0), std::logic_error);  // its result was never reported
+
+  step_agreement b = claimant_after_ack(0, 2, 1);
+  CHECK(b.protocol_next(1, t0).kind == op::wait);  // the claimant collects: nobody lists
+  CHECK_THROWS_AS(b.on_list({{"run/ack/r0/1", "1"}}), std::logic_error);
+  CHECK_THROWS_AS(b.on_put(), std::logic_error);
+  step_agreement c(cfg(1, 2));
+  c.on_claim_seen(0);
+  c.protocol_next(1, t0);
+  c.on_put();
+  CHECK_THROWS_AS(c.on_value(std::string("1")), std::logic_error);  // nothing asked yet
 }
 
 TEST_CASE("stop is safe in every state") {
@@ -567,6 +1168,8 @@ TEST_CASE("stop is safe in every state") {
     CHECK(a.decide(0, t0).action == agreement_action::proceed);
   }
 }
+
+// ---- many machines over one map: a discrete-event simulation --------------------------------
 
 // ---- many machines over one map: a discrete-event simulation --------------------------------
 
@@ -589,6 +1192,7 @@ struct sim_result {
   bool failed = false;
   std::set<std::string> acted;  // what the workers that acted did: "save S" or "timeout 1,2"
   std::string recorded;         // the round's outcome key, as recorded
+  int outcome_seen = 0;         // collections cut short by the outcome key (on_outcome_seen)
 };
 
 // Faults of a simulation: a short deadline, workers frozen (all their threads: SIGSTOP) from
@@ -606,102 +1210,324 @@ struct sim_faults {
   }
 };
 
+std::string timeout_text(const std::vector<int>& tasks) {
+  std::string ids;
+  for (int t : tasks) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  return "timeout " + ids;
+}
+
+// What a worker that follows the recorded outcome `recorded` does: "save S" or "timeout 1,2".
+std::string expected_act(const std::string& recorded) {
+  auto v = holdfast::parse_agreement_value(recorded);
+  if (!v) return "unparsable '" + recorded + "'";
+  if (v->what == holdfast::agreement_value::kind::step) return "save " + std::to_string(v->step);
+  if (v->what == holdfast::agreement_value::kind::timeout) return timeout_text(v->tasks);
+  return "unexpected '" + recorded + "'";
+}
+
 // The invariant of a round: every worker that acted followed the one recorded outcome.
 bool follows_recorded(const sim_result& r) {
   if (r.acted.empty()) return true;
   if (r.acted.size() != 1) return false;
-  auto v = holdfast::parse_agreement_value(r.recorded);
-  if (!v) return false;
-  if (v->what == holdfast::agreement_value::kind::step)
-    return *r.acted.begin() == "save " + std::to_string(v->step);
-  std::string ids;
-  for (int t : v->tasks) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  return *r.acted.begin() == "timeout " + ids;
+  return *r.acted.begin() == expected_act(r.recorded);
+}
+
+// n machines over one fake store, ticked together: each tick, in a random order, each worker's
+// watcher side sees the claim keys now and then, answers its parked wait (the key appeared, the
+// deadline passed, or — while the claimant collects — the outcome key appeared and is reported
+// with on_outcome_seen), and runs protocol_next until a decide; then its training side runs a
+// step every `skew` ticks and acts on decide. What the workers did per (round, phase) is kept
+// with the outcome key as it was when the first of them acted.
+class sim_engine {
+ public:
+  sim_engine(int n, const std::vector<int>& skews, std::mt19937& rng, const sim_faults& faults,
+             milliseconds grace = milliseconds(0), bool exits = true)
+      : rng_(rng), faults_(faults) {
+    for (int i = 0; i < n; ++i) {
+      auto c = cfg(i, n, grace, exits);
+      c.ack_timeout = faults.ack_timeout;
+      w.push_back(sim_worker{step_agreement(c),
+                             0,
+                             std::nullopt,
+                             {},
+                             false,
+                             skews[static_cast<std::size_t>(i)],
+                             false});
+    }
+  }
+
+  bool dead(std::size_t i, int tick) const {
+    return static_cast<int>(i) == faults_.dead && tick >= faults_.dead_from;
+  }
+
+  // Every worker idle in one round with nothing left to do (its erases done): between rounds.
+  bool settled(int tick) const {
+    const sim_worker* first = nullptr;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      if (dead(i, tick)) continue;
+      auto& x = w[i];
+      if (x.exited || x.parked || x.sm.state() != agreement_state::idle || x.sm.needs_attention() ||
+          (first && x.sm.round() != first->sm.round()))
+        return false;
+      if (!first) first = &x;
+    }
+    return first != nullptr;
+  }
+
+  void tick(int tick) {
+    auto now = t0 + milliseconds(tick);
+    std::vector<std::size_t> order(w.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng_);
+    for (std::size_t i : order) {
+      auto& x = w[i];
+      if (x.exited || faults_.frozen(static_cast<int>(i), tick)) continue;
+      watcher(x, now);
+      training(x, tick, now);
+    }
+  }
+
+  fake_kv kv;
+  std::vector<sim_worker> w;
+  int claims = 0;
+  bool broken = false;  // a worker saved past the agreed step, saved twice, or failed otherwise
+  std::string why;
+  std::map<std::pair<std::uint64_t, int>, std::vector<std::string>> acted;
+  std::map<std::pair<std::uint64_t, int>, std::string> recorded;
+  int outcome_seen = 0;  // how many collections on_outcome_seen cut short
+  // > 0: the workers' steps end in a collective, so none gets more than `lockstep` steps ahead
+  // of the slowest worker still training (over many rounds, free-running counters would drift
+  // apart without bound; within one round they may)
+  std::int64_t lockstep = 0;
+
+ private:
+  void watcher(sim_worker& x, clk::time_point now) {
+    const auto rd = x.sm.round();
+    if (rng_() % 3 == 0 && kv.has(name(agreement_key::claim, rd))) x.sm.on_claim_seen(rd);
+    if (rng_() % 3 == 0 && kv.has(name(agreement_key::final_claim, rd))) x.sm.on_final_seen(rd);
+    if (x.parked) {
+      auto v = kv.try_get(key_of(*x.parked));
+      std::optional<std::string> outcome;
+      if (!v && x.sm.collecting() && rng_() % 2 == 0)
+        outcome = kv.try_get(name(x.sm.outcome_key(), x.sm.round()));
+      if (outcome) {
+        x.parked.reset();
+        ++outcome_seen;
+        x.sm.on_outcome_seen(*outcome);
+      } else if (v || now >= x.parked->deadline) {
+        x.parked.reset();
+        x.sm.on_value(v);
+      }
+    }
+    while (!x.parked) {
+      auto in = x.sm.protocol_next(x.counter, now);  // the counter of the step under way
+      if (in.kind == op::decide) break;
+      if (in.kind == op::wait && now < in.deadline && !kv.has(key_of(in))) {
+        x.parked = in;
+        break;
+      }
+      if (in.kind == op::insert && in.key == agreement_key::claim) {
+        bool ok = kv.insert(key_of(in), in.value);
+        claims += ok;
+        x.sm.on_insert(ok);
+        continue;
+      }
+      perform(x.sm, in, kv);
+    }
+  }
+
+  // The smallest counter of the workers still training (not dead, not exited).
+  std::int64_t min_counter(int tick) const {
+    std::int64_t m = INT64_MAX;
+    for (std::size_t i = 0; i < w.size(); ++i)
+      if (!w[i].exited && !dead(i, tick)) m = std::min(m, w[i].counter);
+    return m;
+  }
+
+  void note(std::uint64_t round, int phase, const std::string& what) {
+    auto k = std::make_pair(round, phase);
+    acted[k].push_back(what);
+    if (!recorded.count(k))  // the outcome key is erased one round later at the earliest
+      recorded[k] = kv.try_get(name(phase ? agreement_key::final_step : agreement_key::step, round))
+                        .value_or("");
+  }
+
+  void fail(const std::string& what) {
+    broken = true;
+    if (why.empty()) why = what;
+  }
+
+  // The training side: one step every `skew` ticks (a step may be stuck for a while).
+  void training(sim_worker& x, int tick, clk::time_point now) {
+    if (tick % x.skew) return;
+    if (x.running) {
+      if (lockstep > 0 && x.counter >= min_counter(tick) + lockstep)
+        return;  // inside a collective: its peers are behind
+      ++x.counter;
+      x.running = false;
+    }
+    const auto rd = x.sm.round();
+    const int phase = x.sm.state() == agreement_state::final_published ? 1 : 0;
+    const auto agreed = x.sm.agreed_step(phase);
+    auto in = x.sm.decide(x.counter, now);
+    switch (in.action) {
+      case agreement_action::save_then_exit:
+      case agreement_action::save:
+      case agreement_action::save_then_continue:
+        if (in.step != agreed || in.step != x.counter)
+          fail("saved at " + std::to_string(in.step) + ", agreed " + std::to_string(agreed));
+        x.saves.push_back(in.step);
+        note(rd, phase, "save " + std::to_string(in.step));
+        if (in.action == agreement_action::save_then_exit)
+          x.exited = true;
+        else
+          x.running = true;  // the step runs after the checkpoint
+        break;
+      case agreement_action::fail: {
+        const auto& f = x.sm.failure();
+        if (f.kind != agreement_failure::timeout)
+          fail("failure kind " + std::to_string(static_cast<int>(f.kind)));
+        note(f.round, f.key == agreement_key::final_step ? 1 : 0, timeout_text(f.missing_tasks));
+        x.exited = true;
+        break;
+      }
+      case agreement_action::proceed:
+        x.running = true;
+        break;
+      case agreement_action::wait:  // stays at this boundary
+        break;
+    }
+  }
+
+  std::mt19937& rng_;
+  sim_faults faults_;
+};
+
+// Every (round, phase) in which workers acted: all followed the outcome recorded then.
+bool all_follow_recorded(const sim_engine& e, std::string& why) {
+  for (auto& [k, acts] : e.acted) {
+    const std::string want = expected_act(e.recorded.at(k));
+    for (auto& a : acts)
+      if (a != want) {
+        why = "round " + std::to_string(k.first) + " phase " + std::to_string(k.second) + ": '" +
+              a + "', recorded '" + e.recorded.at(k) + "'";
+        return false;
+      }
+  }
+  return true;
 }
 
 // n workers; `noticed` lists (worker, tick) notices; returns what happened.
 sim_result simulate(int n, const std::vector<std::pair<int, int>>& notices,
                     const std::vector<int>& skews, std::mt19937& rng, int max_ticks = 4000,
                     const sim_faults& faults = {}) {
-  fake_kv kv;
-  std::vector<sim_worker> w;
-  for (int i = 0; i < n; ++i) {
-    auto c = cfg(i, n);
-    c.ack_timeout = faults.ack_timeout;
-    w.push_back(sim_worker{
-        step_agreement(c), 0, std::nullopt, {}, false, skews[static_cast<std::size_t>(i)], false});
+  sim_engine e(n, skews, rng, faults);
+  for (int tick = 0; tick < max_ticks; ++tick) {
+    bool done = true;
+    for (std::size_t i = 0; i < e.w.size(); ++i) done = done && (e.w[i].exited || e.dead(i, tick));
+    if (done) break;
+    for (auto& nt : notices)
+      if (nt.second == tick)
+        e.w[static_cast<std::size_t>(nt.first)].sm.on_notice(t0 + milliseconds(tick));
+    e.tick(tick);
   }
   sim_result r;
-  for (int tick = 0; tick < max_ticks; ++tick) {
-    if (std::all_of(w.begin(), w.end(), [&](const sim_worker& x) {
-          return x.exited || (&x - w.data() == faults.dead && tick >= faults.dead_from);
-        }))
-      break;
-    auto now = t0 + milliseconds(tick);
-    for (auto& nt : notices)
-      if (nt.second == tick) w[static_cast<std::size_t>(nt.first)].sm.on_notice(now);
-    // the "watcher": deliver the claim to a random subset each tick
-    bool claimed = kv.try_get(scope + "r0/claim").has_value();
-    std::vector<std::size_t> order(static_cast<std::size_t>(n));
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::shuffle(order.begin(), order.end(), rng);
-    for (std::size_t i : order) {
-      auto& x = w[i];
-      if (x.exited || faults.frozen(static_cast<int>(i), tick)) continue;
-      if (claimed && rng() % 3 == 0) x.sm.on_claim_seen(0);
-      // the watcher side: every tick, whatever the training side is doing
-      if (x.parked) {
-        auto v = kv.try_get(key_of(*x.parked));
-        if (v || now >= x.parked->deadline) {
-          x.parked.reset();
-          x.sm.on_value(v);
-        }
-      }
-      while (!x.parked) {
-        auto in = x.sm.protocol_next(x.counter, now);  // the counter of the step under way
-        if (in.kind == op::decide) break;
-        if (in.kind == op::wait && !kv.try_get(key_of(in))) {
-          x.parked = in;
-          break;
-        }
-        if (in.kind == op::insert && in.key == agreement_key::claim) {
-          bool ok = kv.insert(key_of(in), in.value);
-          r.claims += ok;
-          x.sm.on_insert(ok);
-          continue;
-        }
-        perform(x.sm, in, kv);
-      }
-      // the training side: one step every `skew` ticks (a step may be stuck for a while)
-      if (tick % x.skew) continue;
-      if (x.running) {
-        ++x.counter;
-        x.running = false;
-      }
-      auto in = x.sm.decide(x.counter, now);
-      if (in.action == agreement_action::save_then_exit) {
-        x.saves.push_back(in.step);
-        if (in.step != x.sm.agreed_step()) r.failed = true;  // never past the agreed step
-        r.acted.insert("save " + std::to_string(in.step));
-        x.exited = true;
-      } else if (in.action == agreement_action::fail) {
-        const auto& f = x.sm.failure();
-        if (f.kind != agreement_failure::timeout) r.failed = true;
-        std::string ids;
-        for (int t : f.missing_tasks) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-        r.acted.insert("timeout " + ids);
-        x.exited = true;
-      } else if (in.action == agreement_action::proceed) {
-        x.running = true;
-      }  // wait: stays at this boundary
-    }
-  }
-  r.recorded = kv.try_get(scope + "r0/step").value_or("");
-  for (auto& x : w) {
-    if (&x - w.data() == faults.dead) continue;
+  r.claims = e.claims;
+  r.failed = e.broken;
+  r.outcome_seen = e.outcome_seen;
+  for (auto& [k, acts] : e.acted) r.acted.insert(acts.begin(), acts.end());
+  r.recorded = e.kv.try_get(name(agreement_key::step, 0)).value_or("");
+  for (std::size_t i = 0; i < e.w.size(); ++i) {
+    auto& x = e.w[i];
+    if (static_cast<int>(i) == faults.dead) continue;
     r.all_exited = r.all_exited && x.exited;
     for (auto s : x.saves) r.first_steps.insert(s);
     if (x.saves.size() > 1) r.failed = true;
+  }
+  return r;
+}
+
+// no_exit: `rounds` rounds in a row, each save re-arming the machines. With `barrier`, the next
+// notices come only once every worker is idle in the next round (then the store is checked: no
+// ack left, as many keys as after the first round); without, notices land at random ticks on
+// random workers, whatever round they are in (rounds overlap: a worker claims round r + 1 while
+// its peers still train towards round r's step).
+struct rounds_result {
+  std::uint64_t rounds = 0;          // rounds every worker finished
+  std::size_t keys_first = 0;        // keys in the store once round 0 is over
+  std::size_t keys_last = 0;         // keys in the store at the end
+  std::size_t acks_settled = 0;      // the most ack keys seen between two rounds
+  int settles = 0;                   // ticks at which every worker was idle between rounds
+  std::uint64_t rounds_checked = 0;  // rounds after which the store was checked (all idle)
+  bool timed_out = false;            // the run did not finish in its ticks
+  bool all_failed_or_done = true;
+};
+
+rounds_result simulate_rounds(sim_engine& e, std::uint64_t rounds, bool barrier, std::mt19937& rng,
+                              int max_ticks, const sim_faults& faults = {}) {
+  rounds_result r;
+  if (e.lockstep == 0) e.lockstep = 1 + static_cast<std::int64_t>(rng() % 3);
+  const std::size_t n = e.w.size();
+  int notice_at = -1;
+  std::vector<std::size_t> to_notice;
+  std::uint64_t last_checked = 0;
+  int tick = 0;
+  for (; tick < max_ticks; ++tick) {
+    bool all_exited = true;
+    for (std::size_t i = 0; i < n; ++i)
+      all_exited = all_exited && (e.w[i].exited || e.dead(i, tick));
+    if (all_exited) break;  // failed (a timeout): nothing more to do
+    if (e.settled(tick)) {
+      std::uint64_t rd = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        if (!e.dead(i, tick)) rd = e.w[i].sm.round();
+      ++r.settles;
+      if (faults.dead < 0 || tick < faults.dead_from)  // a dead worker never erases its ack
+        r.acks_settled = std::max(r.acks_settled, ack_keys(e.kv));
+      if (rd >= 1 && rd != last_checked) {
+        last_checked = rd;
+        ++r.rounds_checked;
+        if (rd == 1) r.keys_first = e.kv.m.size();
+        r.keys_last = e.kv.m.size();
+      }
+      r.rounds = rd;
+      if (rd >= rounds) break;
+      if (barrier && notice_at < 0) {  // the next round's notices: a random non-empty subset
+        notice_at = tick + 1 + static_cast<int>(rng() % 20);
+        to_notice.clear();
+        std::vector<std::size_t> live;  // a dead worker's watcher would never claim
+        for (std::size_t i = 0; i < n; ++i)
+          if (static_cast<int>(i) != faults.dead) live.push_back(i);
+        for (std::size_t i : live)
+          if (rng() % 3 == 0) to_notice.push_back(i);
+        if (to_notice.empty()) to_notice.push_back(live[rng() % live.size()]);
+      }
+    }
+    const auto now = t0 + milliseconds(tick);
+    if (barrier && tick == notice_at) {
+      for (std::size_t i : to_notice) e.w[i].sm.on_notice(now);
+      notice_at = -1;
+    } else if (!barrier && rng() % 25 == 0) {
+      auto i = rng() % n;
+      if (e.w[i].sm.round() < rounds) e.w[i].sm.on_notice(now);
+    }
+    e.tick(tick);
+  }
+  r.timed_out = tick == max_ticks;
+  if (r.timed_out) {  // what each worker was doing, for the report
+    for (auto& x : e.w)
+      MESSAGE("task " << x.sm.settings().task << " round " << x.sm.round() << " state "
+                      << static_cast<int>(x.sm.state()) << " counter " << x.counter << " agreed "
+                      << x.sm.agreed_step() << " parked "
+                      << (x.parked ? key_of(*x.parked) : std::string("-")));
+    for (auto& [k, v] : e.kv.m) MESSAGE(k << " = " << v);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    auto& x = e.w[i];
+    if (static_cast<int>(i) == faults.dead) continue;
+    const bool ok = x.exited ? x.sm.state() == agreement_state::failed
+                             : x.sm.round() >= rounds && x.sm.state() == agreement_state::idle;
+    r.all_failed_or_done = r.all_failed_or_done && ok;
   }
   return r;
 }
@@ -723,6 +1549,7 @@ TEST_CASE("simulation: skewed workers, notice to the slowest or the fastest, agr
     CHECK(r.first_steps.size() == 1);
     CHECK(r.all_exited);
     CHECK_FALSE(r.failed);
+    CHECK(follows_recorded(r));
   }
 }
 
@@ -742,6 +1569,7 @@ TEST_CASE("simulation: 1000 random trials — random notices, subsets, skews —
     REQUIRE(r.first_steps.size() == 1);
     REQUIRE(r.all_exited);
     REQUIRE_FALSE(r.failed);
+    REQUIRE(follows_recorded(r));
   }
 }
 
@@ -750,7 +1578,7 @@ TEST_CASE("simulation: 2000 trials with stalls and dead workers near the deadlin
   // (some past it), and sometimes a worker dead from the start: every worker that acts follows
   // the recorded outcome, a save at its step or the timeout naming its tasks; none hangs.
   std::mt19937 rng(777);
-  int timeouts = 0, saves = 0;
+  int timeouts = 0, saves = 0, outcome_seen = 0;
   for (int trial = 0; trial < 2000; ++trial) {
     const int n = 2 + static_cast<int>(rng() % 6);
     std::vector<int> skews;
@@ -774,10 +1602,190 @@ TEST_CASE("simulation: 2000 trials with stalls and dead workers near the deadlin
     REQUIRE(follows_recorded(r));
     REQUIRE(r.claims == 1);
     (r.recorded.rfind("timeout", 0) == 0 ? timeouts : saves)++;
+    outcome_seen += r.outcome_seen;
   }
-  MESSAGE("recorded outcomes: " << saves << " steps, " << timeouts << " timeouts");
+  MESSAGE("recorded outcomes: " << saves << " steps, " << timeouts << " timeouts; " << outcome_seen
+                                << " collections cut short by the outcome key");
   CHECK(timeouts > 100);  // the mix covers both outcomes
   CHECK(saves > 100);
+  CHECK(outcome_seen > 10);
+}
+
+TEST_CASE("simulation: the claimant frozen or dead after its ack — a follower records it") {
+  // The claimant stops right after its claim and ack (for a while or for good): nobody collects
+  // the acks, every follower waits on the outcome key until its deadline, then records the
+  // outcome itself (a step, or a timeout when another worker was stalled past the deadline).
+  std::mt19937 rng(4242);
+  int timeouts = 0, saves = 0;
+  for (int trial = 0; trial < 500; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 6);
+    std::vector<int> skews(static_cast<std::size_t>(n), 1);
+    const int who = static_cast<int>(rng() % static_cast<unsigned>(n));
+    sim_faults f;
+    f.ack_timeout = milliseconds(50);
+    const int from = 11 + static_cast<int>(rng() % 3);
+    if (rng() % 2) {
+      f.stalls.emplace_back(who, from, from + 20 + static_cast<int>(rng() % 200));
+    } else {
+      f.dead = who;
+      f.dead_from = from;
+    }
+    if (n > 2 && rng() % 2)  // another worker stalled from the start, maybe past the deadline
+      f.stalls.emplace_back((who + 1) % n, 0, 30 + static_cast<int>(rng() % 100));
+    auto r = simulate(n, {{who, 10}}, skews, rng, 4000, f);
+    INFO("trial " << trial << " n " << n << " recorded '" << r.recorded << "'");
+    REQUIRE_FALSE(r.failed);
+    REQUIRE(r.all_exited);
+    REQUIRE(follows_recorded(r));
+    REQUIRE(r.claims == 1);
+    (r.recorded.rfind("timeout", 0) == 0 ? timeouts : saves)++;
+  }
+  MESSAGE("recorded outcomes: " << saves << " steps, " << timeouts << " timeouts");
+  CHECK(timeouts > 10);
+  CHECK(saves > 10);
+}
+
+TEST_CASE("simulation: no_exit, 1000 rounds in a row with re-arm — one step each, no key left") {
+  for (int n : {1, 3, 8}) {
+    INFO("n " << n);
+    std::mt19937 rng(static_cast<unsigned>(99 + n));
+    std::vector<int> skews;
+    for (int i = 0; i < n; ++i) skews.push_back(1 + static_cast<int>(rng() % 5));
+    sim_engine e(n, skews, rng, {}, milliseconds(0), false);
+    auto r = simulate_rounds(e, 1000, true, rng, 1000 * 400);
+    std::string why;
+    CHECK_MESSAGE(all_follow_recorded(e, why), why);
+    CHECK_MESSAGE(!e.broken, e.why);
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.rounds == 1000);
+    CHECK(r.all_failed_or_done);
+    CHECK(e.claims == 1000);
+    CHECK(r.rounds_checked == 1000);  // the store was checked after every round
+    CHECK(r.acks_settled == 0);       // and held no ack then
+    CHECK(r.keys_first > 0);
+    CHECK(r.keys_last <= r.keys_first);  // no more keys after 1000 rounds than after 1
+    CHECK(e.kv.keys() ==
+          std::vector<std::string>{"run/ctl/r999/claim", "run/ctl/r999/step"});  // the last only
+    CHECK(e.acted.size() == 1000);
+    for (auto& [k, acts] : e.acted) {
+      CHECK(acts.size() == static_cast<std::size_t>(n));  // every worker saved in every round
+      CHECK(k.second == 0);
+    }
+  }
+}
+
+TEST_CASE("simulation: no_exit with the grace path, 300 rounds — two saves each, no key left") {
+  std::mt19937 rng(31337);
+  const int n = 4;
+  sim_engine e(n, {1, 2, 3, 1}, rng, {}, milliseconds(30), false);
+  auto r = simulate_rounds(e, 300, true, rng, 300 * 600);
+  std::string why;
+  CHECK_MESSAGE(all_follow_recorded(e, why), why);
+  CHECK_MESSAGE(!e.broken, e.why);
+  CHECK_FALSE(r.timed_out);
+  CHECK(r.rounds == 300);
+  CHECK(r.acks_settled == 0);
+  CHECK(r.keys_last <= r.keys_first);
+  CHECK(e.kv.keys() == std::vector<std::string>{"run/ctl/r299/claim", "run/ctl/r299/final",
+                                                "run/ctl/r299/final_step", "run/ctl/r299/step"});
+  CHECK(e.acted.size() == 600);  // a first and a final save in every round
+  for (auto& [k, acts] : e.acted) CHECK(acts.size() == static_cast<std::size_t>(n));
+}
+
+TEST_CASE("simulation: no_exit, overlapping rounds with random notices — one outcome per round") {
+  // Notices land on random workers at random ticks, whatever their round: a worker re-armed
+  // into round r + 1 claims it while its peers still train towards round r's step.
+  std::mt19937 rng(2024);
+  for (int run = 0; run < 20; ++run) {
+    const int n = 1 + static_cast<int>(rng() % 8);
+    INFO("run " << run << " n " << n);
+    std::vector<int> skews;
+    for (int i = 0; i < n; ++i) skews.push_back(1 + static_cast<int>(rng() % 7));
+    sim_engine e(n, skews, rng, {}, milliseconds(0), false);
+    auto r = simulate_rounds(e, 100, false, rng, 100 * 2000);
+    std::string why;
+    REQUIRE_MESSAGE(all_follow_recorded(e, why), why);
+    REQUIRE_MESSAGE(!e.broken, e.why);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.rounds == 100);
+    CHECK(r.acks_settled == 0);
+    CHECK(e.kv.keys() == std::vector<std::string>{"run/ctl/r99/claim", "run/ctl/r99/step"});
+  }
+}
+
+TEST_CASE("simulation: no_exit rounds with stalls, deaths and short deadlines — one outcome") {
+  // Until a round times out (then every live worker fails with that timeout), each round saves
+  // at one step; no worker ever acts otherwise than the recorded outcome of its round says.
+  std::mt19937 rng(5150);
+  int failed_runs = 0, full_runs = 0, outcome_seen = 0;
+  for (int run = 0; run < 300; ++run) {
+    const int n = 2 + static_cast<int>(rng() % 5);
+    std::vector<int> skews;
+    for (int i = 0; i < n; ++i) skews.push_back(1 + static_cast<int>(rng() % 4));
+    sim_faults f;
+    f.ack_timeout = milliseconds(60 + rng() % 200);
+    for (int k = 0, stalls = static_cast<int>(rng() % 6); k < stalls; ++k) {
+      const int from = static_cast<int>(rng() % 3000);
+      const int who = static_cast<int>(rng() % static_cast<unsigned>(n));
+      f.stalls.emplace_back(who, from, from + 1 + static_cast<int>(rng() % 300));
+    }
+    if (rng() % 5 == 0) {
+      f.dead = static_cast<int>(rng() % static_cast<unsigned>(n));
+      f.dead_from = static_cast<int>(rng() % 3000);
+    }
+    sim_engine e(n, skews, rng, f, milliseconds(0), false);
+    auto r = simulate_rounds(e, 30, rng() % 2 == 0, rng, 30 * 2000, f);
+    INFO("run " << run << " n " << n);
+    std::string why;
+    REQUIRE_MESSAGE(all_follow_recorded(e, why), why);
+    REQUIRE_MESSAGE(!e.broken, e.why);
+    REQUIRE_FALSE(r.timed_out);
+    REQUIRE(r.all_failed_or_done);
+    CHECK(r.acks_settled == 0);
+    (r.rounds >= 30 ? full_runs : failed_runs)++;
+    outcome_seen += e.outcome_seen;
+  }
+  MESSAGE("runs: " << full_runs << " all rounds saved, " << failed_runs << " ended in a timeout; "
+                   << outcome_seen << " collections cut short by the outcome key");
+  CHECK(failed_runs > 10);
+  CHECK(full_runs > 10);
+}
+TEST_CASE("simulation: no_exit rounds on the grace path with stalls and deaths — one outcome") {
+  // Two saves per round (the final one claimed by whichever noticed worker's grace ends first,
+  // which collects the final acks): every worker that acts follows its phase's recorded outcome.
+  std::mt19937 rng(8086);
+  int failed_runs = 0, full_runs = 0;
+  for (int run = 0; run < 200; ++run) {
+    const int n = 2 + static_cast<int>(rng() % 5);
+    std::vector<int> skews;
+    for (int i = 0; i < n; ++i) skews.push_back(1 + static_cast<int>(rng() % 4));
+    sim_faults f;
+    f.ack_timeout = milliseconds(60 + rng() % 200);
+    for (int k = 0, stalls = static_cast<int>(rng() % 6); k < stalls; ++k) {
+      const int from = static_cast<int>(rng() % 3000);
+      const int who = static_cast<int>(rng() % static_cast<unsigned>(n));
+      f.stalls.emplace_back(who, from, from + 1 + static_cast<int>(rng() % 300));
+    }
+    if (rng() % 5 == 0) {
+      f.dead = static_cast<int>(rng() % static_cast<unsigned>(n));
+      f.dead_from = static_cast<int>(rng() % 3000);
+    }
+    const auto grace = milliseconds(20 + rng() % 50);
+    sim_engine e(n, skews, rng, f, grace, false);
+    auto r = simulate_rounds(e, 20, rng() % 2 == 0, rng, 20 * 4000, f);
+    INFO("run " << run << " n " << n);
+    std::string why;
+    REQUIRE_MESSAGE(all_follow_recorded(e, why), why);
+    REQUIRE_MESSAGE(!e.broken, e.why);
+    REQUIRE_FALSE(r.timed_out);
+    REQUIRE(r.all_failed_or_done);
+    CHECK(r.acks_settled == 0);
+    (r.rounds >= 20 ? full_runs : failed_runs)++;
+  }
+  MESSAGE("runs: " << full_runs << " all rounds saved twice, " << failed_runs
+                   << " ended in a timeout");
+  CHECK(failed_runs > 10);
+  CHECK(full_runs > 10);
 }
 
 TEST_CASE("a store failure before the deadline goes on to record the outcome — during it, fails") {
@@ -792,7 +1800,7 @@ TEST_CASE("a store failure before the deadline goes on to record the outcome —
   auto in = a.protocol_next(4, t0 + milliseconds(1000));
   CHECK(in.kind == op::list);
   SUBCASE("the store is back: the timeout naming the missing tasks is recorded") {
-    a.on_list({{"run/r0/ack/0", "3"}});
+    a.on_list({{"run/ack/r0/0", "3"}});
     in = a.protocol_next(4, t0 + milliseconds(1000));
     CHECK(in.value == "timeout 1,2 by 1/0");
     a.on_insert(true);
@@ -815,10 +1823,30 @@ TEST_CASE("the retry deadline follows the ack deadline once acked") {
   a.protocol_next(1, t0);  // the ack
   a.on_put();
   CHECK(a.retry_deadline() == t0 + milliseconds(1000));
-  a.protocol_next(1, t0 + milliseconds(300));  // list
-  a.on_store_failure("kv list: EAGAIN");
+  CHECK(a.protocol_next(1, t0 + milliseconds(300)).kind == op::wait);  // on the outcome key
+  a.on_store_failure("kv wait: EAGAIN");
   CHECK(a.retry_deadline() == t0 + milliseconds(2000));
+  CHECK(a.protocol_next(1, t0 + milliseconds(1000)).kind == op::list);  // recording
   a.on_stop();
+}
+
+TEST_CASE("a store failure while the claimant collects goes on to record the outcome") {
+  step_agreement a = claimant_after_ack(0, 3, 2);
+  auto in = a.protocol_next(2, t0 + milliseconds(10));
+  CHECK(key_of(in) == "run/ack/r0/1");
+  CHECK(a.retry_deadline() == t0 + milliseconds(1000));
+  a.on_store_failure("kv wait: Connection reset");  // retried until the ack deadline
+  CHECK_FALSE(a.collecting());
+  CHECK(a.state() == agreement_state::acked);
+  CHECK(a.retry_deadline() == t0 + milliseconds(2000));
+  in = a.protocol_next(2, t0 + milliseconds(1000));
+  CHECK(in.kind == op::list);
+  CHECK(key_of(in) == "run/ack/r0/");
+  a.on_list({{"run/ack/r0/0", "2"}, {"run/ack/r0/1", "5"}, {"run/ack/r0/2", "3"}});
+  in = a.protocol_next(2, t0 + milliseconds(1000));
+  CHECK(in.value == "step 6 by 0/0");
+  a.on_insert(true);
+  CHECK(a.agreed_step() == 6);
 }
 
 TEST_CASE("grace: the final claim is made grace_margin earlier") {

@@ -12,12 +12,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <holdfast/cache.hpp>
 #include <holdfast/testing/fault_io.hpp>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -134,6 +136,11 @@ void stress(std::uint64_t ops) {
       std::map<std::uint64_t, int> seen;
       std::uint64_t x = 88172645463325252ull + r;
       std::string buf;
+      // Read while the writers write: on a loaded machine a reader could otherwise run all its
+      // reads before the first put, and observe nothing (bounded: 10 s).
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (cache.filled() == 0 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
       for (std::uint64_t k = 0; k < per_process; ++k) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         auto slot = x % slots;

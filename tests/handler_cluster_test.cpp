@@ -1,6 +1,9 @@
 // preemption_handler over a real 3-member etcd cluster on loopback, with 4 forked workers whose
 // etcd_kv lists all three members, the member under test FIRST (so the workers talk to it):
-//   (a) that member frozen (SIGSTOP) mid-training, then a notice;
+//   (a) that member frozen (SIGSTOP) mid-training, then a notice: it serves every worker's
+//       control watch (the handler's watcher waits on one long-lived etcd watch; checked in the
+//       member's /metrics), so the workers learn of the claim only once their watches find the
+//       member frozen (a failed health probe) and resume on another member;
 //   (b) a notice, then that member frozen right after it / right after the claim;
 //   (c) the leader killed right after the notice / right after the claim.
 // In each, every worker saves at the one recorded step and exits 42 within
@@ -15,9 +18,11 @@
 #include <cstdio>
 #include <functional>
 #include <holdfast/agreement.hpp>
+#include <holdfast/detail/http.hpp>  // the members' /metrics
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -86,7 +91,7 @@ action cluster_call(milliseconds at, std::function<void()> call, std::string wha
 action after_claim(action a, const cluster_backend& be, const job& j, const scenario& sc) {
   using kv_type = decltype(be.make_observer_kv(j.ns(sc)));
   a.gate = holdfast_test::keys_gate(std::make_shared<kv_type>(be.make_observer_kv(j.ns(sc))),
-                                    {holdfast_test::handler_key("run", "r0/claim")});
+                                    {holdfast_test::handler_key("run", "ctl/r0/claim")});
   a.gate_timeout = 5s;
   return a;
 }
@@ -119,6 +124,37 @@ void check_cluster_job(const char* what, const cluster_backend& be, const job& j
 /// A follower (a member that does not lead now).
 int follower(const etcd_cluster& c) { return (c.leader() + 1) % c.size(); }
 
+/// The watchers member `i` serves now (its etcd_debugging_mvcc_watcher_total gauge: one per
+/// watch stream of the gateway); -1 when its /metrics cannot be read.
+int watchers_on(const etcd_cluster& c, int i) {
+  namespace hd = holdfast::detail;
+  try {
+    auto r =
+        hd::http_call(hd::parse_http_url(c.url(i)), hd::http_request{"GET", "/metrics", {}, {}},
+                      hd::http_timeouts{200ms, 1000ms});
+    const std::string name = "\netcd_debugging_mvcc_watcher_total ";
+    const auto at = r.body.find(name);
+    if (r.status != 200 || at == std::string::npos) return -1;
+    return std::stoi(r.body.substr(at + name.size()));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+/// Waits up to 10 s until no member serves a watch (the streams of the previous job's workers
+/// are closed); the watchers left on each member.
+std::vector<int> wait_no_watchers(const etcd_cluster& c) {
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  std::vector<int> left;
+  do {
+    left.clear();
+    for (int i = 0; i < c.size(); ++i) left.push_back(watchers_on(c, i));
+    if (std::all_of(left.begin(), left.end(), [](int n) { return n == 0; })) break;
+    std::this_thread::sleep_for(20ms);  // the parent starts no thread: a plain sleep
+  } while (std::chrono::steady_clock::now() < until);
+  return left;
+}
+
 }  // namespace
 
 TEST_CASE("cluster (a): the workers' member frozen mid-training, then a notice") {
@@ -130,14 +166,44 @@ TEST_CASE("cluster (a): the workers' member frozen mid-training, then a notice")
     job j;
     const scenario sc = cluster_scenario();
     const milliseconds notice_at = 300ms;
+    const std::vector<int> before = wait_no_watchers(c);
+    std::vector<int> at_freeze;  // watchers per member just before the freeze
     std::vector<action> plan = {cluster_call(
-                                    0ms, [&] { c.freeze(m); }, "freeze"),
+                                    0ms,
+                                    [&] {
+                                      for (int i = 0; i < c.size(); ++i)
+                                        at_freeze.push_back(watchers_on(c, i));
+                                      c.freeze(m);
+                                    },
+                                    "freeze"),
                                 holdfast_test::signal_at(notice_at, 1, SIGTERM, "notice")};
     auto r = holdfast_test::run_schedule(be, j, sc, plan);
     c.thaw(m);
-    check_cluster_job(
-        leader ? "(a) leader frozen mid-training" : "(a) follower frozen mid-training", be, j, sc,
-        r, notice_at);
+    const char* what =
+        leader ? "(a) leader frozen mid-training" : "(a) follower frozen mid-training";
+    check_cluster_job(what, be, j, sc, r, notice_at);
+    // The frozen member served every worker's control watch, and no other member any.
+    std::string counts;
+    for (std::size_t i = 0; i < at_freeze.size(); ++i)
+      counts += " m" + std::to_string(i + 1) + ": " + std::to_string(before[i]) + " -> " +
+                std::to_string(at_freeze[i]);
+    std::string saving;  // when each worker started its save, after the notice
+    for (const auto& log : r.logs)
+      for (const auto& line : log)
+        if (line.rfind("saving ", 0) == 0 && line.find(" at ") != std::string::npos)
+          saving += " " + std::to_string(std::stoll(line.substr(line.find(" at ") + 4)) -
+                                         r.noticed_at_ms - notice_at.count());
+    std::printf(
+        "cluster: %s: watchers before the job -> at the freeze (frozen m%d):%s; notice -> each "
+        "save started (ms):%s\n",
+        what, m + 1, counts.c_str(), saving.c_str());
+    std::fflush(stdout);
+    INFO(what << ": watchers before the job -> at the freeze (frozen m" << m + 1 << "):" << counts);
+    REQUIRE(at_freeze.size() == static_cast<std::size_t>(c.size()));
+    CHECK(at_freeze[static_cast<std::size_t>(m)] - before[static_cast<std::size_t>(m)] >= sc.n);
+    for (int i = 0; i < c.size(); ++i)
+      if (i != m)
+        CHECK(at_freeze[static_cast<std::size_t>(i)] <= before[static_cast<std::size_t>(i)]);
     c.wait_healthy(10s);
   }
 }

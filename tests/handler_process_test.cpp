@@ -52,7 +52,8 @@ TEST_CASE_TEMPLATE_DEFINE("processes", Backend, processes_suite) {
     auto r = run_job(be, j, sc, {2});
     check_agreed_exit(r, 42);
     auto kv = be.make_observer_kv(j.ns(sc));
-    auto claim = holdfast::parse_agreement_value(kv.try_get("holdfast/run/r0/claim").value_or(""));
+    auto claim =
+        holdfast::parse_agreement_value(kv.try_get("holdfast/run/ctl/r0/claim").value_or(""));
     REQUIRE(claim);
     CHECK(claim->what == holdfast::agreement_value::kind::claim);
     CHECK(claim->writer == 2);
@@ -81,10 +82,11 @@ TEST_CASE_TEMPLATE_DEFINE("processes", Backend, processes_suite) {
       check_agreed_exit(r, 42);
       auto kv = be.make_observer_kv(j.ns(sc));
       auto claim =
-          holdfast::parse_agreement_value(kv.try_get("holdfast/run/r0/claim").value_or(""));
+          holdfast::parse_agreement_value(kv.try_get("holdfast/run/ctl/r0/claim").value_or(""));
       REQUIRE(claim);
       CHECK(std::count(noticed.begin(), noticed.end(), claim->writer) == 1);
-      CHECK(kv.list("holdfast/run/r0").size() == 6);  // claim, 4 acks, step
+      CHECK(kv.list("holdfast/run/ctl/r0").size() == 2);  // claim and step: no more
+      CHECK(kv.list("holdfast/run/ack/r0").size() <= 4);  // erased unless the exit came first
     }
   }
 

@@ -275,8 +275,8 @@ TEST_CASE("threads: one notice → every worker saves once, at one agreed step")
       CHECK(o.counter == *steps.begin());  // stopped at the agreed step, step not run
       CHECK(o.st.acc == o.counter);        // nothing ran after the save
     }
-    auto claim = value_at(j, "holdfast/run/r0/claim");
-    auto step = value_at(j, "holdfast/run/r0/step");
+    auto claim = value_at(j, "holdfast/run/ctl/r0/claim");
+    auto step = value_at(j, "holdfast/run/ctl/r0/step");
     REQUIRE(claim);
     REQUIRE(step);
     CHECK(claim->what == holdfast::agreement_value::kind::claim);
@@ -311,10 +311,11 @@ TEST_CASE("threads: simultaneous notices on 2 or all workers → one claim, one 
     auto out = run_job(j, sc);
     CHECK(first_saves(out).size() == 1);
     for (auto& o : out) CHECK(o.st.saves == 1);
-    auto claim = value_at(j, "holdfast/run/r0/claim");
+    auto claim = value_at(j, "holdfast/run/ctl/r0/claim");
     REQUIRE(claim);
     CHECK(std::count(noticed.begin(), noticed.end(), claim->writer) == 1);
-    CHECK(j.kv.inner().list("holdfast/run/r0").size() == 6);  // claim, 4 acks, step: no more
+    CHECK(j.kv.inner().list("holdfast/run/ctl/r0").size() == 2);  // claim and step: no more
+    CHECK(j.kv.inner().list("holdfast/run/ack/r0").size() <= 4);  // erased unless exit was first
   }
 }
 
@@ -536,7 +537,7 @@ TEST_CASE("threads: re-armed after an in-process save, a second notice agrees ag
   CHECK(first[0] == first[1]);
   CHECK(second[0] == second[1]);
   CHECK(second[0] > first[0]);
-  auto claim = value_at(j, "holdfast/rearm/r1/claim");
+  auto claim = value_at(j, "holdfast/rearm/ctl/r1/claim");
   REQUIRE(claim);
   CHECK(claim->writer == 1);
 }
@@ -589,13 +590,13 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
     (void)h;
   });
   check_state("claim seen by the watcher", [&](handler_t& h, job& j) {
-    j.kv.insert("holdfast/d/r0/claim", "claim by 1/peer");
+    j.kv.insert("holdfast/d/ctl/r0/claim", "claim by 1/peer");
     std::this_thread::sleep_for(20ms);
     (void)h;
   });
   check_state("step published", [&](handler_t& h, job& j) {
-    j.kv.put("holdfast/d/r0/ack/1", "100");
-    j.kv.insert("holdfast/d/r0/claim", "claim by 1/peer");
+    j.kv.put("holdfast/d/ack/r0/1", "100");
+    j.kv.insert("holdfast/d/ctl/r0/claim", "claim by 1/peer");
     for (int i = 0; i < 50 && h.state() != holdfast::agreement_state::step_published; ++i) {
       step(h);
       std::this_thread::sleep_for(2ms);
@@ -615,8 +616,8 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
     CHECK(h.state() == holdfast::agreement_state::failed);
   });
   check_state("failed: peer error", [&](handler_t& h, job& j) {
-    j.kv.insert("holdfast/d/error", "1\nE\nm");  // as a failing peer does: the error, then
-    j.kv.insert("holdfast/d/r0/claim", "abort by 1/peer");  // and abort the keys peers wait on
+    j.kv.insert("holdfast/d/ctl/error", "1\nE\nm");  // as a failing peer does: the error, then
+    j.kv.insert("holdfast/d/ctl/r0/claim", "abort by 1/peer");  // and abort the keys peers wait on
     bool raised = false;
     for (int i = 0; i < 100 && !raised; ++i) {
       try {
@@ -776,11 +777,11 @@ TEST_CASE("threads: an insert applied but unanswered is recognised on retry: exa
   auto r = run_noticed(w.h, w.j);
   REQUIRE(r.rfind("saved ", 0) == 0);
   auto claim =
-      holdfast::parse_agreement_value(w.kv.inner.try_get("holdfast/f/r0/claim").value_or(""));
+      holdfast::parse_agreement_value(w.kv.inner.try_get("holdfast/f/ctl/r0/claim").value_or(""));
   REQUIRE(claim);
   CHECK(claim->writer == 0);
   CHECK(w.kv.f->applied_inserts == 0);  // both inserts were applied and their answers lost
-  auto step = w.kv.inner.try_get("holdfast/f/r0/step");
+  auto step = w.kv.inner.try_get("holdfast/f/ctl/r0/step");
   REQUIRE(step);
   auto v = holdfast::parse_agreement_value(*step);
   REQUIRE(v);
@@ -793,7 +794,8 @@ TEST_CASE("threads: a put failing for good records a timeout naming this worker,
   lone_worker w(200ms);
   w.kv.f->puts = -1;  // EIO: not transient, no retry
   CHECK(run_noticed(w.h, w.j) == "timeout 0,");
-  auto v = holdfast::parse_agreement_value(w.kv.inner.try_get("holdfast/f/r0/step").value_or(""));
+  auto v =
+      holdfast::parse_agreement_value(w.kv.inner.try_get("holdfast/f/ctl/r0/step").value_or(""));
   REQUIRE(v);
   CHECK(v->what == holdfast::agreement_value::kind::timeout);
   CHECK(v->tasks == std::vector<int>{0});
@@ -807,7 +809,7 @@ TEST_CASE("threads: a store unreachable past the deadline gives agreement_unreac
   w.kv.f->calls = -1;
   double ms = 0;
   auto r = run_noticed(w.h, w.j, &ms);
-  CHECK(r.rfind("unreachable agree 'holdfast/f/r0/step'", 0) == 0);
+  CHECK(r.rfind("unreachable agree 'holdfast/f/ctl/r0/step'", 0) == 0);
   CHECK(r.find("Connection timed out") != std::string::npos);
   // retried until the deadline (200 ms), then recording retried for one more ack_timeout
   CHECK(ms >= 350);
@@ -917,13 +919,13 @@ TEST_CASE("threads: store operations per worker per agreement do not grow with w
     auto out = run_job(j, sc);
     CHECK(first_saves(out).size() == 1);
     auto c = j.kv.counts();
-    // protocol ops (the watchers' blocking gets aside, one per watch interval): claim insert by the
-    // noticed worker, one put and one list each, step inserts by those who saw every ack, at most
-    // one blocking wait each
+    // protocol ops (the blocking gets aside: the claimant's one per other task's ack, the
+    // others' one wait on the outcome): claim insert by the noticed worker, one put each, the
+    // claimant's step insert, no list on the steady path
     double ops = static_cast<double>(c.insert + c.put + c.list + c.try_get) / n;
     per_worker[n] = ops;
     CHECK(c.put == static_cast<std::uint64_t>(n));
-    CHECK(c.list == static_cast<std::uint64_t>(n));
+    CHECK(c.list == 0);
     CHECK(ops <= 3.5);
   }
   MESSAGE("protocol ops per worker: n=2 " << per_worker[2] << ", n=4 " << per_worker[4] << ", n=8 "
@@ -1069,5 +1071,109 @@ TEST_CASE("threads: a store with c10d's operations only (no list) serves the agr
   for (int t : {0, 1, 3}) {
     CHECK(out[static_cast<std::size_t>(t)].error == "timeout");
     CHECK(out[static_cast<std::size_t>(t)].missing == std::vector<int>{2});
+  }
+}
+
+namespace {
+
+// A notice that can be given again: noticed_at() is the time the test last set (0: none), so a
+// re-armed handler sees each new one (flag_notice latches its first).
+struct repeat_notice {
+  const std::atomic<std::int64_t>* at_ns;
+  void start() {}
+  void stop() {}
+  bool noticed() const { return at_ns->load() != 0; }
+  std::optional<std::chrono::steady_clock::time_point> noticed_at() const {
+    auto ns = at_ns->load();
+    if (!ns) return std::nullopt;
+    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
+  }
+  std::optional<std::chrono::system_clock::time_point> deadline() const { return std::nullopt; }
+};
+
+// `rounds` agreements in a row between 2 threads over `kv` (no_exit: each save re-arms; task 0
+// is noticed anew once both served the last); returns the number of keys under the job's scope
+// after round 1 and after the last, each read once the cleanup settled.
+template <class Kv, class Count>
+std::pair<std::size_t, std::size_t> rounds_in_a_row(Kv kv, int rounds, Count count_keys) {
+  using cfg = holdfast::termination_config<repeat_notice, holdfast::no_exit>;
+  std::atomic<std::int64_t> at_ns{0};
+  std::atomic<int> served[2] = {{0}, {0}};
+  std::atomic<std::int64_t> pos[2] = {{0}, {0}};
+  std::atomic<bool> done{false};
+  std::vector<worker_state> st(2);
+  std::vector<std::thread> th;
+  for (int t = 0; t < 2; ++t)
+    th.emplace_back([&, t] {
+      holdfast::handler_options o;
+      o.ack_timeout = 10s;
+      o.watch_interval = 1ms;
+      holdfast::preemption_handler<cfg, Kv, holdfast_test::memory_checkpoints> h(
+          cfg(repeat_notice{&at_ns}, holdfast::no_exit{}), kv, {t, 2, "rounds"},
+          {&st[static_cast<std::size_t>(t)]}, o);
+      // the steps are coupled like a collective: neither runs more than one step ahead
+      auto& mine = pos[t];
+      auto& other = pos[1 - t];
+      while (!done.load()) {
+        mine.store(h.total_run_calls());
+        auto coupled = [&] {
+          while (!done.load() && mine.load() > other.load() + 1) std::this_thread::yield();
+        };
+        if (h.run(coupled) == run_status::stopped) ++served[t];
+      }
+    });
+  struct joiner {  // a failed REQUIRE below still stops and joins the workers
+    std::atomic<bool>& done;
+    std::vector<std::thread>& th;
+    ~joiner() {
+      done.store(true);
+      for (auto& x : th)
+        if (x.joinable()) x.join();
+    }
+  } join_at_exit{done, th};
+  auto settled = [&] {  // the last round's cleanup runs in the watchers, after the saves
+    std::size_t n = count_keys(), before = n + 1;
+    for (int i = 0; i < 200 && n != before; ++i) {
+      std::this_thread::sleep_for(5ms);
+      before = n;
+      n = count_keys();
+    }
+    return n;
+  };
+  std::size_t after_one = 0;
+  for (int r = 1; r <= rounds; ++r) {
+    at_ns.store(std::chrono::steady_clock::now().time_since_epoch().count());
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while ((served[0].load() < r || served[1].load() < r) &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(100us);
+    REQUIRE(served[0].load() == r);
+    REQUIRE(served[1].load() == r);
+    if (r == 1) after_one = settled();
+  }
+  std::size_t after_all = settled();
+  done.store(true);
+  for (auto& x : th) x.join();
+  CHECK(st[0].saved_steps == st[1].saved_steps);  // every round agreed on one step
+  CHECK(st[0].saves == rounds);
+  return {after_one, after_all};
+}
+
+}  // namespace
+
+TEST_CASE("threads: 1000 rounds in a row leave no more keys than one round") {
+  SUBCASE("in_process_kv (list, erase)") {
+    holdfast::in_process_kv kv({"rounds", 0});
+    auto [one, all] = rounds_in_a_row(kv, 1000, [&] { return kv.list("holdfast/rounds").size(); });
+    CHECK(one > 0);
+    CHECK(all <= one);
+    CHECK(kv.list("holdfast/rounds/ack").empty());  // every ack erased
+  }
+  SUBCASE("a c10d-like store (single-key erase only, no list)") {
+    holdfast_test::c10d_like_kv kv{holdfast::in_process_kv({"rounds", 1})};
+    auto [one, all] =
+        rounds_in_a_row(kv, 1000, [&] { return kv.inner.list("holdfast/rounds").size(); });
+    CHECK(one > 0);
+    CHECK(all <= one);
   }
 }

@@ -227,7 +227,8 @@ TEST_CASE("any_kv: forwards the four operations — optional ones only where the
   CHECK(small.try_get("k") == "v");
   CHECK(small.get("missing", 1ms) == std::nullopt);
   CHECK_FALSE(small.supports(holdfast::kv_op::list));
-  CHECK_FALSE(small.supports(holdfast::kv_op::erase));
+  CHECK(small.supports(holdfast::kv_op::erase));  // c10d's deleteKey
+  CHECK_FALSE(small.supports(holdfast::kv_op::erase_prefix));
   CHECK(small.supports(holdfast::kv_op::get));
   try {
     small.list("p");

@@ -467,6 +467,7 @@ class Worker:
         if not claim or claim.get("by") != self.rank:
             return
         acks = " ".join(f"{t}@{v}" for t, v in sorted(r[prefix + "acks"].items()))
+        acks = acks or "(each erased once the step was agreed)"
         out = r[prefix + "outcome"] or {}
         if out.get("kind") == "step":
             outcome = f"agreed step {out['step']} = max + 1"

@@ -6,30 +6,38 @@
 // (preemption_handler in handler.hpp, or a test), one at a time (the handler holds a mutex):
 //   - the watcher (a background thread) feeds events — this worker's notice, what it saw in the
 //     coordination store — and asks `protocol_next(counter, now)` for the next store operation
-//     (insert, put, try_get, wait, list), performs it and reports the result. The watcher, not
-//     the training thread, claims, acks, lists the acks and publishes the step, so a worker
-//     blocked inside a step (a collective waiting for a peer) still takes part.
+//     (insert, put, try_get, wait, list, erase), performs it and reports the result. The
+//     watcher, not the training thread, claims, acks, collects the acks and records the step, so
+//     a worker blocked inside a step (a collective waiting for a peer) still takes part.
 //   - the training thread asks `decide(counter, now, mean_step)` before each step: proceed,
 //     wait (the step is not known yet), save, save then exit, save then continue through the
 //     grace period, or fail.
 // All protocol logic lives here; the drivers only map key ids to strings and call the store.
 //
 // Protocol of one round (keys relative to the run scope, see agreement_key_name; values in the
-// one grammar of agreement_value: "<body> by <task>/<nonce>", so every value names its writer):
-//   r<N>/claim          insert-once by the first noticed worker ("claim by 2/9f3a")
-//   r<N>/ack/<task>     every worker's watcher, once it knows of the claim, raises its training
+// one grammar of agreement_value: "<body> by <task>/<nonce>", so every value names its writer).
+// Control keys live under ctl/, which every worker watches; acks live apart, read by one worker:
+//   ctl/r<N>/claim      insert-once by the first noticed worker ("claim by 2/9f3a"): the CLAIMANT
+//   ack/r<N>/<task>     every worker's watcher, once it knows of the claim, raises its training
 //                       thread's attention and puts the run counter read in the same atomic
 //                       operation (so the training thread stops at the next boundary at most)
-//   r<N>/step           the round's OUTCOME, recorded once (insert-once): the worker whose list
-//                       of ack/ shows every task inserts "step <max(counters) + 1>" (XLA's rule:
-//                       any skew is tolerated; no worker is past its published counter + 1 <=
-//                       the step); a worker whose deadline passed with acks missing inserts
-//                       "timeout <missing tasks>"; whoever loses the race reads and follows it
-//   r<N>/final, r<N>/final_ack/<task>, r<N>/final_step
+//   ctl/r<N>/step       the round's OUTCOME, recorded once (insert-once): the claimant reads the
+//                       N - 1 other acks one by one (a blocking get each, until its deadline) and
+//                       inserts "step <max(counters) + 1>" (XLA's rule: any skew is tolerated; no
+//                       worker is past its published counter + 1 <= the step), or "timeout
+//                       <missing tasks>" when some ack never came; every other worker waits on
+//                       this key alone until its deadline, then lists the acks (or reads each)
+//                       and records the step or the timeout itself; whoever loses the race
+//                       reads and follows the key
+//   ctl/r<N>/final, final_ack/r<N>/<task>, ctl/r<N>/final_step
 //                       the same three keys for the second save of the grace path
-//   error               insert-once by a worker whose step threw ("task\ntype\nmessage");
+//   ctl/error           insert-once by a worker whose step threw ("task\ntype\nmessage");
 //                       it also inserts "abort" into the outcome and claim keys of its round
 //                       and the next, so peers blocked on any of them wake up and read the error
+// Cleanup (erase instructions, best effort): once a phase's outcome is a step, each worker
+// erases its own ack; the worker that recorded round N's first step erases round N-1's control
+// keys (every task acked round N, so none reads round N-1 any more). Any number of rounds
+// leaves one round's control keys and no acks, with single-key erases (no prefix delete).
 //
 // Transitions (W: watcher side, protocol_next / results; T: training side, decide). The final
 // phase (final_noticed, final_claimed, final_acked, final_published) mirrors the first.
@@ -44,10 +52,16 @@
 //   noticed        | on_insert(false), or on_claim_seen first         | claimed (follower)
 //   claimed        | W: put ack/<task> = counter                      | (awaiting result)
 //   claimed        | on_put                                           | acked, deadline set
-//   acked          | W: list ack/                                     | (awaiting result)
-//   acked          | on_list, every task present                      | W: insert step S = max+1
+//   acked, claimant| W: wait ack/<t> (deadline), each other task t    | (awaiting result)
+//   acked, claimant| on_value(counter); nullopt or not a counter: t   | next task (past the
+//                  | is missing                                       | deadline: no waiting)
+//   acked, claimant| every task read, none missing                    | W: insert step S = max+1
+//   acked, claimant| every task read, tasks M missing                 | recording: W: insert
+//                  |                                                  | step "timeout M"
+//   acked, claimant| on_outcome_seen(value) while waiting for an ack  | as on_value(value) below
+//   any other      | on_outcome_seen(value)                           | (ignored)
 //   acked          | on_insert(step) true                             | step_published (S)
-//   acked          | on_insert(step) false, or list incomplete        | W: wait step (deadline)
+//   acked          | on_insert(step) false; a non-claimant after ack  | W: wait step (deadline)
 //   acked          | on_value("step S by ...")                        | step_published (S)
 //   acked          | on_value("timeout M by ...")                     | failed (timeout, M)
 //   acked          | on_value("abort by ...")                         | W: try_get error
@@ -60,6 +74,9 @@
 //   acked          | on_insert(timeout) false                         | W: wait step: follow it
 //   noticed..acked | on_store_failure (retries ran out), not recording| recording: W: list ack/
 //   noticed..acked | on_store_failure while recording                 | failed (unreachable)
+//   step_published | (entering it) W: erase ack/<me>; the recorder of   | (no result)
+//                  | a first step in round N > 0: erase ctl/r<N-1>/*  |
+//   final_published| (entering it) W: erase final_ack/<me>            | (no result)
 //   noticed..acked | T: counter <= published counter (or none yet)    | proceed
 //   noticed..acked | T: counter > published counter                   | wait
 //   step_published | T: counter < S                                   | proceed
@@ -100,9 +117,10 @@
 //   - No worker passes the agreed step: it is above every published counter, and decide()
 //     answers wait once the counter passed this worker's published one, until the outcome is
 //     known.
-//   - Constant store traffic per worker per agreement, independent of the number of workers:
-//     claim insert (noticed workers), one put, one list, at most one insert and one wait (plus
-//     a list and an insert when the deadline passes).
+//   - O(N) store traffic per agreement in all: every worker but the claimant makes a constant
+//     number of operations (claim insert if noticed, one put, one wait, one erase; a list or N
+//     reads and an insert only when its deadline passes); the claimant reads N - 1 acks and
+//     inserts the outcome. Events a watcher of ctl/ sees per round: a constant number.
 //   - No unbounded wait: the only blocking instruction (wait) carries the deadline
 //     `acked time + ack_timeout`; past it the outcome is recorded or read within the retry
 //     deadline.
@@ -158,20 +176,33 @@ enum class agreement_action : unsigned char {
 
 /// The keys of the protocol (names: agreement_key_name).
 enum class agreement_key : unsigned char {
-  claim,        ///< r<N>/claim
-  ack,          ///< r<N>/ack/<task> (a list instruction names the prefix r<N>/ack/)
-  step,         ///< r<N>/step
-  final_claim,  ///< r<N>/final
-  final_ack,    ///< r<N>/final_ack/<task>
-  final_step,   ///< r<N>/final_step
-  error,        ///< error (one per run)
+  claim,        ///< ctl/r<N>/claim
+  ack,          ///< ack/r<N>/<task> (a list instruction names the prefix ack/r<N>/)
+  step,         ///< ctl/r<N>/step
+  final_claim,  ///< ctl/r<N>/final
+  final_ack,    ///< final_ack/r<N>/<task>
+  final_step,   ///< ctl/r<N>/final_step
+  error,        ///< ctl/error (one per run)
 };
 
+/// The prefix of every control key (claims, outcomes, the error key) under `scope` (which ends
+/// with '/'): "<scope>ctl". Acks live apart from it, so a watch on it sees O(1) events per round.
+inline std::string agreement_control_prefix(std::string_view scope) {
+  return std::string(scope) + "ctl";
+}
+
 /// The full key for `k` in round `round` under `scope` (which ends with '/'); task -1 names the
-/// ack prefix (ending with '/').
+/// ack prefix (ending with '/'). Control keys: <scope>ctl/r<N>/{claim,step,final,final_step} and
+/// <scope>ctl/error; acks: <scope>ack/r<N>/<task> and <scope>final_ack/r<N>/<task>.
 inline std::string agreement_key_name(std::string_view scope, agreement_key k, std::uint64_t round,
                                       int task = -1) {
   std::string s(scope);
+  if (k == agreement_key::ack || k == agreement_key::final_ack) {
+    s += k == agreement_key::ack ? "ack/r" : "final_ack/r";
+    s += std::to_string(round) + "/";
+    return task < 0 ? s : s + std::to_string(task);
+  }
+  s += "ctl/";
   if (k == agreement_key::error) return s + "error";
   s += "r" + std::to_string(round) + "/";
   switch (k) {
@@ -185,8 +216,6 @@ inline std::string agreement_key_name(std::string_view scope, agreement_key k, s
       return s + "final_step";
     case agreement_key::ack:
     case agreement_key::final_ack:
-      s += k == agreement_key::ack ? "ack/" : "final_ack/";
-      return task < 0 ? s : s + std::to_string(task);
     case agreement_key::error:
       break;
   }
@@ -415,7 +444,7 @@ class basic_step_agreement {
 
   /// One thing for the driver to do: a verdict (kind == decide) or a store operation.
   struct instruction {
-    enum class op : unsigned char { decide, insert, put, try_get, wait, list };
+    enum class op : unsigned char { decide, insert, put, try_get, wait, list, erase };
     op kind = op::decide;
     agreement_action action = agreement_action::proceed;  ///< decide: the verdict
     std::int64_t step = -1;                               ///< decide with a save: the step saved
@@ -570,7 +599,7 @@ class basic_step_agreement {
     } else if (awaiting_ == await::insert_step) {
       awaiting_ = await::none;
       if (created)
-        publish_step(computed_step_);
+        publish_step(computed_step_, true);
       else
         awaiting_ = await::wait_step_pending;  // another outcome is recorded: read it
     } else if (awaiting_ == await::insert_timeout) {
@@ -588,7 +617,12 @@ class basic_step_agreement {
   void on_put() {
     if (inert()) return;
     expect(awaiting_ == await::ack, "put");
-    awaiting_ = await::list_pending;
+    // The claimant collects the acks (O(N) reads in all); every other worker waits on the
+    // outcome key alone.
+    awaiting_ = claimant_ ? await::collect_pending : await::wait_step_pending;
+    collect_next_ = 0;
+    collect_max_ = my_counter_;
+    missing_.clear();
     ack_deadline_ = now_ + cfg_.ack_timeout;
     state_ = phase_state(phase(), agreement_state::acked);
   }
@@ -596,7 +630,15 @@ class basic_step_agreement {
   /// Result of a try_get or wait instruction: the value, or nullopt (absent / deadline passed).
   void on_value(const std::optional<std::string>& value) {
     if (inert()) return;
-    if (awaiting_ == await::wait_step) {
+    if (awaiting_ == await::collect) {  // the claimant's wait for one task's ack
+      awaiting_ = await::collect_pending;
+      auto c = value ? parse_int(*value) : std::nullopt;
+      if (c)
+        collect_max_ = std::max(collect_max_, *c);
+      else  // absent at the deadline, or not a counter
+        missing_.push_back(collect_next_);
+      ++collect_next_;
+    } else if (awaiting_ == await::wait_step) {
       awaiting_ = await::none;
       if (!value) {  // the deadline passed: record a timeout unless every ack is there now
         recording_ = true;
@@ -605,7 +647,7 @@ class basic_step_agreement {
       }
       auto v = parse_agreement_value(*value);
       if (v && v->what == kind::step) {
-        publish_step(v->step);
+        publish_step(v->step, false);
       } else if (v && v->what == kind::timeout) {
         fail_timeout(std::move(v->tasks));
       } else if (v && v->what == kind::abort) {
@@ -622,11 +664,27 @@ class basic_step_agreement {
     }
   }
 
+  /// The driver saw this phase's outcome key hold `value` while it waited for an ack (a wait
+  /// instruction of the claimant's collection), and abandoned that wait: the machine follows
+  /// the value as if its own wait on the outcome key had returned it. Ignored otherwise.
+  void on_outcome_seen(const std::string& value) {
+    if (inert() || awaiting_ != await::collect) return;
+    awaiting_ = await::wait_step;
+    on_value(value);
+  }
+
+  /// True when the outstanding instruction is a wait for an ack (the claimant's collection):
+  /// the driver should also watch the outcome key (outcome_key()) and report it with
+  /// on_outcome_seen, so a recorded outcome or an abort is not held up until the deadline.
+  bool collecting() const noexcept { return awaiting_ == await::collect; }
+
+  /// The outcome key of the current phase (step, or final_step in the grace path).
+  agreement_key outcome_key() const noexcept { return step_key(); }
+
   /// Result of a list instruction: the (key, value) pairs under the ack prefix.
   void on_list(const std::vector<std::pair<std::string, std::string>>& entries) {
     if (inert()) return;
-    expect(awaiting_ == await::list || awaiting_ == await::timeout_list, "list");
-    bool after_deadline = awaiting_ == await::timeout_list;
+    expect(awaiting_ == await::timeout_list, "list");
     awaiting_ = await::none;
     std::vector<bool> seen(static_cast<std::size_t>(cfg_.num_tasks), false);
     std::int64_t max_counter = -1;
@@ -644,11 +702,9 @@ class basic_step_agreement {
     if (missing.empty()) {
       computed_step_ = max_counter + 1;
       awaiting_ = await::insert_step_pending;
-    } else if (after_deadline) {  // record the timeout; whoever loses the race follows the key
+    } else {  // record the timeout; whoever loses the race follows the key
       missing_ = std::move(missing);
       awaiting_ = await::insert_timeout_pending;
-    } else {
-      awaiting_ = await::wait_step_pending;
     }
   }
 
@@ -657,8 +713,8 @@ class basic_step_agreement {
   /// The watcher's question: the next store operation of the protocol, or a decide instruction
   /// (action proceed) when there is none now. `counter` is the run counter the watcher read at
   /// the moment it raised the training thread's attention (see wants_counter()): the ack carries
-  /// it. Each store instruction's result must be reported (on_insert, on_put, on_value, on_list)
-  /// before asking again.
+  /// it. Each store instruction's result but an erase's must be reported (on_insert, on_put,
+  /// on_value, on_list) before asking again.
   instruction protocol_next(std::int64_t counter, time_point now) {
     now_ = now;
     if (!outbox_.empty()) {
@@ -785,8 +841,8 @@ class basic_step_agreement {
     none,
     claim,                   // insert claim issued
     ack,                     // put ack issued
-    list_pending,            // next() issues list
-    list,                    // list issued
+    collect_pending,         // the claimant's next() waits for the next task's ack
+    collect,                 // that wait issued
     insert_step_pending,     // next() issues insert step
     insert_step,             // insert step issued
     wait_step_pending,       // next() issues wait step
@@ -841,7 +897,7 @@ class basic_step_agreement {
     switch (awaiting_) {
       case await::claim:
       case await::ack:
-      case await::list:
+      case await::collect:
       case await::insert_step:
       case await::wait_step:
       case await::read_error:
@@ -908,9 +964,23 @@ class basic_step_agreement {
 
   instruction next_in_acked(time_point now) {
     switch (awaiting_) {
-      case await::list_pending:
-        awaiting_ = await::list;
-        return make(instruction::op::list, ack_key(), -1, {});
+      case await::collect_pending: {
+        if (collect_next_ == cfg_.task) ++collect_next_;  // its own counter is known
+        if (collect_next_ >= cfg_.num_tasks) {
+          if (missing_.empty()) {
+            computed_step_ = collect_max_ + 1;
+            awaiting_ = await::insert_step_pending;
+          } else {  // some ack never came by the deadline: record the timeout
+            recording_ = true;
+            awaiting_ = await::insert_timeout_pending;
+          }
+          return next_in_acked(now);
+        }
+        awaiting_ = await::collect;
+        instruction in = make(instruction::op::wait, ack_key(), collect_next_, {});
+        in.deadline = std::max(now, ack_deadline_);
+        return in;
+      }
       case await::insert_step_pending:
         awaiting_ = await::insert_step;
         return make(instruction::op::insert, step_key(), -1,
@@ -944,7 +1014,8 @@ class basic_step_agreement {
     if (counter < s) return verdict(agreement_action::proceed);
     if (p == 0 && cfg_.grace > duration::zero()) {
       state_ = agreement_state::grace;
-      my_counter_ = -1;  // the final phase publishes a new one
+      my_counter_ = -1;   // the final phase publishes a new one
+      claimant_ = false;  // and has a claimant of its own
       new_phase();
       return verdict(agreement_action::save_then_continue, counter);
     }
@@ -956,10 +1027,24 @@ class basic_step_agreement {
     return verdict(agreement_action::save, counter);
   }
 
-  void publish_step(std::int64_t s) {
+  // The phase's outcome is a step: follow it, and clean up what nobody reads any more. This
+  // worker's ack goes (a worker that lists the acks later finds it missing, but its timeout
+  // loses the insert to this step and follows it). The worker that recorded the first step of
+  // round N also erases round N-1's control keys: every task acked round N, so none still reads
+  // round N-1. Each round thus leaves its control keys until the next round's step, and acks not
+  // at all: O(N) keys for any number of rounds, erased one key at a time (no prefix delete).
+  void publish_step(std::int64_t s, bool recorded_here) {
     int p = phase();
     step_[p] = s;
     state_ = phase_state(p, agreement_state::step_published);
+    outbox_.push_back(make(instruction::op::erase, ack_key(), cfg_.task, {}));
+    if (recorded_here && p == 0 && round_ > 0)
+      for (agreement_key k : {agreement_key::claim, agreement_key::step, agreement_key::final_claim,
+                              agreement_key::final_step}) {
+        instruction in = make(instruction::op::erase, k, -1, {});
+        in.round = round_ - 1;
+        outbox_.push_back(std::move(in));
+      }
   }
 
   void fail_with_payload(const std::string& payload) {
@@ -980,16 +1065,10 @@ class basic_step_agreement {
     awaiting_ = await::none;
   }
 
+  // A run counter or task id as written by this protocol: a non-negative decimal, below
+  // INT64_MAX (so max + 1 is a step).
   static std::optional<std::int64_t> parse_int(const std::string& s) {
-    if (s.empty() || s.size() > 19) return std::nullopt;
-    std::size_t i = s[0] == '-' ? 1 : 0;
-    if (i == s.size()) return std::nullopt;
-    std::int64_t v = 0;
-    for (; i < s.size(); ++i) {
-      if (s[i] < '0' || s[i] > '9') return std::nullopt;
-      v = v * 10 + (s[i] - '0');
-    }
-    return s[0] == '-' ? -v : v;
+    return detail::parse_agreement_int(s, INT64_MAX - 1);
   }
 
   config cfg_;
@@ -1007,6 +1086,8 @@ class basic_step_agreement {
   std::vector<int> missing_;     // the tasks a timeout being recorded names
   std::int64_t my_counter_ = -1;
   std::int64_t computed_step_ = -1;
+  int collect_next_ = 0;           // the claimant's collection: the next task to read
+  std::int64_t collect_max_ = -1;  // the largest counter collected so far
   std::int64_t step_[2] = {-1, -1};
   duration overhead_ = duration::zero();
   agreement_failure_info failure_;

@@ -185,24 +185,6 @@ constexpr bool is_network_filesystem(std::uint64_t f_type) noexcept {
   }
 }
 
-namespace detail {
-template <class T>
-using io_fstatfs = decltype(T::fstatfs(0, static_cast<struct statfs*>(nullptr)));
-
-/// The statfs f_type of an open file: through Io::fstatfs (posix_io has it; tests pretend to be
-/// on NFS with it), or fstatfs itself for an Io policy without one. 0 when it fails (local).
-template <class Io>
-std::uint64_t filesystem_type(int fd) noexcept {
-  struct statfs st {};
-  int r;
-  if constexpr (detect<io_fstatfs, Io>::value)
-    r = Io::fstatfs(fd, &st);
-  else
-    r = ::fstatfs(fd, &st);
-  return r == 0 ? static_cast<std::uint64_t>(st.f_type) : 0;
-}
-}  // namespace detail
-
 // ---------------------------------------------------------------------------------------------
 // Lock policies: how puts are serialized.
 

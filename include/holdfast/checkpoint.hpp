@@ -619,22 +619,6 @@ std::function<void()> checkpoint_call_writer(F& f, const std::string& dir, std::
   }
 }
 
-template <class T>
-using checkpoint_io_fstatfs = decltype(T::fstatfs(0, static_cast<struct statfs*>(nullptr)));
-
-// The statfs f_type of an open file: Io::fstatfs when the Io policy has one (tests pretend to
-// be on NFS with it), else fstatfs; 0 when it fails (then flock is not trusted).
-template <class Io>
-std::uint64_t checkpoint_fs_type(int fd) noexcept {
-  struct statfs st {};
-  int r;
-  if constexpr (detect<checkpoint_io_fstatfs, Io>::value)
-    r = Io::fstatfs(fd, &st);
-  else
-    r = ::fstatfs(fd, &st);
-  return r == 0 ? static_cast<std::uint64_t>(st.f_type) : 0;
-}
-
 inline std::string checkpoint_hostname() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
@@ -982,7 +966,7 @@ class checkpoint_manager<Store>::impl {
       detail::store_sync_dir<durability_type, io_type>(created[i]);
     if (options.lock == checkpoint_lock::automatic) {
       auto fd = open_file<io_type>(dir, O_RDONLY | O_DIRECTORY);
-      use_flock = is_flock_trusted_filesystem(detail::checkpoint_fs_type<io_type>(fd.get()));
+      use_flock = is_flock_trusted_filesystem(detail::filesystem_type<io_type>(fd.get()));
     }
     host = detail::checkpoint_hostname();
     if (use_flock)
@@ -1244,7 +1228,7 @@ class checkpoint_manager<Store>::impl {
       case checkpoint_lock::automatic:
         break;
     }
-    return is_flock_trusted_filesystem(detail::checkpoint_fs_type<io_type>(fd));
+    return is_flock_trusted_filesystem(detail::filesystem_type<io_type>(fd));
   }
 
   // --- metadata ----------------------------------------------------------------------------------

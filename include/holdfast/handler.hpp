@@ -28,13 +28,23 @@
 //   - Steady state (no notice, no claim): run() costs one relaxed atomic load, one atomic add
 //     (the run counter the watcher reads) and one clock read plus two additions for the running
 //     mean of step time; no store traffic, no lock, no allocation.
-//   - One background thread per handler (the watcher). It forwards this worker's notice, blocks
-//     on the one store key that can start an agreement (claim, final claim, or the error key) in
-//     slices of `handler_options::watch_interval`, and runs the protocol itself: it claims,
-//     acks with the run counter, lists the acks and records the outcome. So a worker blocked
-//     inside a step (a collective waiting for a peer) still takes part; its training thread
-//     stops at its next step boundary at the latest and waits only until the outcome is known.
-//     The destructor stops and joins the watcher; destruction is safe in every state.
+//   - One background thread per handler (the watcher). It forwards this worker's notice, waits
+//     for the control keys that can start or end an agreement (claim, final claim, outcome,
+//     error), and runs the protocol itself: it claims, acks with the run counter, collects the
+//     acks (the claimant) and records the outcome. So a worker blocked inside a step (a
+//     collective waiting for a peer) still takes part; its training thread stops at its next
+//     step boundary at the latest and waits only until the outcome is known. The destructor
+//     stops and joins the watcher; destruction is safe in every state.
+//   - Event-driven waiting: the watcher sleeps in one poll() on a waker (an eventfd) and on the
+//     store's control watch (kv.hpp, "Waiting on a store": etcd_kv, filesystem_kv), with no
+//     time slicing. Notice sources with set_waker (signal_notice from its signal handler, the
+//     polled, file and cloud notices from their threads) wake it the moment they notice; a stop
+//     and the training thread use the same waker. The watch brings the control keys' changes
+//     (etcd: the values themselves, from one long-lived stream; filesystem: inotify on one
+//     descriptor), so an idle worker sends no request but the watch's health probes (etcd: one
+//     per max(1 s, request_timeout / 2)). handler_options::watch_interval remains the fallback:
+//     the slice of a blocking get for stores without a watch (in_process_kv, any_kv, c10d-like
+//     stores), and the longest sleep when a notice source cannot wake.
 //   - One recorded decision per round (agreement.hpp): every worker that acts follows the
 //     outcome recorded in the round's outcome key — all save at its step, or all throw
 //     holdfast::agreement_timeout naming the same missing tasks — including a worker paused past
@@ -46,8 +56,17 @@
 //     "unavailable"), until the round's deadline; inserts stay exactly-once (values name their
 //     writer, and a retry first reads the key). When the store cannot be reached to read or
 //     record the outcome, this worker never saves and throws holdfast::agreement_unreachable.
-//   - Per agreement each worker makes a constant number of store operations (see agreement.hpp),
-//     whatever the number of workers; waiting for the others is one blocking get with a deadline.
+//   - Per agreement the job makes O(N) store operations in all (agreement.hpp): each worker a
+//     constant number (its ack put and erase; over etcd nothing to wait, the watch brings the
+//     outcome), the claimant one read per other worker's ack. Each round's keys are erased once
+//     acted on (single-key erases, where the store has erase): 1,000 rounds leave as many keys
+//     as one. Scale (benchmarks/scale_bench.cpp): per worker and agreement about 3 requests and
+//     2 watch events, whatever N; the claimant's N - 1 reads are sequential, so the agreement
+//     takes about N store round trips (256 workers on one etcd: ~0.2 s; 10,000 workers at
+//     0.5 ms a request: ~6 s, well inside the 3-minute ack_timeout). A 10,000-worker job needs
+//     from etcd ~10,000 long-lived watch streams (one per worker, each idle but for a probe
+//     per second: ~10,000 requests/s idle with the default request_timeout; raise it to cut the
+//     probes) and ~30,000 requests per agreement.
 //   - A worker that never acks (dead without notice) makes the others throw
 //     holdfast::agreement_timeout naming the missing task ids within `ack_timeout`, never hang.
 //   - An exception from a step is published; every other worker throws holdfast::peer_error
@@ -65,9 +84,9 @@
 //   - Signal handlers are the notice policy's business; this file installs none.
 // Caveats:
 //   - run() and save_checkpoint_if_preempted() must be called from one thread.
-//   - A notice is seen within one watch interval (default 100 ms): the watcher looks at the
-//     notice between its blocking gets. Smaller intervals mean more store requests (etcd: a
-//     range and a watch per interval per worker).
+//   - Over a store without a watch, or with a notice source that cannot wake, a notice or a
+//     claim is seen within one watch interval (default 100 ms), and an idle worker makes a
+//     blocking get per interval.
 //   - ack_timeout need not exceed the longest step: the watcher acks while a step runs.
 //   - One writer per checkpoint directory (checkpoint_manager holds a writer lock): in a
 //     multi-worker job each task writes its own directory (both examples do: run "worker-<t>" in
@@ -83,6 +102,8 @@
 //     polled_notice) need a new handler with a fresh config and run id (an in-process restart).
 #pragma once
 
+#include <poll.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -90,9 +111,11 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>  // std::random_device: the handler's nonce
+#include <set>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -105,6 +128,7 @@
 
 #include "agreement.hpp"
 #include "checkpoint.hpp"
+#include "detail/waker.hpp"
 #include "error.hpp"
 #include "kv.hpp"
 #include "kv/any.hpp"  // any_kv: asked at run time whether it can list
@@ -124,7 +148,9 @@ struct handler_options {
   /// How long a worker waits for every other worker's ack (XLA's barrier: 3 minutes); also the
   /// bound of the start-up restore agreement.
   std::chrono::milliseconds ack_timeout{std::chrono::minutes(3)};
-  /// The watcher's slice: latency of noticing a notice, and of a stop at destruction.
+  /// The fallback slice: how long one blocking get lasts over a store that cannot be waited on
+  /// (no watch()), and the longest sleep when a notice source cannot wake the watcher. Stores
+  /// with a watch and waking notices do not use it.
   std::chrono::milliseconds watch_interval{100};
   /// Grace path: the final claim is made this much earlier than the measured rule asks, so the
   /// final save ends before the deadline despite scheduling stalls the measurements missed.
@@ -289,10 +315,12 @@ class preemption_handler {
         checkpointer_(std::move(checkpointer)),
         options_(options),
         scope_("holdfast/" + checked_run_id(cluster_.run_id) + "/"),
+        ctl_prefix_(agreement_control_prefix(scope_)),
         error_key_(agreement_key_name(scope_, agreement_key::error, 0)),
         machine_(machine_config(cluster_, config_, options_)) {
     restored_ = restore();
     word_.store(static_cast<std::uint64_t>(restored_.value_or(0)) << 1);
+    if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(&waker_);
     config_.start();
     notice_started_ = true;
     start_watcher();
@@ -382,6 +410,7 @@ class preemption_handler {
       notice_started_ = false;
       config_.stop();
     }
+    if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(nullptr);
   }
 
  private:
@@ -459,7 +488,7 @@ class preemption_handler {
       held = true;
       train_cv_.wait_for(lock, options_.watch_interval);
     }
-    watch_cv_.notify_all();  // the grace countdown may have handed the watcher a final claim
+    wake_watcher();  // the grace countdown may have handed the watcher a final claim
     run_status st = run_status::ran;
     switch (in.action) {
       case agreement_action::proceed:
@@ -473,9 +502,12 @@ class preemption_handler {
         save(in.step);
         overhead_ += Clock::now() - started;  // the final claim leaves room for as much again
         lock.lock();
-        // + one watch interval: the watcher may be in a blocking get when the final claim is due
-        machine_.note_overhead(overhead_ + std::chrono::duration_cast<typename Clock::duration>(
-                                               options_.watch_interval));
+        // + one watch interval where the watcher may be in a blocking get when the final claim
+        // is due (a store without a watch); with a watch, the waker wakes it at once
+        machine_.note_overhead(overhead_ +
+                               (evented ? typename Clock::duration{}
+                                        : std::chrono::duration_cast<typename Clock::duration>(
+                                              options_.watch_interval)));
         held = false;
         stamped_ = false;
         st = run_status::saved;
@@ -504,7 +536,7 @@ class preemption_handler {
       stamped_ = false;
     }
     raise_attention_locked();
-    watch_cv_.notify_all();
+    wake_watcher();
     return st;
   }
 
@@ -556,19 +588,22 @@ class preemption_handler {
       std::unique_lock<std::mutex> lock(mutex_);
       machine_.on_local_error(detail::current_exception_type_name(),
                               detail::current_exception_message());
+      // Take every insert now, under the lock, so the watcher cannot pick one up and be cut
+      // short by the process's exit: this thread writes the error before the aborts.
+      std::vector<instruction> inserts;
       for (;;) {
         instruction in = machine_.protocol_next(total_run_calls(), Clock::now());
         if (in.kind != op::insert) break;
-        lock.unlock();
-        bool created = false;
-        try {
-          created = kv_.insert(agreement_key_name(scope_, in.key, in.round, in.task), in.value);
-        } catch (...) {
-        }
-        lock.lock();
-        machine_.on_insert(created);
+        inserts.push_back(std::move(in));
       }
       raise_attention_locked();
+      lock.unlock();
+      for (const auto& in : inserts) {  // the machine is failed: it needs no results
+        try {
+          kv_.insert(agreement_key_name(scope_, in.key, in.round, in.task), in.value);
+        } catch (...) {
+        }
+      }
     } catch (...) {
     }
     train_cv_.notify_all();
@@ -586,7 +621,13 @@ class preemption_handler {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_.store(true);
     }
+    wake_watcher();
+  }
+
+  // Wakes the watcher wherever it sleeps: a pause (watch_cv_) or poll() on the waker.
+  void wake_watcher() noexcept {
     watch_cv_.notify_all();
+    waker_.notify();
   }
 
   void stop_watcher() noexcept {
@@ -636,11 +677,24 @@ class preemption_handler {
     if (in.kind == op::decide) return false;
     const std::string key = agreement_key_name(scope_, in.key, in.round, in.task);
     const time_point until = machine_.retry_deadline();
+    // The claimant waiting for an ack also looks at the outcome key (a step recorded past the
+    // deadline by a peer, an abort after a peer's error).
+    const std::string outcome = machine_.collecting()
+                                    ? agreement_key_name(scope_, machine_.outcome_key(), in.round)
+                                    : std::string();
     lock.unlock();
     try {
       switch (in.kind) {
         case op::insert: {
           bool created = insert_once(key, in.value, until);
+          if constexpr (evented) {  // what this worker knows now; a lost insert: read it again
+            if (created) {
+              ctl_seen_[key] = in.value;
+            } else {  // it exists, and its event may not have come yet: read it
+              ctl_seen_.erase(key);
+              ctl_stale_.insert(key);
+            }
+          }
           lock.lock();
           machine_.on_insert(created);
           break;
@@ -657,12 +711,20 @@ class preemption_handler {
           break;
         }
         case op::wait: {
-          auto v = wait_for_key(key, in.deadline);
+          std::optional<std::string> outcome_value;
+          auto v = wait_for_key(key, in.deadline, outcome, outcome_value);
           lock.lock();
           if (stop_.load()) return true;  // abandoned: shutting down
-          machine_.on_value(v);
+          if (outcome_value)
+            machine_.on_outcome_seen(*outcome_value);
+          else
+            machine_.on_value(v);
           break;
         }
+        case op::erase:  // cleanup: best effort, never fails the round
+          erase_quietly(key);
+          lock.lock();
+          break;
         case op::list: {
           auto v = retrying([&] { return list_acks(key); }, until);
           lock.lock();
@@ -692,6 +754,19 @@ class preemption_handler {
       if (auto v = kv_.try_get(key)) out.emplace_back(std::move(key), std::move(*v));
     }
     return out;
+  }
+  void erase_quietly(const std::string& key) noexcept {
+    if constexpr (has_kv_erase_v<Kv>) {
+      try {
+        if constexpr (std::is_same_v<Kv, any_kv>) {
+          if (!kv_.supports(kv_op::erase)) return;
+        }
+        kv_.erase(key);
+      } catch (...) {
+      }
+    } else {
+      (void)key;
+    }
   }
   bool can_list() const {
     if constexpr (std::is_same_v<Kv, any_kv>)
@@ -736,14 +811,43 @@ class preemption_handler {
   }
 
   // A blocking get until `deadline`, in slices so a shutdown is never held up longer than one;
-  // transient store errors are retried until the deadline.
-  std::optional<std::string> wait_for_key(const std::string& key, time_point deadline) {
+  // transient store errors are retried until the deadline. With `also` (a key name), each slice
+  // that ends empty-handed also reads `also`: when it holds a value, that is stored in
+  // `also_value` and the wait ends.
+  std::optional<std::string> wait_for_key(const std::string& key, time_point deadline,
+                                          const std::string& also,
+                                          std::optional<std::string>& also_value) {
+    if constexpr (evented) {
+      if (is_control_key(key)) {  // the watch brings it: no request while waiting
+        retrying([&] { await_control(Clock::now()); }, deadline);  // what arrived already
+        for (;;) {
+          auto v = retrying([&] { return control_value(key); }, deadline);
+          if (v || stop_.load()) return v;
+          if (Clock::now() >= deadline)  // the last word is the store's, not the watch's
+            return retrying([&] { return kv_.try_get(key); }, deadline);
+          retrying([&] { await_control(deadline); }, deadline);
+        }
+      }
+    }
     for (;;) {
       auto left = std::max<typename Clock::duration>(deadline - Clock::now(), {});
       auto slice = std::min<std::chrono::milliseconds>(
           std::chrono::ceil<std::chrono::milliseconds>(left), options_.watch_interval);
       auto v = retrying([&] { return kv_.get(key, slice); }, deadline);
       if (v || stop_.load() || Clock::now() >= deadline) return v;
+      if (!also.empty()) {
+        also_value = retrying(
+            [&] {
+              if constexpr (evented) {
+                await_control(Clock::now());  // takes what the watch has, without sleeping
+                return control_value(also);
+              } else {
+                return kv_.try_get(also);
+              }
+            },
+            deadline);
+        if (also_value) return std::nullopt;
+      }
     }
   }
 
@@ -757,16 +861,34 @@ class preemption_handler {
       key = agreement_key_name(scope_, *trigger, round);
     else if (!error_seen_)
       key = error_key_;
-    if (key.empty()) {
-      watch_cv_.wait_for(lock, options_.watch_interval);
-      return;
-    }
-    lock.unlock();
-    auto v = kv_.get(key, options_.watch_interval);
+    std::optional<std::string> v;
     std::optional<std::string> error_payload;
-    if (v && !trigger) error_payload = v;
-    if (v && trigger && is_abort(*v))
-      error_payload = kv_.try_get(error_key_).value_or(std::string());
+    if constexpr (evented) {
+      const bool watch_error = !error_seen_;
+      lock.unlock();
+      auto look = [&] {
+        if (!key.empty()) v = control_value(key);
+        if (watch_error && !v) error_payload = control_value(error_key_);
+        return v || error_payload;
+      };
+      if (!look()) {
+        await_control(time_point::max());
+        look();
+      }
+      if (v && !trigger) error_payload = std::exchange(v, std::nullopt);
+      if (v && trigger && is_abort(*v))
+        error_payload = control_value(error_key_).value_or(std::string());
+    } else {
+      if (key.empty()) {
+        watch_cv_.wait_for(lock, options_.watch_interval);
+        return;
+      }
+      lock.unlock();
+      v = kv_.get(key, options_.watch_interval);
+      if (v && !trigger) error_payload = v;
+      if (v && trigger && is_abort(*v))
+        error_payload = kv_.try_get(error_key_).value_or(std::string());
+    }
     lock.lock();
     if (error_payload) {
       error_seen_ = true;
@@ -776,9 +898,68 @@ class preemption_handler {
     } else if (v && *trigger == agreement_key::final_claim) {
       machine_.on_final_seen(round);
     }
-    if (v) {
+    if (v || error_payload) {
       raise_attention_locked();
       train_cv_.notify_all();
+    }
+  }
+
+  // ---- the control watch (stores that can be waited on: has_kv_watch_v) -----------------------
+  //
+  // One watch on ctl/ for the watcher's life. ctl_seen_ holds the control values it brought
+  // (nullopt: erased or read absent); a key not in it is read once with try_get, unless the
+  // watch gave a complete snapshot (etcd): then it is absent, no read. A resync (a store that
+  // only knows something changed, a resumed watch that may have missed events) forgets them.
+
+  static constexpr bool evented = has_kv_watch_v<Kv>;
+
+  bool is_control_key(const std::string& key) const {
+    return key.compare(0, ctl_prefix_.size(), ctl_prefix_) == 0 &&
+           key.size() > ctl_prefix_.size() && key[ctl_prefix_.size()] == '/';
+  }
+
+  std::optional<std::string> control_value(const std::string& key) {
+    if (auto it = ctl_seen_.find(key); it != ctl_seen_.end()) return it->second;
+    if (ctl_complete_ && !ctl_stale_.count(key)) return std::nullopt;  // absent, the watch says
+    ctl_stale_.erase(key);
+    auto v = kv_.try_get(key);
+    ctl_seen_[key] = v;
+    return v;
+  }
+
+  // Sleeps in one poll() on the waker and the watch until one is readable, the watch's due
+  // time, or `until` (Clock::now() to only take what is there); when the notices cannot wake
+  // the waker, at most one watch_interval. Then takes the watch's changes.
+  void await_control(time_point until) {
+    if constexpr (evented) {
+      if (!ctl_watch_) ctl_watch_.emplace(kv_.watch(ctl_prefix_));
+      auto& w = *ctl_watch_;
+      if (!w.buffered()) {
+        using ms = std::chrono::milliseconds;
+        auto left = [](auto d) { return std::chrono::ceil<ms>(std::max(d, decltype(d)::zero())); };
+        ms timeout = ms::max();
+        if (until != time_point::max()) timeout = left(until - Clock::now());
+        if (w.due() != std::chrono::steady_clock::time_point::max())
+          timeout = std::min(timeout, left(w.due() - std::chrono::steady_clock::now()));
+        if constexpr (!has_notice_waker_v<Config>)
+          timeout = std::min(timeout, options_.watch_interval);
+        const int t = timeout == ms::max()
+                          ? -1
+                          : static_cast<int>(std::min<ms::rep>(timeout.count(), 1 << 30));
+        pollfd fds[2] = {{waker_.fd(), POLLIN, 0}, {w.fd(), POLLIN, 0}};
+        ::poll(fds, w.fd() >= 0 ? 2 : 1, t);  // EINTR: the loop around looks again
+      }
+      waker_.drain();
+      kv_changes changes = w.take();
+      if (changes.complete || changes.resync || ctl_seen_.size() > 256) {
+        ctl_seen_.clear();  // 256: a bound; forgetting costs reads, never correctness
+        ctl_stale_.clear();
+        ctl_complete_ = changes.complete;
+      }
+      if (!changes.resync)
+        for (auto& e : changes.events) ctl_seen_[e.key] = std::move(e.value);
+    } else {
+      (void)until;
     }
   }
 
@@ -885,6 +1066,7 @@ class preemption_handler {
   Checkpointer checkpointer_;
   handler_options options_;
   std::string scope_;
+  std::string ctl_prefix_;  // agreement_control_prefix(scope_): what the control watch follows
   std::string error_key_;
   std::optional<std::int64_t> restored_;
   bool notice_started_ = false;
@@ -905,6 +1087,19 @@ class preemption_handler {
   std::condition_variable train_cv_;  // wakes a training thread waiting for the step
   std::atomic<bool> stop_{false};
   std::optional<std::chrono::steady_clock::time_point> last_notice_;  // watcher thread only
+  detail::waker waker_;  // notices, stop requests and the training thread wake the watcher
+  template <class K, bool = has_kv_watch_v<K>>
+  struct watch_of {
+    using type = char;
+  };
+  template <class K>
+  struct watch_of<K, true> {
+    using type = detail::kv_watch_t<K>;
+  };
+  std::optional<typename watch_of<Kv>::type> ctl_watch_;        // watcher thread only
+  std::map<std::string, std::optional<std::string>> ctl_seen_;  // watcher thread only
+  std::set<std::string> ctl_stale_;  // keys a lost insert proved present, not yet read
+  bool ctl_complete_ = false;        // ctl_seen_ holds every key (the watch's snapshot)
   std::thread watcher_;
 };
 

@@ -161,6 +161,22 @@ template <class T>
 using io_unlink = decltype(T::unlink(""));
 template <class T>
 using io_getpid = decltype(T::getpid());
+template <class T>
+using io_fstatfs = decltype(T::fstatfs(0, static_cast<struct statfs*>(nullptr)));
+
+/// The statfs f_type of `fd` (Io::fstatfs where the policy has it, else ::fstatfs); 0 when
+/// fstatfs fails. Network filesystems lock and notify differently from local ones (tests
+/// pretend to be on NFS through a fault Io).
+template <class Io>
+std::uint64_t filesystem_type(int fd) noexcept {
+  struct statfs st {};
+  int r;
+  if constexpr (detect<io_fstatfs, Io>::value)
+    r = Io::fstatfs(fd, &st);
+  else
+    r = ::fstatfs(fd, &st);
+  return r == 0 ? static_cast<std::uint64_t>(st.f_type) : 0;
+}
 }  // namespace detail
 
 /// True when T provides the core of the Io policy (the file calls); see posix_io for the set.

@@ -178,6 +178,47 @@ class kv_namespace {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Waiting on a store (optional).
+//
+// A store that can be waited on has `W watch(const std::string& prefix)`: it starts following
+// every key strictly below `prefix + "/"` (directory semantics, like list) and returns a movable
+// watch object W with:
+//   int fd() const noexcept;     a descriptor to poll() for POLLIN; -1 when there is none now
+//                                (reconnecting): the caller then sleeps until due() only
+//   bool buffered() const noexcept;  changes already read into memory: call take() at once
+//   std::chrono::steady_clock::time_point due() const noexcept;  when take() must be called
+//                                even if fd() stays quiet (health probes, re-checks,
+//                                reconnects); time_point::max() for never
+//   kv_changes take();           what changed since the last take(); never blocks on the
+//                                store's data, only on its own probe or reconnect, each bounded
+//                                by the store's request timeout
+// The first take() after watch() reports resync (the caller reads what it needs once), or,
+// from a store that can list the prefix as it starts the watch (etcd_kv), complete: a snapshot
+// of every key, so the caller needs no read at all. A watch is used by one thread at a time;
+// the store may be used by others meanwhile.
+
+/// One change seen by a watch: the key (full, as passed to the store) and its new value, or
+/// nullopt when it was erased.
+struct kv_event {
+  std::string key;                   ///< the changed key
+  std::optional<std::string> value;  ///< its new value; nullopt: erased
+};
+
+/// What a watch's take() returns.
+struct kv_changes {
+  std::vector<kv_event> events;  ///< changes in the order the store applied them
+  /// Changes may have been missed (the first take, a resume after compaction, a store that
+  /// only knows that something changed): re-read every key of interest.
+  bool resync = false;
+  /// The events start with a snapshot of every key below the prefix (the first take, a resume
+  /// after compaction): forget what was known; a key the snapshot and the events after it do
+  /// not name is absent, until an event says otherwise.
+  bool complete = false;
+  /// Nothing happened.
+  bool empty() const noexcept { return events.empty() && !resync && !complete; }
+};
+
+// ---------------------------------------------------------------------------------------------
 // The contract, checked at compile time.
 
 namespace detail {
@@ -200,6 +241,20 @@ template <class T>
 using kv_list = std::enable_if_t<std::is_convertible_v<
     decltype(std::declval<T&>().list(std::declval<const std::string&>())), kv_pairs>>;
 template <class T>
+using kv_watch_t = decltype(std::declval<T&>().watch(std::declval<const std::string&>()));
+template <class W>
+using kv_watch_members =
+    std::enable_if_t<std::is_convertible_v<decltype(std::declval<const W&>().fd()), int> &&
+                     std::is_convertible_v<decltype(std::declval<const W&>().buffered()), bool> &&
+                     std::is_convertible_v<decltype(std::declval<const W&>().due()),
+                                           std::chrono::steady_clock::time_point> &&
+                     std::is_convertible_v<decltype(std::declval<W&>().take()), kv_changes>>;
+template <class T, class = void>
+struct has_kv_watch : std::false_type {};
+template <class T>
+struct has_kv_watch<T, std::enable_if_t<detect<kv_watch_members, kv_watch_t<T>>::value>>
+    : std::true_type {};
+template <class T>
 using kv_erase = decltype(std::declval<T&>().erase(std::declval<const std::string&>()));
 template <class T>
 using kv_erase_prefix =
@@ -217,6 +272,15 @@ inline constexpr bool is_coordination_store_v =
 /// True when T can list a prefix (kv_pairs list(prefix)).
 template <class T>
 inline constexpr bool has_kv_list_v = detail::detect<detail::kv_list, T>::value;
+
+/// True when T can erase one key (erase(key)): the handler then cleans up each round's keys.
+template <class T>
+inline constexpr bool has_kv_erase_v = detail::detect<detail::kv_erase, T>::value;
+
+/// True when T can be waited on: `watch(prefix)` returns an object with fd(), buffered(), due()
+/// and take() (see "Waiting on a store" above).
+template <class T>
+inline constexpr bool has_kv_watch_v = detail::has_kv_watch<T>::value;
 
 /// True when T has every kv_store operation with the expected signature.
 template <class T>
@@ -374,6 +438,19 @@ class counting_kv {
   /// Counts then forwards.
   auto erase_prefix(const std::string& prefix) {
     return call(kv_op::erase_prefix, [&] { return inner_.erase_prefix(prefix); });
+  }
+
+  /// Forwards watch(prefix) where the wrapped store can be waited on (has_kv_watch_v), so that
+  /// wrapping a store never changes the path the handler takes. A watch is not counted: its
+  /// take() calls are not store operations (the store's own stats() counts its requests).
+  template <class K = Kv, class = std::enable_if_t<has_kv_watch_v<K>>>
+  auto watch(const std::string& prefix) {
+    return inner_.watch(prefix);
+  }
+  /// Forwards the wrapped store's own stats() (etcd_kv: the HTTP requests it sent), if it has it.
+  template <class K = Kv>
+  auto stats() const -> decltype(std::declval<const K&>().stats()) {
+    return inner_.stats();
   }
 
   /// A snapshot of the counters.

@@ -1,6 +1,6 @@
 // tests/support/c10d_like_kv.hpp — a store with only the operations PyTorch's c10d store has
-// (compareSet as insert, set, check + get, wait): no list, no erase. The handler must agree
-// over it; any_kv must report what it lacks.
+// (compareSet as insert, set, check + get, wait, deleteKey as erase): no list, no prefix erase.
+// The handler must agree over it, and clean up after itself; any_kv must report what it lacks.
 #pragma once
 
 #include <chrono>
@@ -20,6 +20,7 @@ struct c10d_like_kv {
   std::optional<std::string> get(const std::string& k, std::chrono::milliseconds t) {
     return inner.get(k, t);
   }
+  bool erase(const std::string& k) { return inner.erase(k); }
 };
 
 }  // namespace holdfast_test

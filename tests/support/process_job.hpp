@@ -468,7 +468,7 @@ gate_fn keys_gate(std::shared_ptr<Kv> kv, std::vector<std::string> keys) {
   };
 }
 
-/// The key `name` ("r0/claim", "r0/ack/3", "restore/step") of handler `run_id`.
+/// The key `name` ("ctl/r0/claim", "ack/r0/3", "restore/step") of handler `run_id`.
 inline std::string handler_key(const std::string& run_id, const std::string& name) {
   return "holdfast/" + run_id + "/" + name;
 }
@@ -478,7 +478,7 @@ inline std::vector<std::string> ack_keys(const scenario& sc, const std::string& 
                                          int skip = -1) {
   std::vector<std::string> keys;
   for (int t = 0; t < sc.n; ++t)
-    if (t != skip) keys.push_back(handler_key(run_id, "r0/ack/" + std::to_string(t)));
+    if (t != skip) keys.push_back(handler_key(run_id, "ack/r0/" + std::to_string(t)));
   return keys;
 }
 
@@ -738,8 +738,9 @@ inline std::string round_of_key(const std::string& key) {
   const auto slash = key.find('/', prefix.size());
   if (slash == std::string::npos) return "?" + key;
   const std::string run = key.substr(prefix.size(), slash - prefix.size());
-  const std::string rest = key.substr(slash + 1);
+  std::string rest = key.substr(slash + 1);
   if (rest.rfind("restore", 0) == 0) return run + "/restore";
+  if (rest.rfind("ctl/", 0) == 0) rest = rest.substr(4);  // ctl/r<N>/step: round r<N>
   const auto r = rest.find('/');
   const std::string round = rest.substr(0, r);
   const bool final = r != std::string::npos && rest.compare(r + 1, 5, "final") == 0;
@@ -752,8 +753,8 @@ inline std::string outcome_key(const std::string& round) {
   const std::string run = round.substr(0, slash), rest = round.substr(slash + 1);
   if (rest == "restore") return handler_key(run, "restore/step");
   if (rest.size() > 6 && rest.compare(rest.size() - 6, 6, "/final") == 0)
-    return handler_key(run, rest.substr(0, rest.size() - 6) + "/final_step");
-  return handler_key(run, rest + "/step");
+    return handler_key(run, "ctl/" + rest.substr(0, rest.size() - 6) + "/final_step");
+  return handler_key(run, "ctl/" + rest + "/step");
 }
 
 /// "1,3," → {1, 3}.
@@ -950,7 +951,7 @@ outcome_report check_outcomes(Kv& kv, const result& r) {
     detail::check_round(round, text, acts, rep.violations);
   }
   for (const auto& run : runs) {
-    detail::check_peers(run, kv.try_get(handler_key(run, "error")), acts, rep.violations);
+    detail::check_peers(run, kv.try_get(handler_key(run, "ctl/error")), acts, rep.violations);
     const auto before = rep.violations.size();
     detail::check_restores(run, acts, rep.violations);
     rep.splits = rep.splits || rep.violations.size() > before;
@@ -964,7 +965,7 @@ outcome_report check_outcomes(Kv& kv, const result& r) {
 /// The recorded outcome of round 0 of handler `run_id` (nullopt: none, or it does not parse).
 template <class Kv>
 std::optional<holdfast::agreement_value> recorded_step(Kv& kv, const std::string& run_id = "run") {
-  auto text = kv.try_get(handler_key(run_id, "r0/step"));
+  auto text = kv.try_get(handler_key(run_id, "ctl/r0/step"));
   if (!text) return std::nullopt;
   return holdfast::parse_agreement_value(*text);
 }

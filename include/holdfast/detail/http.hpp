@@ -4,7 +4,9 @@
 //
 // http_call / http_stream make one request per connection (`Connection: close`); http_pool
 // keeps a few idle connections per client and reuses them (HTTP/1.1 keep-alive), so a TLS
-// handshake is paid once per connection, not once per request. IPv4 and IPv6.
+// handshake is paid once per connection, not once per request, and counts the requests it sends
+// and the connections it makes. http_open_stream keeps a streamed response open and reads it
+// piece by piece without blocking (a long-lived watch polled by its owner). IPv4 and IPv6.
 //
 // The transport seam: every connection is made by a Transport (see check_transport below):
 // connect with a timeout, read, write, what to poll, whether bytes are pending, close.
@@ -41,7 +43,9 @@
 //   - No redirects, no proxies, no HTTP/2. Responses above 64 MiB are refused (EPROTO).
 //   - https:// endpoints need a TLS transport; plain_transport refuses them (EPROTONOSUPPORT).
 //   - http_stream's body has no read timeout of its own, only the caller's deadline (a watch may
-//     be silent for a long time); the status line and headers must arrive within `read`.
+//     be silent for a long time); the status line and headers must arrive within `read`. An
+//     http_open_stream has no timeout at all after its head: its owner decides when silence is
+//     suspicious.
 #pragma once
 
 #include <netdb.h>       // getaddrinfo, gai_strerror
@@ -798,6 +802,47 @@ inline bool http_keeps_alive(const http_response& head) {
   return !c || !http_iequal(*c, "close");
 }
 
+/// Reads response heads from `sock` until a final (non-1xx) one and parses it into `head`;
+/// the bytes after it (the start of the body) are left in `in`. False when `deadline` passes
+/// first; a connection closed first throws http_connection_closed.
+template <class Io, class Conn>
+bool http_read_head(http_channel<Io, Conn>& sock, const http_endpoint& ep, const std::string& where,
+                    http_clock::time_point deadline, http_response& head, std::string& in) {
+  char buf[16384];
+  auto find_head = [&in](std::size_t& end, std::size_t& sep) {
+    std::size_t crlf = in.find("\r\n\r\n"), lf = in.find("\n\n");
+    if (crlf != std::string::npos && (lf == std::string::npos || crlf < lf)) {
+      end = crlf;
+      sep = 4;
+    } else if (lf != std::string::npos) {
+      end = lf;
+      sep = 2;
+    }
+  };
+  for (;;) {  // read heads until a final (non-1xx) one
+    std::size_t head_end = std::string::npos, sep = 0;
+    find_head(head_end, sep);
+    while (head_end == std::string::npos) {
+      long n = sock.recv_some(buf, sizeof buf, deadline);
+      if (n < 0) return false;
+      if (n == 0)
+        throw http_connection_closed(EPROTO, "http", where,
+                                     !in.empty() ? "truncated response head"
+                                     : ep.tls    ? "connection closed before a response"
+                                                 : "connection closed before a response (a "
+                                                   "server that speaks only TLS does this: "
+                                                   "https://?)");
+      in.append(buf, static_cast<std::size_t>(n));
+      find_head(head_end, sep);
+      if (head_end == std::string::npos && in.size() > http_max_head)
+        throw error(EPROTO, "http", where, "response head longer than 64 KiB");
+    }
+    http_parse_head(std::string_view(in).substr(0, head_end), head, where);
+    in.erase(0, head_end + sep);
+    if (head.status / 100 != 1 || head.status == 101) return true;
+  }
+}
+
 /// The shared exchange on a connected `conn`: send, read the head and then the body through
 /// `sink`. Without `stream_deadline` (http_call) everything must finish within `t.read`
 /// (ETIMEDOUT otherwise). With it (http_stream) the head must arrive within `t.read` and the
@@ -822,41 +867,10 @@ bool http_exchange(Conn& conn, const http_endpoint& ep, const http_request& req,
 
   char buf[16384];
   std::string in;
-  auto find_head = [&in](std::size_t& end, std::size_t& sep) {
-    std::size_t crlf = in.find("\r\n\r\n"), lf = in.find("\n\n");
-    if (crlf != std::string::npos && (lf == std::string::npos || crlf < lf)) {
-      end = crlf;
-      sep = 4;
-    } else if (lf != std::string::npos) {
-      end = lf;
-      sep = 2;
-    }
-  };
-  for (;;) {  // read heads until a final (non-1xx) one
-    std::size_t head_end = std::string::npos, sep = 0;
-    find_head(head_end, sep);
-    while (head_end == std::string::npos) {
-      long n = sock.recv_some(buf, sizeof buf, head_deadline);
-      if (n < 0) {
-        if (stream_ends_first) return false;
-        throw error(ETIMEDOUT, "recv", where,
-                    "no response within " + std::to_string(t.read.count()) + " ms");
-      }
-      if (n == 0)
-        throw http_connection_closed(EPROTO, "http", where,
-                                     !in.empty() ? "truncated response head"
-                                     : ep.tls    ? "connection closed before a response"
-                                                 : "connection closed before a response (a "
-                                                   "server that speaks only TLS does this: "
-                                                   "https://?)");
-      in.append(buf, static_cast<std::size_t>(n));
-      find_head(head_end, sep);
-      if (head_end == std::string::npos && in.size() > http_max_head)
-        throw error(EPROTO, "http", where, "response head longer than 64 KiB");
-    }
-    http_parse_head(std::string_view(in).substr(0, head_end), head, where);
-    in.erase(0, head_end + sep);
-    if (head.status / 100 != 1 || head.status == 101) break;
+  if (!http_read_head<Io>(sock, ep, where, head_deadline, head, in)) {
+    if (stream_ends_first) return false;
+    throw error(ETIMEDOUT, "recv", where,
+                "no response within " + std::to_string(t.read.count()) + " ms");
   }
 
   const bool quiet = stream_deadline && head.status / 100 == 2;
@@ -936,13 +950,11 @@ http_response http_call_over(const Transport& transport, const http_endpoint& ep
   return resp;
 }
 
-/// http_stream over any Transport: one connection, `Connection: close`.
-template <class Io, class Transport, class OnData>
-void http_stream_over(const Transport& transport, const http_endpoint& ep, const http_request& req,
-                      http_timeouts t, http_clock::time_point deadline, OnData& on_data,
-                      const std::atomic<bool>* cancel) {
-  const std::string where = ep.url() + (req.target.empty() ? std::string("/") : req.target);
-  auto conn = transport.connect(ep, t.connect, where, cancel);
+/// http_stream on a connected `conn` (`Connection: close`); `where` names it in errors.
+template <class Io, class Conn, class OnData>
+void http_stream_on(Conn& conn, const http_endpoint& ep, const http_request& req,
+                    const std::string& where, http_timeouts t, http_clock::time_point deadline,
+                    OnData& on_data, const std::atomic<bool>* cancel) {
   http_response head;
   std::string error_body;
   auto sink = [&](std::string_view bytes) -> bool {
@@ -955,6 +967,134 @@ void http_stream_over(const Transport& transport, const http_endpoint& ep, const
   http_exchange<Io>(conn, ep, req, where, t, &deadline, head, sink, cancel, info);
   if (head.status != 0 && head.status / 100 != 2) throw http_stream_status(head, where, error_body);
 }
+
+/// http_stream over any Transport: one connection, `Connection: close`.
+template <class Io, class Transport, class OnData>
+void http_stream_over(const Transport& transport, const http_endpoint& ep, const http_request& req,
+                      http_timeouts t, http_clock::time_point deadline, OnData& on_data,
+                      const std::atomic<bool>* cancel) {
+  const std::string where = ep.url() + (req.target.empty() ? std::string("/") : req.target);
+  auto conn = transport.connect(ep, t.connect, where, cancel);
+  http_stream_on<Io>(conn, ep, req, where, t, deadline, on_data, cancel);
+}
+
+/// A streamed response kept open and read piece by piece, for a long-lived watch: open() sends
+/// the request and reads the head (both within the request timeout); read() then passes the
+/// de-chunked body to a sink as it arrives, without waiting unless asked to. fd() is the socket
+/// to poll while it is open. Movable; closes the connection on destruction.
+template <class Io, class Transport>
+class http_open_stream {
+ public:
+  using connection = typename Transport::connection;
+
+  /// What read() found.
+  enum class status {
+    open,  ///< the stream goes on (bytes may or may not have arrived)
+    ended  ///< the body ended or the server closed the connection cleanly; now closed
+  };
+
+  /// A closed stream.
+  http_open_stream() = default;
+
+  /// Sends `req` on `conn` (`Connection: close`) and reads the head within `t.read`: ETIMEDOUT
+  /// after it, http_connection_closed when the server closes first, and for a non-2xx status
+  /// holdfast::error(EPROTO, "http", url, "status N: <start of body>") as http_stream.
+  http_open_stream(connection conn, const http_endpoint& ep, const http_request& req,
+                   http_timeouts t, const std::atomic<bool>* cancel)
+      : conn_(std::move(conn)),
+        where_(ep.url() + (req.target.empty() ? std::string("/") : req.target)),
+        cancel_(cancel) {
+    const auto deadline = http_clock::now() + t.read;
+    http_channel<Io, connection> sock(conn_, where_, cancel_);
+    sock.send_all(http_serialize(ep, req, false), deadline);
+    http_response head;
+    if (!http_read_head<Io>(sock, ep, where_, deadline, head, raw_))
+      throw error(ETIMEDOUT, "recv", where_,
+                  "no response within " + std::to_string(t.read.count()) + " ms");
+    body_ = http_body_for(head, req.method, where_);
+    if (head.status / 100 == 2) return;
+    std::string error_body;
+    auto sink = [&error_body](std::string_view bytes) {
+      if (error_body.size() < 512)
+        error_body.append(bytes.data(), std::min<std::size_t>(bytes.size(), 512));
+      return true;
+    };
+    try {
+      read(sink, deadline);
+      while (conn_.fd() >= 0 && http_clock::now() < deadline) read(sink, deadline);
+    } catch (const error&) {
+      // the status is the news, not a body cut short
+    }
+    throw http_stream_status(head, where_, error_body);
+  }
+
+  /// The socket to poll for POLLIN while open; -1 once closed.
+  int fd() const noexcept { return conn_.fd(); }
+  /// True while the stream is open.
+  bool is_open() const noexcept { return conn_.fd() >= 0; }
+  /// True when bytes are waiting that polling the socket would not show (received with the head,
+  /// or held by a TLS layer): read() returns them at once.
+  bool pending() const noexcept { return is_open() && (!raw_.empty() || conn_.pending()); }
+  /// "http://host:port/target", for messages.
+  const std::string& where() const noexcept { return where_; }
+
+  /// Passes what has arrived to `sink(std::string_view)` (its result is ignored); when nothing
+  /// has, waits for bytes until `deadline` (a deadline already past: no wait). Reads at most
+  /// about 1 MiB per call. Returns status::ended (and closes) when the body ends or the server
+  /// closes the connection; throws holdfast::error for a failed read, a body cut short
+  /// (http_connection_closed) or a malformed one (EPROTO), and then closes too.
+  template <class Sink>
+  status read(Sink&& sink, http_clock::time_point deadline) {
+    auto feed = [&sink](std::string_view bytes) {
+      sink(bytes);
+      return true;
+    };
+    struct closer {
+      http_open_stream& s;
+      bool armed = true;
+      ~closer() {
+        if (armed) s.close();
+      }
+    } guard{*this};
+    if (!is_open()) return status::ended;
+    std::size_t got = 0;  // bytes passed on in this call: once some were, never wait
+    if (!raw_.empty()) {
+      const std::string bytes = std::move(raw_);
+      raw_.clear();
+      got = bytes.size();
+      if (body_.feed(bytes, feed) == http_body_decoder::result::done) return status::ended;
+    }
+    char buf[16384];
+    http_channel<Io, connection> sock(conn_, where_, cancel_);
+    while (got < (std::size_t{1} << 20)) {
+      long n = sock.recv_some(buf, sizeof buf, got > 0 ? http_clock::time_point() : deadline);
+      if (n < 0) break;  // nothing more for now
+      if (n == 0) {
+        if (body_.complete_at_eof()) return status::ended;
+        throw http_connection_closed(EPROTO, "http", where_, "connection closed mid-stream");
+      }
+      got += static_cast<std::size_t>(n);
+      if (body_.feed(std::string_view(buf, static_cast<std::size_t>(n)), feed) ==
+          http_body_decoder::result::done)
+        return status::ended;
+    }
+    guard.armed = false;
+    return status::open;
+  }
+
+  /// Closes the connection (idempotent).
+  void close() noexcept {
+    conn_.close();
+    raw_.clear();
+  }
+
+ private:
+  connection conn_;
+  std::string where_;
+  const std::atomic<bool>* cancel_ = nullptr;
+  http_body_decoder body_;
+  std::string raw_;  // body bytes that arrived with the head, not yet decoded
+};
 
 /// Sends `req` to `ep` and returns the whole response (any status). Throws holdfast::error:
 /// ECONNREFUSED/EHOSTUNREACH/... from connect, ETIMEDOUT past a timeout, EPROTO for a malformed
@@ -981,7 +1121,8 @@ void http_stream(const http_endpoint& ep, const http_request& req, http_timeouts
 
 /// A few idle connections kept for reuse (HTTP/1.1 keep-alive), shared by the threads of one
 /// client: call() takes an idle connection to the endpoint (or connects), and gives it back
-/// when the response ended cleanly. Streams get a connection of their own (never pooled).
+/// when the response ended cleanly. Streams get a connection of their own (never pooled). It
+/// counts the requests it sends and the connections it makes (relaxed atomics).
 template <class Io, class Transport>
 class http_pool {
   static_assert(check_transport<Transport>());
@@ -1006,13 +1147,14 @@ class http_pool {
     const std::string where = ep.url() + (req.target.empty() ? std::string("/") : req.target);
     std::optional<connection> conn = take(ep);
     const bool reused = conn.has_value();
-    if (!reused) conn.emplace(transport_.connect(ep, t.connect, where, cancel));
+    if (!reused) conn.emplace(connect(ep, t, where, cancel));
     http_response resp;
     http_exchange_info info;
     info.keep_alive = max_idle_ > 0;
     std::exception_ptr stale;
     try {
       http_collect sink{resp, where};
+      requests_.fetch_add(1, std::memory_order_relaxed);
       http_exchange<Io>(*conn, ep, req, where, t, nullptr, resp, sink, cancel, info);
     } catch (const error& e) {
       if (!reused || info.received != 0 || !is_stale(e)) throw;
@@ -1021,12 +1163,13 @@ class http_pool {
     if (stale) {  // the server closed it as we reused it: once more, on a fresh connection
       conn.reset();
       try {
-        conn.emplace(transport_.connect(ep, t.connect, where, cancel));
+        conn.emplace(connect(ep, t, where, cancel));
       } catch (const error&) {
         std::rethrow_exception(stale);  // the request may have been sent: report that
       }
       resp = http_response();
       http_collect sink{resp, where};
+      requests_.fetch_add(1, std::memory_order_relaxed);
       http_exchange<Io>(*conn, ep, req, where, t, nullptr, resp, sink, cancel, info);
     }
     if (info.reusable) give(ep, std::move(*conn));
@@ -1038,7 +1181,29 @@ class http_pool {
   void stream(const http_endpoint& ep, const http_request& req, http_timeouts t,
               http_clock::time_point deadline, OnData on_data,
               const std::atomic<bool>* cancel = nullptr) const {
-    http_stream_over<Io>(transport_, ep, req, t, deadline, on_data, cancel);
+    const std::string where = ep.url() + (req.target.empty() ? std::string("/") : req.target);
+    auto conn = connect(ep, t, where, cancel);
+    requests_.fetch_add(1, std::memory_order_relaxed);
+    http_stream_on<Io>(conn, ep, req, where, t, deadline, on_data, cancel);
+  }
+
+  /// Opens a long-lived stream on a connection of its own (see http_open_stream): connecting
+  /// within `t.connect`, the head within `t.read`. `cancel` must outlive the stream.
+  http_open_stream<Io, Transport> open_stream(const http_endpoint& ep, const http_request& req,
+                                              http_timeouts t,
+                                              const std::atomic<bool>* cancel = nullptr) const {
+    const std::string where = ep.url() + (req.target.empty() ? std::string("/") : req.target);
+    auto conn = connect(ep, t, where, cancel);
+    requests_.fetch_add(1, std::memory_order_relaxed);
+    return http_open_stream<Io, Transport>(std::move(conn), ep, req, t, cancel);
+  }
+
+  /// HTTP requests sent so far (calls, a stale connection's resend, streams), counted when
+  /// sending starts.
+  std::uint64_t requests() const noexcept { return requests_.load(std::memory_order_relaxed); }
+  /// Connections made so far (pooled or for streams).
+  std::uint64_t connections() const noexcept {
+    return connections_.load(std::memory_order_relaxed);
   }
 
   /// Closes every idle connection to `ep` (after it failed or timed out).
@@ -1070,6 +1235,13 @@ class http_pool {
     connection conn;
     http_clock::time_point since;
   };
+
+  connection connect(const http_endpoint& ep, http_timeouts t, const std::string& where,
+                     const std::atomic<bool>* cancel) const {
+    connection c = transport_.connect(ep, t.connect, where, cancel);
+    connections_.fetch_add(1, std::memory_order_relaxed);
+    return c;
+  }
 
   static bool is_stale(const error& e) {
     if (dynamic_cast<const http_connection_closed*>(&e)) return true;
@@ -1133,6 +1305,8 @@ class http_pool {
   mutable std::mutex mutex_;
   std::vector<idle_connection> idle_;
   pid_t owner_ = Io::getpid();  // the process the idle connections belong to
+  mutable std::atomic<std::uint64_t> requests_{0};
+  mutable std::atomic<std::uint64_t> connections_{0};
 };
 
 }  // namespace detail

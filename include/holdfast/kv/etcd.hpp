@@ -19,6 +19,34 @@
 //     (which checks the endpoint's health) and watches on from the new revision, so a get whose
 //     member freezes under it moves to another within about 2 x request_timeout. It returns
 //     std::nullopt at its deadline.
+//   - watch(prefix) (kv.hpp, "Waiting on a store"; the handler keeps one for its life): a
+//     range of the keys below `prefix + "/"` learns revision R and what they hold, then ONE
+//     streaming /v3/watch from R + 1 on a connection of its own serves the watch for its whole
+//     life. take() reads what arrived without blocking and returns each put (its value) and erase
+//     (nullopt) below the prefix, in revision order, exactly once (events at or below the last
+//     delivered revision are dropped); the first take() is complete: it starts with the range's
+//     snapshot, so the caller knows every key without a read.
+//   - Resume: when the stream ends or breaks (server restart, reset, etcd's "unavailable"), its
+//     endpoint becomes suspect and the watch reopens from the last delivered revision + 1 on
+//     the endpoint failover picks (the same one when it is the only one): nothing is lost or
+//     repeated. One attempt per take(); while disconnected fd() is -1 and due() is the next
+//     attempt: at once while endpoints remain untried, then 50 ms doubling up to the probe
+//     interval. A resume older than etcd's last compaction is cancelled with compact_revision:
+//     the watch ranges again, reopens, and its take() is complete again (a new snapshot).
+//   - Health probe: a frozen member keeps a watch open and silent. So after every probe
+//     interval, max(1 s, request_timeout / 2, 1.5 x the lease keep-alive period), in which the
+//     stream's endpoint answered nothing (a message on the stream, or any request of this client
+//     to that endpoint — a lease keep-alive included — postpones it), take() sends one
+//     linearizable count-only range of a single key to that endpoint on a pooled keep-alive
+//     connection, within request_timeout; it also fails on a member cut off from its quorum. A
+//     failed probe marks the endpoint suspect and moves the watch (resuming), so a watch on a
+//     frozen member delivers again within about 2 probe intervals + request_timeout. An idle
+//     watch costs one probe per interval and nothing else; with a lease, the keep-alives (one
+//     per TTL / 3, on the endpoint that last answered: the watch's) are the probes, and it costs
+//     nothing more.
+//   - stats(): requests sent (unary calls, authentication, keep-alives, watch opens and
+//     probes), connections made, watch opens and probes, counted with relaxed atomics shared
+//     by every handle on the client.
 //   - Failover: a request goes to the first endpoint that is not suspect, going round from the
 //     last one that answered. An endpoint becomes suspect for `suspect_for` when connecting to it
 //     fails, a request to it times out, loses its connection (reset, or closed before the reply
@@ -50,7 +78,8 @@
 //     operation is safe to call from several threads at once.
 //   - Connections are reused (HTTP/1.1 keep-alive): up to `idle_connections` idle ones per
 //     client, so a TLS handshake is paid per connection, not per request. A suspect endpoint's
-//     idle connections are closed; a get's watch has a connection of its own.
+//     idle connections are closed; a get's watch, and each watch object, has a connection of
+//     its own.
 //   - Authentication: the token is fetched on first use and shared by the client's threads; an
 //     "invalid auth token" answer (gRPC code 16: the token expired, see etcd's
 //     --auth-token-ttl) makes the client authenticate again and retry the request once, as does
@@ -69,6 +98,14 @@
 //   - get's own timeout bounds the wait for the key, not a request: against hung servers its
 //     range fails with ETIMEDOUT after request_timeout per endpoint, even when the get's timeout
 //     is shorter. While it waits, a get makes one range and one watch per request_timeout.
+//   - A watch's take() may block on its own network work: a probe up to request_timeout, a
+//     reconnection up to connect_timeout + request_timeout (after a compaction, plus a range
+//     that fails over like list()). A watch cancelled for another reason (permission denied)
+//     makes take() throw; the watch retries later.
+//   - After a compaction past a disconnected watch's revision, the changes in between are not
+//     replayed: take() reports a complete snapshot instead (what the keys hold now).
+//   - The snapshot lists every key below the prefix: watch prefixes that stay small (the
+//     handler's control keys: one round's, the rest are erased).
 //   - Suspect marks belong to one client (one etcd_kv and its copies), not to the process.
 //   - The lease is not revoked on destruction (other workers may still need the keys); call
 //     revoke_lease() to delete this client's keys at once.
@@ -81,7 +118,8 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>  // getenv: etcd_options::password_env
+#include <cstdlib>    // getenv: etcd_options::password_env
+#include <exception>  // exception_ptr: a watch reports a stream failure after its events
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -106,7 +144,7 @@ struct etcd_options {
   /// Time allowed to connect to one endpoint.
   std::chrono::milliseconds connect_timeout{1000};
   /// Time allowed for one request after connecting, and the longest a get's watch stays open
-  /// before get ranges again.
+  /// before get ranges again; a quiet watch() is probed every max(1 s, request_timeout / 2).
   std::chrono::milliseconds request_timeout{5000};
   /// How long an endpoint that failed to connect, timed out, lost its connection or answered
   /// "unavailable" is skipped while others are not suspect; 0 never skips one.
@@ -132,7 +170,36 @@ struct etcd_options {
   std::size_t idle_connections = 4;
 };
 
+/// Counters of one etcd client, shared by every handle on it (copies, with_namespace views) and
+/// by its watches; relaxed atomics, read together by etcd_kv::stats().
+struct etcd_stats {
+  /// HTTP requests sent: every unary call (a resend on a stale keep-alive connection,
+  /// authentication and lease keep-alives included), every watch opened, every probe.
+  std::uint64_t requests = 0;
+  /// Connections made (TCP, with a TLS handshake for https://): pooled ones and watch streams.
+  std::uint64_t connections = 0;
+  /// Watch streams opened: a get's windows, a watch object's first open and its resumes.
+  std::uint64_t watch_opens = 0;
+  /// Health probes sent by watch objects (counted in `requests` too).
+  std::uint64_t probes = 0;
+  /// Response body bytes received: unary answers, watch streams (the HTTP heads aside).
+  std::uint64_t bytes_read = 0;
+};
+
 namespace detail {
+
+/// Cuts the complete lines (LF-terminated) off the front of `pending` and passes each one that
+/// is not blank to `on_line(const std::string&) -> bool` until it returns false; returns false
+/// then (the lines after it stay in `pending`), true otherwise.
+template <class OnLine>
+bool etcd_take_lines(std::string& pending, OnLine&& on_line) {
+  for (std::size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+    const std::string line = pending.substr(0, nl);
+    pending.erase(0, nl + 1);
+    if (line.find_first_not_of(" \r\t") != std::string::npos && !on_line(line)) return false;
+  }
+  return true;
+}
 
 /// The etcd range_end that covers every key starting with `prefix`: the prefix with its last
 /// byte below 0xff incremented and what follows dropped; "\0" (everything) for an all-0xff one.
@@ -206,7 +273,11 @@ class etcd_client {
         password_(read_password(opts_)),
         pool_(Transport(opts_.tls), opts_.idle_connections) {
     suspect_until_ = std::make_unique<std::atomic<clock::rep>[]>(endpoints_.size());
-    for (std::size_t k = 0; k < endpoints_.size(); ++k) suspect_until_[k].store(0);
+    answered_at_ = std::make_unique<std::atomic<clock::rep>[]>(endpoints_.size());
+    for (std::size_t k = 0; k < endpoints_.size(); ++k) {
+      suspect_until_[k].store(0);
+      answered_at_[k].store(0);
+    }
     if (opts_.lease_ttl.count() > 0) start_lease();
   }
   etcd_client(const etcd_client&) = delete;
@@ -230,6 +301,7 @@ class etcd_client {
       authorized(ep, op, key, cancel, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
         http_response resp = pool_.call(ep, req, timeouts(), cancel);
+        bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
         out = reply(resp.status, resp.body, ep.url() + target, op, key);
       });
     });
@@ -255,6 +327,7 @@ class etcd_client {
             go = on_line(reply(200, line, url, op, key));
         };
         auto on_data = [&](std::string_view bytes) {
+          bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
           pending.append(bytes.data(), bytes.size());
           for (std::size_t nl; go && (nl = pending.find('\n')) != std::string::npos;) emit(nl);
           if (pending.size() > opts_.max_message)  // a watch message may not grow unbounded
@@ -263,10 +336,131 @@ class etcd_client {
                             std::to_string(opts_.max_message) + " bytes");
           return go;
         };
+        watch_opens_.fetch_add(1, std::memory_order_relaxed);
         pool_.stream(ep, req, timeouts(), deadline, on_data);
         if (go) emit(std::string::npos);
       });
     });
+  }
+
+  /// Counters of requests, connections, watch opens and probes (see etcd_stats).
+  etcd_stats stats() const noexcept {
+    etcd_stats s;
+    s.requests = pool_.requests();
+    s.connections = pool_.connections();
+    s.watch_opens = watch_opens_.load(std::memory_order_relaxed);
+    s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
+    s.probes = probes_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  /// The number of endpoints.
+  std::size_t endpoint_count() const noexcept { return endpoints_.size(); }
+  /// Endpoint `k`'s URL.
+  std::string endpoint_url(std::size_t k) const { return endpoints_.at(k).url(); }
+  /// The endpoint a new request goes to first: round from the last one that answered, those
+  /// not suspect first.
+  std::size_t preferred_endpoint() const { return try_order().front(); }
+  /// When endpoint `k` last answered a request of this client (any kind: keep-alives too).
+  std::chrono::steady_clock::time_point last_answer(std::size_t k) const noexcept {
+    using c = std::chrono::steady_clock;
+    return c::time_point(c::duration(answered_at_[k].load(std::memory_order_relaxed)));
+  }
+  /// The lease keep-alive period (TTL / 3), or zero without a lease.
+  std::chrono::milliseconds keepalive_period() const noexcept {
+    if (opts_.lease_ttl.count() <= 0) return std::chrono::milliseconds(0);
+    return std::max<std::chrono::milliseconds>(std::chrono::milliseconds(100),
+                                               std::chrono::milliseconds(opts_.lease_ttl) / 3);
+  }
+  /// Marks endpoint `k` suspect (a watch lost its stream there) and closes its idle connections.
+  void suspect(std::size_t k) const { mark_suspect(k); }
+  /// True when `e` means the endpoint may be down or busy (another one may do better).
+  static bool transient(const error& e) { return transient_errno(e) != 0; }
+
+  /// POSTs `body` to `target` on endpoint `k` only, as a read (no failover): the parsed reply.
+  /// A transient failure marks `k` suspect; an answer marks it good. With `probe`, counted as a
+  /// watch's health probe.
+  json_value call_at(std::size_t k, const char* target, const std::string& body,
+                     const std::string& op, const std::string& key, bool probe = false) const {
+    json_value out;
+    at_endpoint(k, op, key, [&](const http_endpoint& ep) {
+      authorized(ep, op, key, nullptr, [&](http_headers headers) {
+        const http_request req{"POST", target, std::move(headers), body};
+        if (probe) probes_.fetch_add(1, std::memory_order_relaxed);
+        http_response resp = pool_.call(ep, req, timeouts(), nullptr);
+        bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
+        out = reply(resp.status, resp.body, ep.url() + target, op, key);
+      });
+    });
+    return out;
+  }
+
+  /// Opens a streaming request (a watch) on endpoint `k` only, on a connection of its own, and
+  /// reads until its first message arrived (all within request_timeout): each complete message
+  /// received goes to `on_message(const json_value&) -> bool` (false: stop reading), the rest
+  /// stays in `pending`. Failures mark `k` as call_at does; an etcd error message throws.
+  template <class OnMessage>
+  http_open_stream<Io, Transport> open_stream_at(std::size_t k, const char* target,
+                                                 const std::string& body, const std::string& op,
+                                                 const std::string& key, std::string& pending,
+                                                 OnMessage&& on_message) const {
+    http_open_stream<Io, Transport> out;
+    at_endpoint(k, op, key, [&](const http_endpoint& ep) {
+      authorized(ep, op, key, nullptr, [&](http_headers headers) {
+        const http_request req{"POST", target, std::move(headers), body};
+        const std::string url = ep.url() + target;
+        const auto deadline = clock::now() + opts_.request_timeout;
+        pending.clear();
+        watch_opens_.fetch_add(1, std::memory_order_relaxed);
+        auto s = pool_.open_stream(ep, req, timeouts());
+        bool got = false, go = true;
+        auto on_line = [&](const std::string& line) {
+          got = true;
+          return go = on_message(stream_message(line, url, op, key));
+        };
+        while (!got) {
+          const auto st = s.read(
+              [&](std::string_view b) { append_message(pending, b, url, op, key); }, deadline);
+          etcd_take_lines(pending, on_line);
+          if (got) break;
+          if (st == http_open_stream<Io, Transport>::status::ended)
+            throw http_connection_closed(EPROTO, "http", url,
+                                         "the watch stream ended before its first message");
+          if (clock::now() >= deadline)
+            throw error(
+                ETIMEDOUT, "recv", url,
+                "no watch message within " + std::to_string(opts_.request_timeout.count()) + " ms");
+        }
+        if (!go) pending.clear();
+        out = std::move(s);
+      });
+    });
+    return out;
+  }
+
+  /// Appends `bytes` of a stream to `pending`; EMSGSIZE when an unfinished message grows past
+  /// max_message.
+  void append_message(std::string& pending, std::string_view bytes, const std::string& url,
+                      const std::string& op, const std::string& key) const {
+    bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
+    pending.append(bytes.data(), bytes.size());
+    if (pending.size() > opts_.max_message && pending.find('\n') == std::string::npos)
+      throw error(EMSGSIZE, op, key,
+                  "a watch message from " + url + " is longer than " +
+                      std::to_string(opts_.max_message) + " bytes");
+  }
+
+  /// Parses one message of a stream from `url`, throwing etcd's error when it is one (an
+  /// etcd_unauthenticated for a token problem).
+  static json_value stream_message(const std::string& line, const std::string& url,
+                                   const std::string& op, const std::string& key) {
+    return reply(200, line, url, op, key);
+  }
+
+  /// Drops the current token (a watch was cancelled for it): the next request authenticates.
+  void forget_token() const {
+    std::lock_guard<std::mutex> lock(auth_mutex_);
+    if (token_ && !token_->empty()) token_.reset();
   }
 
   /// How many tokens the client fetched so far (for tests and diagnostics).
@@ -409,6 +603,7 @@ class etcd_client {
         "POST", target, headers_with(nullptr),
         "{\"name\":" + json_quote(opts_.user) + ",\"password\":" + json_quote(password_) + "}"};
     http_response resp = pool_.call(ep, req, timeouts(), cancel);
+    bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
     const std::string who = "authenticating as user '" + opts_.user + "' at " + url;
     json_value v;
     try {
@@ -465,6 +660,7 @@ class etcd_client {
 
   void mark_good(std::size_t k) const {
     if (suspect_until_[k].load() != 0) suspect_until_[k].store(0);
+    answered_at_[k].store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     current_.store(k);
   }
 
@@ -489,6 +685,21 @@ class etcd_client {
       }
     }
     throw error(last_errno, op, key, "no etcd endpoint reachable: " + failures);
+  }
+
+  // Runs `fn(endpoint k)`: marks k good when it returns, suspect when it throws a transient
+  // error; the error is reported as a failure of `op` on `key`.
+  template <class Fn>
+  void at_endpoint(std::size_t k, const std::string& op, const std::string& key, Fn&& fn) const {
+    try {
+      fn(endpoints_.at(k));
+    } catch (const error& e) {
+      const int n = transient_errno(e);
+      if (n != 0) mark_suspect(k);
+      if (e.operation().rfind("etcd", 0) == 0) throw;
+      throw error(n != 0 ? n : e.errnum(), op, key, e.what());
+    }
+    mark_good(k);
   }
 
   // Reports `e` (being handled) as a failure of `op` on `key` (etcd's own errors already are),
@@ -557,8 +768,7 @@ class etcd_client {
   }
 
   void keepalive_loop() {
-    const auto period = std::max<std::chrono::milliseconds>(
-        std::chrono::milliseconds(100), std::chrono::milliseconds(opts_.lease_ttl) / 3);
+    const auto period = keepalive_period();
     const std::string body = "{\"ID\":\"" + std::to_string(lease_id_.load()) + "\"}";
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
@@ -595,7 +805,11 @@ class etcd_client {
   mutable std::optional<std::string> token_;  // none yet; "" when authentication is off
   mutable std::atomic<std::size_t> authentications_{0};
   std::unique_ptr<std::atomic<clock::rep>[]> suspect_until_;  // steady_clock ticks; 0: healthy
+  std::unique_ptr<std::atomic<clock::rep>[]> answered_at_;    // the last answer, steady ticks
   mutable std::atomic<std::size_t> current_{0};               // the last endpoint that answered
+  mutable std::atomic<std::uint64_t> watch_opens_{0};
+  mutable std::atomic<std::uint64_t> bytes_read_{0};
+  mutable std::atomic<std::uint64_t> probes_{0};
   std::atomic<std::int64_t> lease_id_{0};
   std::atomic<bool> lease_alive_{false};
   std::mutex mutex_;
@@ -636,6 +850,9 @@ class basic_etcd_kv {
   std::size_t authentications() const noexcept { return client_->authentications(); }
   /// Idle connections the client keeps for reuse now (for tests and diagnostics).
   std::size_t idle_connections() const { return client_->idle_connections(); }
+  /// The client's counters (requests, connections, watch opens, probes), shared by every
+  /// handle on it and its watches; see etcd_stats.
+  etcd_stats stats() const noexcept { return client_->stats(); }
   /// The full etcd key of `key`: "<prefix>/<run>/<incarnation>/<key>".
   std::string etcd_key(const std::string& key) const { return root_ + key; }
 
@@ -693,6 +910,16 @@ class basic_etcd_kv {
       }
     std::sort(out.begin(), out.end());
     return out;
+  }
+
+  class watcher;
+
+  /// Starts one long-lived watch on every key strictly below `prefix + "/"` (all keys for ""),
+  /// as list() scopes them: a range learns the revision, then one streaming request follows
+  /// every change after it (see watcher and the header). Throws as list() does when no endpoint
+  /// answers the range; a stream that cannot be opened yet is retried by take().
+  watcher watch(const std::string& prefix) const {
+    return watcher(client_, root_, scope(prefix, "kv watch"), prefix);
   }
 
   /// Removes `key`; true when it existed.
@@ -827,6 +1054,282 @@ class basic_etcd_kv {
   std::shared_ptr<client_type> client_;
   kv_namespace ns_;
   std::string root_;
+};
+
+/// A long-lived etcd watch (see "Waiting on a store" in kv.hpp and the header): one streaming
+/// POST /v3/watch on a connection of its own, read without blocking by take(), resumed from the
+/// last revision seen when the stream is lost, and probed for health every probe_interval().
+/// Movable, not copyable; one thread at a time (the store may be used by others meanwhile).
+template <class Io, class Transport>
+class basic_etcd_kv<Io, Transport>::watcher {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  watcher(watcher&&) = default;
+  watcher& operator=(watcher&&) = default;
+  watcher(const watcher&) = delete;
+  watcher& operator=(const watcher&) = delete;
+  ~watcher() = default;
+
+  /// The watch stream's socket, to poll for POLLIN; -1 while disconnected (sleep until due()).
+  int fd() const noexcept { return stream_.fd(); }
+  /// True when take() has something without waiting: a snapshot, events already decoded,
+  /// a complete message buffered, or bytes a TLS layer holds.
+  bool buffered() const noexcept {
+    return complete_ || !events_.empty() || pending_.find('\n') != std::string::npos ||
+           stream_.pending();
+  }
+  /// When take() must be called even if fd() stays quiet: the next health probe while
+  /// connected, the next reconnection attempt while not.
+  clock::time_point due() const noexcept { return stream_.is_open() ? probe_at_ : retry_at_; }
+
+  /// What changed since the last take(), in revision order, each event once: reads what the
+  /// stream holds without waiting; when due, probes the endpoint or reconnects (each bounded by
+  /// connect_timeout + request_timeout). Throws holdfast::error for what a retry will not cure
+  /// (a malformed stream, a refused permission); the watch then stays usable and retries.
+  kv_changes take() {
+    if (stream_.is_open()) read_stream();
+    if (stream_.is_open() && clock::now() >= probe_at_) probe();
+    if (!stream_.is_open() && clock::now() >= retry_at_) {
+      reconnect();
+      // Compacted past our revision: range again and reopen at once (one round more).
+      if (!stream_.is_open() && need_range_ && clock::now() >= retry_at_) reconnect();
+    }
+    kv_changes out;
+    out.events = std::move(events_);
+    events_.clear();
+    out.complete = std::exchange(complete_, false);
+    return out;
+  }
+
+  /// The revision of the last event delivered (or of the range that started or re-ranged the
+  /// watch): a resume starts right after it.
+  std::int64_t revision() const noexcept { return revision_; }
+  /// The URL of the endpoint the stream is on; "" while disconnected.
+  std::string endpoint() const {
+    return stream_.is_open() ? client_->endpoint_url(endpoint_) : std::string();
+  }
+  /// How often a quiet stream is probed: max(1 s, request_timeout / 2, 1.5 x keep-alive period).
+  std::chrono::milliseconds probe_interval() const noexcept { return interval_; }
+
+ private:
+  friend class basic_etcd_kv;
+
+  watcher(std::shared_ptr<client_type> client, std::string root, std::string start,
+          std::string prefix)
+      : client_(std::move(client)),
+        root_(std::move(root)),
+        start_(std::move(start)),
+        prefix_(std::move(prefix)),
+        interval_(std::max({std::chrono::milliseconds(std::chrono::seconds(1)),
+                            client_->options().request_timeout / 2,
+                            client_->keepalive_period() * 3 / 2})) {
+    range();
+    reconnect();  // a transient failure leaves it disconnected, retried by take()
+  }
+
+  // Learns the revision to watch from, and what the prefix holds at it: the snapshot the next
+  // take() reports (complete) before the events that follow.
+  void range() {
+    const std::string body =
+        "{\"key\":" + detail::json_quote(detail::base64_encode(start_)) + ",\"range_end\":" +
+        detail::json_quote(detail::base64_encode(detail::etcd_prefix_end(start_))) + "}";
+    auto r = client_->call(detail::etcd_request::read, "/v3/kv/range", body, "etcd watch", prefix_);
+    const detail::json_value* header = r.find("header");
+    revision_ = detail::etcd_int(header ? header->find("revision") : nullptr);
+    events_.clear();
+    if (const auto* kvs = r.find("kvs"))
+      for (const auto& kv : kvs->as_array()) {
+        const std::string full =
+            detail::base64_decode(string_of(kv, "key", prefix_), "etcd watch range");
+        if (full.compare(0, start_.size(), start_) == 0)
+          events_.push_back(kv_event{full.substr(root_.size()), value_of(kv, prefix_)});
+      }
+    complete_ = true;
+  }
+
+  std::string create_body() const {
+    return "{\"create_request\":{\"key\":" + detail::json_quote(detail::base64_encode(start_)) +
+           ",\"range_end\":" +
+           detail::json_quote(detail::base64_encode(detail::etcd_prefix_end(start_))) +
+           ",\"start_revision\":\"" + std::to_string(revision_ + 1) + "\"}}";
+  }
+
+  // One attempt on the preferred endpoint (after re-ranging when compacted); on failure the
+  // watch stays disconnected until retry_at_.
+  void reconnect() {
+    stream_.close();
+    try {
+      if (need_range_) {
+        range();
+        need_range_ = false;
+      }
+      const std::size_t k = client_->preferred_endpoint();
+      bool go = true;
+      auto s = client_->open_stream_at(
+          k, "/v3/watch", create_body(), "etcd watch", prefix_, pending_,
+          [&](const detail::json_value& msg) { return go = on_message(msg); });
+      if (!go) {  // cancelled at once: compacted (range again now) or another reason (back off)
+        pending_.clear();
+        retry_at_ = need_range_ ? clock::now() : clock::now() + backoff(++failures_);
+        return;
+      }
+      failures_ = 0;
+      stream_ = std::move(s);
+      endpoint_ = k;
+      probe_at_ = clock::now() + interval_;
+      read_lines();  // what arrived with the first message
+    } catch (const error& e) {
+      stream_.close();
+      pending_.clear();
+      retry_at_ = clock::now() + backoff(++failures_);
+      if (!client_type::transient(e)) throw;
+    }
+  }
+
+  // No delay while other endpoints are untried, then 50 ms doubling up to the probe interval.
+  std::chrono::milliseconds backoff(unsigned failures) const {
+    const std::size_t n = client_->endpoint_count();
+    if (failures < n) return std::chrono::milliseconds(0);
+    const auto doublings = std::min<std::size_t>(failures - n, 10);
+    return std::min<std::chrono::milliseconds>(interval_,
+                                               std::chrono::milliseconds(50) * (1 << doublings));
+  }
+
+  // Reads what the stream holds (no wait) and turns its messages into events.
+  void read_stream() {
+    using status = typename detail::http_open_stream<Io, Transport>::status;
+    const std::string url = stream_.where();
+    bool got = false;
+    status st = status::open;
+    std::exception_ptr failure;
+    try {
+      st = stream_.read(
+          [&](std::string_view b) {
+            got = true;
+            client_->append_message(pending_, b, url, "etcd watch", prefix_);
+          },
+          clock::time_point());
+    } catch (const error& e) {
+      if (!client_type::transient(e)) failure = std::current_exception();
+      st = status::ended;
+    }
+    if (got) probe_at_ = clock::now() + interval_;  // any message proves the endpoint alive
+    if (read_lines() && st == status::ended) lost();
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  // Handles the complete messages buffered; false when one ended the stream (now closed).
+  bool read_lines() {
+    const std::string url = client_->endpoint_url(endpoint_) + "/v3/watch";
+    bool go = true;
+    try {
+      go = detail::etcd_take_lines(pending_, [&](const std::string& line) {
+        return on_message(client_type::stream_message(line, url, "etcd watch", prefix_));
+      });
+    } catch (const detail::etcd_unauthenticated&) {
+      client_->forget_token();  // the next open authenticates again
+      go = false;
+    } catch (const error& e) {
+      lost();
+      if (client_type::transient(e)) return false;  // etcd's "unavailable": resume elsewhere
+      retry_at_ = clock::now() + backoff(++failures_);
+      throw;
+    }
+    if (!go) {
+      stream_.close();
+      pending_.clear();
+      retry_at_ = clock::now();
+    }
+    return go;
+  }
+
+  // The stream was lost: the endpoint is suspect; reconnect at once (resuming).
+  void lost() {
+    client_->suspect(endpoint_);
+    stream_.close();
+    pending_.clear();
+    retry_at_ = clock::now();
+  }
+
+  // One watch message: events after revision_ become events_; false when the watch was
+  // cancelled (need_range_ set when compacted). A cancel for another reason than compaction,
+  // none or the token throws it.
+  bool on_message(const detail::json_value& msg) {
+    const detail::json_value* result = msg.find("result");
+    if (!result) return true;
+    if (const auto* c = result->find("canceled"); c && c->is_bool() && c->as_bool()) {
+      const auto* why = result->find("cancel_reason");
+      const std::string reason = why && why->is_string() ? why->as_string() : std::string();
+      if (detail::etcd_int(result->find("compact_revision")) != 0) {
+        need_range_ = true;
+        return false;
+      }
+      if (reason.empty()) return false;
+      if (detail::etcd_token_problem(0, reason)) {
+        client_->forget_token();
+        return false;
+      }
+      throw error(reason.find("permission denied") != std::string::npos ? EACCES : EIO,
+                  "etcd watch", prefix_, "etcd cancelled the watch: " + reason);
+    }
+    if (const auto* events = result->find("events"))
+      for (const auto& ev : events->as_array()) {
+        const auto* kv = ev.find("kv");
+        if (!kv) continue;
+        const std::int64_t rev = detail::etcd_int(kv->find("mod_revision"));
+        if (rev <= revision_) continue;  // delivered already (a resume overlaps): once only
+        const std::string full =
+            detail::base64_decode(string_of(*kv, "key", prefix_), "etcd watch event");
+        revision_ = rev;
+        if (full.compare(0, start_.size(), start_) != 0) continue;
+        const auto* type = ev.find("type");
+        const bool erased = type && type->is_string() && type->as_string() == "DELETE";
+        events_.push_back(
+            kv_event{full.substr(root_.size()),
+                     erased ? std::nullopt : std::optional<std::string>(value_of(*kv, prefix_))});
+      }
+    return true;
+  }
+
+  // Sends the health probe on the stream's endpoint (see the header); a transient failure
+  // (the endpoint is then suspect) moves the watch.
+  void probe() {
+    // Any answer from the endpoint since the last look (a lease keep-alive, another request of
+    // this client) proves it alive: no probe of our own.
+    const auto answered = client_->last_answer(endpoint_);
+    if (answered + interval_ > clock::now()) {
+      probe_at_ = answered + interval_;
+      return;
+    }
+    const std::string body =
+        "{\"key\":" + detail::json_quote(detail::base64_encode(start_)) + ",\"count_only\":true}";
+    try {
+      client_->call_at(endpoint_, "/v3/kv/range", body, "etcd watch probe", prefix_, true);
+      probe_at_ = clock::now() + interval_;
+    } catch (const error& e) {
+      if (!client_type::transient(e)) {
+        probe_at_ = clock::now() + interval_;
+        throw;
+      }
+      stream_.close();  // call_at marked the endpoint suspect; resume on another one
+      pending_.clear();
+      retry_at_ = clock::now();
+    }
+  }
+
+  std::shared_ptr<client_type> client_;
+  std::string root_, start_, prefix_;
+  std::chrono::milliseconds interval_;
+  detail::http_open_stream<Io, Transport> stream_;
+  std::size_t endpoint_ = 0;
+  std::string pending_;           // stream bytes not yet a complete message
+  std::vector<kv_event> events_;  // decoded, not yet taken
+  std::int64_t revision_ = 0;     // events are delivered up to here
+  bool complete_ = false;         // events_ starts with a range's snapshot (first, compacted)
+  bool need_range_ = false;       // compacted past revision_: range before reopening
+  unsigned failures_ = 0;         // reconnection attempts failed in a row
+  clock::time_point probe_at_{}, retry_at_{};
 };
 
 /// The etcd store with the default (POSIX) Io policy.

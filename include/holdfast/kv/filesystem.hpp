@@ -18,7 +18,20 @@
 //     re-check every 500 ms for changes made by other NFS hosts) or polls with back-off up to
 //     100 ms (poll_wait, for network filesystems); either way it returns by the deadline.
 //   - Files that are not escaped keys (publish temps ".holdfast-tmp.*", anything starting with
-//     '.', names that do not decode) are ignored by list and erase_prefix.
+//     '.', names that do not decode) are ignored by list, erase_prefix and watch.
+//   - watch(prefix) (has_kv_watch_v) keeps one inotify descriptor for its life with one watch
+//     on the namespace directory: keys are flat escaped names there, so nested keys
+//     ("ctl/r5/claim") need no watch of their own and one watch covers every prefix. It wakes on
+//     a key below the prefix created, renamed in (publish), written, renamed away or removed;
+//     take() then reports resync, never events (a name carries no value: the caller re-reads
+//     its keys, a local list). The first take, an inotify queue overflow and a lost watch (the
+//     directory removed or moved: re-added once it is back) are resyncs too.
+//   - A watch re-checks (due() finite, resync at each) every watch_recheck (500 ms for
+//     filesystem_kv, 100 ms for network_filesystem_kv) unless the directory's filesystem is one
+//     whose changes inotify always sees (fstatfs: ext2/3/4, xfs, btrfs, tmpfs, overlayfs), where
+//     due() is time_point::max() and an idle watch never wakes; network_filesystem_kv always
+//     re-checks. Without inotify (inotify_init1 failing, or no watch left: ENOSPC) fd() is -1
+//     and the watch polls every watch_poll_interval (100 ms), adding the watch when it can.
 // Caveats:
 //   - A key becomes one file name: an escaped key longer than 255 bytes is refused with
 //     ENAMETOOLONG (keys of mostly [A-Za-z0-9._-] up to ~250 bytes fit).
@@ -27,18 +40,27 @@
 //   - A writer killed mid-publish leaves a ".holdfast-tmp.*" temp; remove old ones with
 //     holdfast::sweep_stale_temps(kv.directory(), age).
 //   - erase and erase_prefix are not atomic across keys (one unlink per key).
+//   - inotify does not see changes other NFS hosts make: on NFS and other network or unknown
+//     filesystems a watch learns of them at its next re-check only (up to watch_recheck late).
+//   - get keeps await_file's behaviour: one inotify descriptor per wait that finds the key
+//     missing (a watch keeps one for its life instead).
 #pragma once
 
 #include <dirent.h>  // DIR, dirent: the namespace scan
 #include <fcntl.h>
+#include <linux/magic.h>  // f_type values of the local filesystems a watch trusts
+#include <sys/inotify.h>  // the watch's descriptor
+#include <sys/statfs.h>   // fstatfs: is the namespace directory on a local filesystem
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -96,6 +118,153 @@ inline std::optional<std::string> fs_unescape(std::string_view name) {
   if (fs_escape(out) != name) return std::nullopt;  // only canonical names are keys
   return out;
 }
+
+/// True for the statfs f_type of a filesystem whose every change is made by this kernel, so
+/// inotify sees it: ext2/3/4, xfs, btrfs, tmpfs, overlayfs. Anything else (NFS, Lustre, FUSE,
+/// unknown) may change behind inotify's back.
+constexpr bool fs_notifies_all(std::uint64_t f_type) noexcept {
+  switch (static_cast<std::uint32_t>(f_type)) {  // f_type is a signed long: compare 32 bits
+    case EXT4_SUPER_MAGIC:                       // also ext2 and ext3 (one magic)
+    case XFS_SUPER_MAGIC:
+    case BTRFS_SUPER_MAGIC:
+    case TMPFS_MAGIC:
+    case OVERLAYFS_SUPER_MAGIC:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/// The statfs f_type of directory `dir` (see detail::filesystem_type); 0 when unknown.
+template <class Io>
+std::uint64_t fs_type_of(const std::string& dir) noexcept {
+  int fd = Io::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  const std::uint64_t type = filesystem_type<Io>(fd);
+  Io::close(fd);
+  return type;
+}
+
+template <class W>
+using fs_wait_recheck = decltype(W::recheck);
+
+/// The Wait policy's re-check interval: W::recheck, or W::max_interval for a policy without.
+template <class W>
+constexpr std::chrono::milliseconds fs_recheck() noexcept {
+  if constexpr (detect<fs_wait_recheck, W>::value)
+    return std::chrono::milliseconds(W::recheck);
+  else
+    return std::chrono::milliseconds(W::max_interval);
+}
+
+/// A watch on the keys below one prefix of a filesystem_kv namespace directory (see
+/// basic_filesystem_kv::watch): one inotify descriptor for its life, one watch on the directory.
+template <class Io>
+class fs_watch {
+ public:
+  /// The clock of due().
+  using clock = std::chrono::steady_clock;
+
+  /// Follows the keys of `dir` that start with `start` ("" for all). `recheck`: the re-check
+  /// interval where inotify may miss changes; `poll`: the interval without inotify;
+  /// `trust_local`: no re-check on a filesystem fs_notifies_all accepts.
+  fs_watch(std::string dir, std::string start, std::chrono::milliseconds recheck,
+           std::chrono::milliseconds poll, bool trust_local)
+      : dir_(std::move(dir)),
+        start_(std::move(start)),
+        recheck_(recheck),
+        poll_(poll),
+        trust_local_(trust_local),
+        due_(clock::now()) {
+    int raw = Io::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (raw >= 0) {
+      inotify_ = basic_fd<Io>(raw, "inotify");
+      add_watch();
+    }
+  }
+
+  /// The inotify descriptor to poll() for POLLIN; -1 while there is no inotify watch (inotify
+  /// unavailable, or the directory gone): then wake at due() only.
+  int fd() const noexcept { return wd_ >= 0 ? inotify_.get() : -1; }
+  /// True until the first take(), whose resync is already known.
+  bool buffered() const noexcept { return pending_; }
+  /// When take() must be called although fd() is quiet: at once before the first take; then
+  /// time_point::max() on a trusted local filesystem, else the last resync plus the re-check
+  /// interval (or the poll interval without an inotify watch).
+  clock::time_point due() const noexcept { return due_; }
+  /// Drains the descriptor without blocking; resync when a key below the prefix was created,
+  /// replaced, written or removed, on the first take, on an inotify queue overflow, when the
+  /// directory's watch was lost or re-established, and when due() has passed. Never events:
+  /// the caller re-reads its keys (a local list or try_get).
+  kv_changes take() {
+    kv_changes c;
+    c.resync = std::exchange(pending_, false);
+    if (inotify_) {
+      if (drain()) c.resync = true;
+      if (wd_ < 0 && add_watch()) c.resync = true;  // changes while unwatched are unknown
+    }
+    const auto now = clock::now();
+    if (now >= due_) c.resync = true;
+    if (c.resync) {
+      const auto every = wd_ >= 0 ? interval_ : std::chrono::milliseconds(poll_);
+      due_ = every == std::chrono::milliseconds::max() ? clock::time_point::max() : now + every;
+    }
+    return c;
+  }
+
+ private:
+  static constexpr std::uint32_t mask = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_DELETE |
+                                        IN_MOVED_FROM | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR;
+
+  // Watches the directory (again); fixes the re-check interval from its filesystem.
+  bool add_watch() noexcept {
+    wd_ = Io::inotify_add_watch(inotify_.get(), dir_.c_str(), mask);
+    if (wd_ < 0) return false;
+    interval_ = trust_local_ && fs_notifies_all(fs_type_of<Io>(dir_))
+                    ? std::chrono::milliseconds::max()
+                    : recheck_;
+    return true;
+  }
+
+  // Reads every queued event; true when one of them matters.
+  bool drain() noexcept {
+    alignas(inotify_event) char buf[4096];  // holds at least one event with a 255-byte name
+    bool changed = false;
+    for (;;) {
+      ssize_t n = Io::read(inotify_.get(), buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return changed || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+      for (ssize_t at = 0; at < n;) {
+        const auto* ev = reinterpret_cast<const inotify_event*>(buf + at);
+        if (relevant(*ev)) changed = true;
+        at += static_cast<ssize_t>(sizeof(inotify_event) + ev->len);
+      }
+    }
+  }
+
+  bool relevant(const inotify_event& ev) noexcept {
+    if (ev.mask & IN_Q_OVERFLOW) return true;
+    if (ev.wd != wd_) return false;  // a watch given up on
+    if (ev.mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF)) {
+      wd_ = -1;  // re-added on a later take, once the path is a directory again
+      return true;
+    }
+    if (ev.len == 0 || ev.name[0] == '.') return false;  // publish temps and hidden files
+    auto key = fs_unescape(ev.name);
+    return key && key->compare(0, start_.size(), start_) == 0;
+  }
+
+  std::string dir_;
+  std::string start_;
+  std::chrono::milliseconds recheck_;
+  std::chrono::milliseconds poll_;
+  bool trust_local_;
+  std::chrono::milliseconds interval_ = std::chrono::milliseconds::max();
+  basic_fd<Io> inotify_;
+  int wd_ = -1;
+  bool pending_ = true;
+  clock::time_point due_;
+};
 
 }  // namespace detail
 
@@ -187,6 +356,27 @@ class basic_filesystem_kv {
     for (const auto& key : scan(start))
       if (remove(dir_ + "/" + detail::fs_escape(key))) ++n;
     return n;
+  }
+
+  /// The watch type: one inotify descriptor on the namespace directory (see watch).
+  using watcher = detail::fs_watch<Io>;
+
+  /// How often a watch re-checks where inotify may miss changes (NFS and other network or
+  /// unknown filesystems, and always for a Wait policy not derived from inotify_wait):
+  /// Wait::recheck (inotify_wait: 500 ms), or Wait::max_interval for a policy without one
+  /// (poll_wait: 100 ms). Shadow `recheck` in a custom Wait policy to change it.
+  static constexpr std::chrono::milliseconds watch_recheck = detail::fs_recheck<Wait>();
+  /// How often a watch without inotify (unavailable, or out of watches) polls:
+  /// Wait::max_interval.
+  static constexpr std::chrono::milliseconds watch_poll_interval =
+      std::chrono::milliseconds(Wait::max_interval);
+
+  /// Follows every key strictly below `prefix + "/"` (all keys for ""), as kv.hpp's "Waiting
+  /// on a store" describes: take() reports resync (never events) when such a key may have
+  /// changed. One inotify descriptor and one watch on directory(), for the watch's life.
+  watcher watch(const std::string& prefix) const {
+    return watcher(dir_, scope(prefix, "kv watch"), watch_recheck, watch_poll_interval,
+                   std::is_base_of_v<inotify_wait, Wait>);
   }
 
  private:

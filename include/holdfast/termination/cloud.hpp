@@ -12,10 +12,14 @@
 //     so a spot notice is still seen where the instance allows IMDSv1, and asks for a token again
 //     after a minute, or at once when a GET without a token is refused (401).
 //   - AWS's `time` (ISO 8601 / RFC 3339) becomes deadline().
+//   - Waking: each has polled_notice's set_waker; the polling thread notifies the attached waker
+//     as soon as a poll finds the notice (has_notice_waker_v is true for all three).
 // Caveats:
 //   - Name lookup cannot be timed out: metadata URLs default to 169.254.169.254, not a name.
 //   - While the token request gets no answer, a poll waits out its read timeout before the
 //     IMDSv1 GET (once a minute, not on every poll).
+//   - A wake comes only as fast as the polling finds the notice: up to one interval (1 s GCE,
+//     5 s AWS) plus a request after the metadata server announced it.
 #pragma once
 
 #include <atomic>

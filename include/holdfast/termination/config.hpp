@@ -7,9 +7,16 @@
 //   - grace_deadline() is noticed_at() + grace_period(), but no later than the deadline the
 //     notice announced (AWS's `time`, a signal's configured time left).
 //   - Nothing runs until start().
+//   - Waking: set_waker(w) attaches a waker (detail/waker.hpp) to the Notice (to each source of
+//     an any_of that has set_waker; a no-op for one without). wakes_on_notice, and
+//     has_notice_waker_v<Config> (which also answers, false, for a Config without set_waker), is
+//     true only when every notice wakes it: signal_notice, file_notice, the cloud notices and
+//     any_of over those. Otherwise a watcher must keep polling noticed(). The presets and the
+//     configs with_exit and rebind_exit_t give are termination_configs and have both.
 // Caveats:
 //   - grace_deadline() converts the announced wall-clock deadline to the steady clock when it is
 //     called: a step of the wall clock in between moves it.
+//   - An attached waker must outlive the attachment: set_waker(nullptr) before destroying it.
 #pragma once
 
 #include <chrono>
@@ -18,8 +25,9 @@
 #include <optional>
 #include <utility>
 
+#include "../detail/waker.hpp"  // detail::waker: what set_waker attaches
 #include "exit.hpp"
-#include "notice.hpp"
+#include "notice.hpp"  // has_notice_waker_v: whether the Notice wakes
 #include "signal.hpp"  // signal_notice<>: the default Notice
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -62,6 +70,13 @@ class termination_config {
     save_ = std::move(f);
     return *this;
   }
+
+  /// True when every notice of the Notice notifies the waker given to set_waker; false: a
+  /// watcher must also poll noticed().
+  static constexpr bool wakes_on_notice = has_notice_waker_v<Notice>;
+  /// Attaches `w` to the notice source(s) that can notify it (nullptr detaches); before or
+  /// after start(). `w` must outlive the attachment.
+  void set_waker(const detail::waker* w) noexcept { detail::set_waker_if_any(notice_, w); }
 
   /// Starts and stops the notice source.
   void start() { notice_.start(); }

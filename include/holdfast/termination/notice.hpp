@@ -12,8 +12,19 @@
 //     readable from any thread (lock-free atomics).
 //   - any_of is noticed when any of its sources is, with the earliest noticed_at() and the
 //     earliest deadline(); its start() starts all sources or none.
+//   - Waking: a source may have `void set_waker(const detail::waker*) noexcept` (nullptr
+//     detaches): it then notifies that waker (detail/waker.hpp) the moment it notices, so a
+//     watcher sleeps in poll() on the waker's descriptor. has_notice_waker_v<N> is true when N
+//     has set_waker and every notice it raises wakes (a source whose set_waker covers only part
+//     of its notices declares `static constexpr bool wakes_on_notice = false`). Waking sources:
+//     signal_notice (from its signal handler), polled_notice and the notices built on it
+//     (file_notice, the cloud notices: from their polling thread). any_of always has set_waker,
+//     forwards it to each source that has one, and wakes on notice only when all of them do.
 // Caveats:
 //   - noticed_at() uses CLOCK_MONOTONIC, which is std::chrono::steady_clock on Linux.
+//   - A source without set_waker (one that notices only when noticed() is called) wakes no one:
+//     a watcher must keep looking at noticed() for it.
+//   - An attached waker must outlive its attachment: set_waker(nullptr) before destroying it.
 #pragma once
 
 #include <time.h>  // clock_gettime: async-signal-safe time, also in signal handlers
@@ -27,10 +38,12 @@
 #include <optional>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
-#include "../io.hpp"   // detail::detect
-#include "../log.hpp"  // log_fn, log_to_stderr: the one logging hook
+#include "../detail/waker.hpp"  // detail::waker: what set_waker attaches
+#include "../io.hpp"            // detail::detect
+#include "../log.hpp"           // log_fn, log_to_stderr: the one logging hook
 
 HOLDFAST_NAMESPACE_BEGIN
 
@@ -113,8 +126,34 @@ using notice_at = decltype(std::optional<std::chrono::steady_clock::time_point>{
 template <class T>
 using notice_deadline = decltype(std::optional<std::chrono::system_clock::time_point>{
     std::declval<const T&>().deadline()});
+template <class T>
+using notice_set_waker = decltype(std::declval<T&>().set_waker(static_cast<const waker*>(nullptr)));
+
+/// True when T has set_waker(const detail::waker*), whatever it covers.
+template <class T>
+inline constexpr bool can_set_waker_v = detect<notice_set_waker, T>::value;
+
+/// T::wakes_on_notice when T declares it, else true.
+template <class T, class = void>
+struct declared_wakes : std::true_type {};
+template <class T>
+struct declared_wakes<T, std::void_t<decltype(T::wakes_on_notice)>>
+    : std::bool_constant<T::wakes_on_notice> {};
+
+/// Attaches `w` to `n` when it has set_waker; nothing otherwise.
+template <class T>
+void set_waker_if_any(T& n, const waker* w) noexcept {
+  if constexpr (can_set_waker_v<T>) n.set_waker(w);
+}
 
 }  // namespace detail
+
+/// True when N has `void set_waker(const detail::waker*) noexcept` and every notice it raises
+/// notifies the attached waker (N::wakes_on_notice, when declared, is true). A termination
+/// Config answers it too (termination_config forwards to its Notice).
+template <class N>
+inline constexpr bool has_notice_waker_v =
+    detail::can_set_waker_v<N>&& detail::declared_wakes<N>::value;
 
 /// True when T has the Notice interface (start, stop, noticed, noticed_at, deadline).
 template <class T>
@@ -162,6 +201,12 @@ class any_of {
   void start() { start_from<0>(); }
   /// Stops every source (last first).
   void stop() noexcept { stop_before<sizeof...(N)>(); }
+  /// True when every source wakes the attached waker on its notice.
+  static constexpr bool wakes_on_notice = (has_notice_waker_v<N> && ...);
+  /// Attaches `w` to every source that has set_waker (nullptr detaches).
+  void set_waker(const detail::waker* w) noexcept {
+    std::apply([w](auto&... n) { (detail::set_waker_if_any(n, w), ...); }, n_);
+  }
   bool noticed() const noexcept {
     return std::apply([](const auto&... n) { return (n.noticed() || ...); }, n_);
   }

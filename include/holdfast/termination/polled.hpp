@@ -10,9 +10,16 @@
 //     is logged once per run of failures through the notice's log hook (stderr by default).
 //   - Once noticed, a polling notice stops polling and stays noticed; a poll_result's deadline
 //     becomes deadline().
+//   - Waking: with a waker attached (set_waker, before or after start()), the polling thread
+//     notifies it right after recording the notice, so a watcher learns of it the moment the
+//     poll that found it returns (not at its next look). set_waker(nullptr) and destruction
+//     detach and wait for a notification in flight: after they return the waker may be
+//     destroyed. Every notice built on polled_notice wakes (file_notice, the cloud notices).
 // Caveats:
 //   - polled_notice<F>::stop() waits for a poll in progress; F should be short, or take a
 //     `const std::atomic<bool>&` (true when stopping) and return early.
+//   - Waking is as fast as the polling: a file that appears is seen (and wakes) at the next poll,
+//     up to one interval later. An attached waker must outlive the attachment.
 #pragma once
 
 #include <sys/stat.h>  // stat: file_notice's poll
@@ -32,6 +39,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../detail/waker.hpp"  // waker_slot: what the polling thread notifies
 #include "../error.hpp"
 #include "../io.hpp"
 #include "notice.hpp"  // log_fn, poll_result, notice_record
@@ -86,6 +94,11 @@ class polled_notice {
   }
   /// True while the thread runs.
   bool running() const noexcept { return thread_.joinable(); }
+  /// Notifies `w` from the polling thread when a poll finds the notice (nullptr detaches; on
+  /// return the thread no longer writes to the previous waker). `w` must outlive the attachment.
+  void set_waker(const detail::waker* w) noexcept {
+    if (s_) s_->wake.attach(w);
+  }
 
   /// True once a poll found a notice.
   bool noticed() const noexcept { return s_->rec.noticed.load(std::memory_order_acquire); }
@@ -119,6 +132,7 @@ class polled_notice {
     bool stop_requested = false;  // under mu
     std::atomic<bool> stopping{false};
     detail::notice_record rec;
+    detail::waker_slot wake;  // notified once rec holds the notice
     std::atomic<std::uint64_t> polls{0}, failures{0};
     bool failing = false;  // polling thread only
   };
@@ -142,7 +156,10 @@ class polled_notice {
         r = s.fn();
       s.polls.fetch_add(1);
       s.failing = false;
-      if (r.noticed) s.rec.record(r.deadline);
+      if (r.noticed) {
+        s.rec.record(r.deadline);
+        s.wake.notify();  // after recording: a woken watcher sees noticed()
+      }
       return r.noticed;
     } catch (const std::exception& e) {
       fail(s, e.what());

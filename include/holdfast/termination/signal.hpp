@@ -28,12 +28,20 @@
 //     the saved dispositions); everything else lives in the notice objects.
 //   - deadline() is computed from what the handler stored: it does not move once noticed, and
 //     it survives stop().
+//   - Waking: with a waker attached (set_waker, before or after start()), the signal handler
+//     notifies it after recording each delivery, before chaining — one write(2) to its eventfd,
+//     whose number the handler reads from a lock-free atomic in the notice's cell (no lock, no
+//     allocation). set_waker(nullptr), stop() and destruction detach, and wait for a handler
+//     running on another thread to finish its write: after they return the waker may be
+//     destroyed. Deliveries while stopped wake no one (they are not noticed either).
 // Caveats:
 //   - At most 64 signal_notices may be started at once (start() throws EMFILE beyond that).
 //   - If another library installs its own handler on the signal after a notice started and does
 //     not restore ours, stop() leaves that handler in place (ours stays in its chain, inert).
 //   - The times left are what the caller knows of the platform (a scheduler's settings); nothing
 //     reads them from the platform. Set them before start().
+//   - An attached waker must outlive the attachment (set_waker(nullptr) or stop() first), and
+//     set_waker must not be called from a signal handler.
 #pragma once
 
 #include <signal.h>  // sigaction: the signal-handler slot
@@ -51,6 +59,7 @@
 #include <string>
 #include <utility>
 
+#include "../detail/waker.hpp"  // waker_slot: what the handler notifies
 #include "../error.hpp"
 #include "notice.hpp"  // the Notice contract, the clocks the handler reads
 
@@ -73,6 +82,7 @@ struct signal_cell {
   std::atomic<std::int64_t> at_ns{0};    // CLOCK_MONOTONIC
   std::atomic<std::int64_t> wall_ns{0};  // CLOCK_REALTIME, for per-signal deadlines
   std::atomic<std::uint64_t> count{0};
+  waker_slot wake;  // the eventfd notified on each delivery, or -1
 };
 
 inline constexpr int signal_saved_ring = 8;
@@ -152,6 +162,7 @@ inline void signal_handler(int sig, siginfo_t* info, void* ctx) noexcept {
       c.signo.store(sig);
       c.noticed.store(true, std::memory_order_release);
     }
+    c.wake.notify();  // after recording: a woken watcher sees noticed()
   }
   chain_previous(sig, info, ctx);
   errno = saved_errno;
@@ -239,8 +250,9 @@ inline void uninstall_signal(int sig) noexcept {
   if (one_shot && !used && d.used_up[i].load()) ::sigaction(sig, &dfl, nullptr);
 }
 
-/// Claims a free listener cell, reset; -1 when all are taken.
-inline int acquire_signal_cell(std::uint64_t mask) noexcept {
+/// Claims a free listener cell, reset, notifying eventfd `wake_fd` (-1: none); -1 when all are
+/// taken.
+inline int acquire_signal_cell(std::uint64_t mask, int wake_fd = -1) noexcept {
   for (int i = 0; i < signal_cell_count; ++i) {
     signal_cell& c = signal_slot.cells[i];
     bool free = false;
@@ -251,14 +263,17 @@ inline int acquire_signal_cell(std::uint64_t mask) noexcept {
     c.at_ns.store(0);
     c.wall_ns.store(0);
     c.claimed.store(0);
+    c.wake.attach_fd(wake_fd);
     c.mask.store(mask, std::memory_order_release);
     return i;
   }
   return -1;
 }
 
+/// Frees a cell; on return no handler still notifies its waker.
 inline void release_signal_cell(int i) noexcept {
   signal_slot.cells[i].mask.store(0, std::memory_order_release);
+  signal_slot.cells[i].wake.attach_fd(-1);
   signal_slot.cells[i].in_use.store(false, std::memory_order_release);
 }
 
@@ -299,7 +314,8 @@ class signal_notice {
         at_ns_(o.at_ns_),
         wall_ns_(o.wall_ns_),
         count_(o.count_),
-        left_ms_(o.left_ms_) {}
+        left_ms_(o.left_ms_),
+        wake_fd_(std::exchange(o.wake_fd_, -1)) {}
   signal_notice& operator=(signal_notice&& o) noexcept {
     if (this != &o) {
       stop();
@@ -310,6 +326,7 @@ class signal_notice {
       wall_ns_ = o.wall_ns_;
       count_ = o.count_;
       left_ms_ = o.left_ms_;
+      wake_fd_ = std::exchange(o.wake_fd_, -1);
     }
     return *this;
   }
@@ -348,7 +365,7 @@ class signal_notice {
     if (cell_ >= 0) return;
     std::uint64_t mask = 0;
     for (int s : signals) mask |= detail::signal_bit(s);
-    int cell = detail::acquire_signal_cell(mask);
+    int cell = detail::acquire_signal_cell(mask, wake_fd_);
     if (cell < 0) throw error(EMFILE, "signal_notice", "", "more than 64 started signal notices");
     noticed_ = false;
     std::size_t done = 0;
@@ -375,6 +392,12 @@ class signal_notice {
   }
   /// True while the handlers are installed.
   bool running() const noexcept { return cell_ >= 0; }
+  /// Notifies `w` from the signal handler on each delivery while started (nullptr detaches; on
+  /// return no handler still writes to the previous waker). `w` must outlive the attachment.
+  void set_waker(const detail::waker* w) noexcept {
+    wake_fd_ = w ? w->fd() : -1;
+    if (cell_ >= 0) detail::signal_slot.cells[cell_].wake.attach_fd(wake_fd_);
+  }
 
   /// True once one of the signals was delivered after start().
   bool noticed() const noexcept {
@@ -422,6 +445,7 @@ class signal_notice {
   std::int64_t wall_ns_ = 0;
   std::uint64_t count_ = 0;
   std::array<std::int64_t, 1 + sizeof...(Rest)> left_ms_ = no_times();  // per signal; -1: none
+  int wake_fd_ = -1;  // the attached waker's eventfd, copied into the cell while started
 };
 
 HOLDFAST_NAMESPACE_END

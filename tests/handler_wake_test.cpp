@@ -1,0 +1,516 @@
+// The preemption handler's event-driven watcher (issue 21): it sleeps in one poll() on its waker
+// and on the store's control watch, so
+//   (a) a signal is seen by the noticed worker's watcher within 50 ms, and the claim by its peer's
+//       watcher, over etcd_kv (a real etcd on loopback) and over filesystem_kv, with the default
+//       watch_interval and with a 10 s one (which the old sliced wait would have taken);
+//   (b) idle handlers over etcd_kv send nothing but the watch's health probes (one etcd client per
+//       handler, so stats() counts per worker);
+//   (c) over filesystem_kv, 4 worker threads agree on one step after one notice, and a dead
+//       worker makes every survivor raise agreement_timeout naming it within ack_timeout x 1.1 +
+//       100 ms of the notice;
+//   (d) shutting down an idle handler is prompt (< 100 ms) with a 10 s watch_interval, with a
+//       notice that wakes the watcher and with one that cannot.
+// Timing bounds: a RUN_SERIAL suite. Workers are threads; the notices are real signal_notices
+// (SIGUSR1, SIGUSR2: doctest installs no handler on them) raised in-process, or flag_notice.
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>  // uncaught_exceptions: a failed REQUIRE ends the workers
+#include <functional>
+#include <holdfast/agreement.hpp>
+#include <holdfast/handler.hpp>
+#include <holdfast/kv/etcd.hpp>
+#include <holdfast/kv/filesystem.hpp>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "support/etcd_server.hpp"
+#include "support/handler_harness.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace std::chrono_literals;
+using holdfast::agreement_state;
+using holdfast::run_status;
+using holdfast_test::worker_state;
+using clk = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+template <int Sig>
+using sig_config = holdfast::termination_config<holdfast::signal_notice<Sig>, holdfast::no_exit>;
+template <int Sig, class Kv>
+using sig_handler =
+    holdfast::preemption_handler<sig_config<Sig>, Kv, holdfast_test::memory_checkpoints>;
+
+static_assert(holdfast::has_kv_watch_v<holdfast::etcd_kv>, "etcd_kv is waited on with a watch");
+static_assert(holdfast::has_kv_watch_v<holdfast::filesystem_kv>,
+              "filesystem_kv is waited on with a watch");
+static_assert(holdfast::has_notice_waker_v<sig_config<SIGUSR1>>, "signal_notice wakes");
+static_assert(holdfast::has_notice_waker_v<holdfast_test::flag_notice>, "polled_notice wakes");
+
+double us_since(clk::time_point t0) {
+  return std::chrono::duration<double, std::micro>(clk::now() - t0).count();
+}
+double ms_since(clk::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clk::now() - t0).count();
+}
+
+// The binary's one etcd (starting it takes about a second).
+holdfast_test::etcd_server& shared_etcd() {
+  static holdfast_test::etcd_server server;
+  return server;
+}
+
+// A fresh key namespace per handler job.
+holdfast::kv_namespace fresh_ns() {
+  static int n = 0;
+  return holdfast::kv_namespace("wake" + std::to_string(++n), "0");
+}
+
+// A new etcd client (its own stats) on the shared etcd.
+holdfast::etcd_kv etcd_store(const holdfast::kv_namespace& ns, milliseconds request = 5000ms) {
+  holdfast::etcd_options o;
+  o.endpoints = {shared_etcd().url()};
+  o.request_timeout = request;
+  return holdfast::etcd_kv(o, ns);
+}
+
+// SIGUSR1 and SIGUSR2 ignored underneath the notices for the scope: a stray delivery while no
+// notice is started must not end the test binary (SIG_IGN is not chained to).
+class ignored_signals {
+ public:
+  ignored_signals() {
+    struct sigaction sa {};
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGUSR1, &sa, &old1_);
+    ::sigaction(SIGUSR2, &sa, &old2_);
+  }
+  ignored_signals(const ignored_signals&) = delete;
+  ignored_signals& operator=(const ignored_signals&) = delete;
+  ~ignored_signals() {
+    ::sigaction(SIGUSR1, &old1_, nullptr);
+    ::sigaction(SIGUSR2, &old2_, nullptr);
+  }
+
+ private:
+  struct sigaction old1_ {};
+  struct sigaction old2_ {};
+};
+
+// How one training thread ended.
+struct outcome {
+  std::atomic<std::int64_t> progress{-1};  // run calls so far; max() once the thread ended
+  run_status last = run_status::ran;
+  std::int64_t counter = 0;
+  std::string error;  // "timeout", "other <what>"
+  std::vector<int> missing;
+  clk::time_point ended{};  // when run() answered stopped or threw
+};
+
+// Training threads over handlers built by the caller: 1 ms steps until run() answers stopped or
+// throws, or the team is finished. Joined on destruction (a failed REQUIRE cannot leave one).
+class team {
+ public:
+  explicit team(int n) : out_(static_cast<std::size_t>(n)) {}
+  team(const team&) = delete;
+  team& operator=(const team&) = delete;
+  ~team() { finish(); }
+
+  template <class Handler>
+  void train(int t, Handler& h) {
+    outcome& o = out_[static_cast<std::size_t>(t)];
+    threads_.emplace_back([this, &o, &h] {
+      try {
+        while (!quit_.load() && h.total_run_calls() < 100000) {
+          o.last = h.run([] { std::this_thread::sleep_for(1ms); });
+          o.progress.store(h.total_run_calls());
+          if (o.last == run_status::stopped) {
+            o.ended = clk::now();
+            break;
+          }
+        }
+        o.counter = h.total_run_calls();
+      } catch (const holdfast::agreement_timeout& e) {
+        o.ended = clk::now();
+        o.error = "timeout";
+        o.missing = e.missing_tasks();
+      } catch (const std::exception& e) {
+        o.ended = clk::now();
+        o.error = std::string("other ") + e.what();
+      }
+      o.progress.store(std::numeric_limits<std::int64_t>::max());
+    });
+  }
+  // True once every thread ran `steps` steps (or ended), within `timeout`.
+  bool wait_steps(std::int64_t steps, milliseconds timeout) const {
+    const auto end = clk::now() + timeout;
+    for (;;) {
+      bool all = std::all_of(out_.begin(), out_.end(),
+                             [&](const outcome& o) { return o.progress.load() >= steps; });
+      if (all) return true;
+      if (clk::now() >= end) return false;
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  // True once every thread ended, within `timeout`.
+  bool wait_ended(milliseconds timeout) const {
+    return wait_steps(std::numeric_limits<std::int64_t>::max(), timeout);
+  }
+  void finish() {
+    quit_.store(true);
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+  const outcome& operator[](int t) const { return out_[static_cast<std::size_t>(t)]; }
+
+ private:
+  std::deque<outcome> out_;  // atomics: never moved
+  std::atomic<bool> quit_{false};
+  std::vector<std::thread> threads_;
+};
+
+// Whether `h` left idle since the start: a state past idle, or a later round (the agreement ran
+// and the handler re-armed between two looks).
+template <class Handler>
+bool left_idle(const Handler& h) {
+  auto a = h.agreement();
+  return a.state() != agreement_state::idle || a.round() > 0;
+}
+
+// (a) Two workers as threads over `make_kv()` stores: task 0 listens to SIGUSR1, task 1 to
+// SIGUSR2. SIGUSR1 is raised once both trained; measured: the signal → task 0's watcher forwards
+// it (its state leaves idle), → task 1's watcher sees the claim; then both save at one step.
+template <class Kv, class MakeKv>
+void notice_latency(const std::string& store, MakeKv make_kv, milliseconds watch_interval) {
+  INFO(store << ", watch_interval " << watch_interval.count() << " ms");
+  ignored_signals ignored;  // outlives the notices
+  holdfast::handler_options o;
+  o.ack_timeout = 10s;
+  o.watch_interval = watch_interval;
+  const holdfast::kv_namespace ns = fresh_ns();
+  std::vector<worker_state> st(2);
+  sig_handler<SIGUSR1, Kv> h0(sig_config<SIGUSR1>(), make_kv(ns), {0, 2, "wake"}, {&st[0]}, o);
+  sig_handler<SIGUSR2, Kv> h1(sig_config<SIGUSR2>(), make_kv(ns), {1, 2, "wake"}, {&st[1]}, o);
+  team tm(2);
+  tm.train(0, h0);
+  tm.train(1, h1);
+  REQUIRE(tm.wait_steps(20, 10s));
+  std::this_thread::sleep_for(100ms);  // both watchers asleep in poll()
+  REQUIRE_FALSE(left_idle(h0));
+  REQUIRE_FALSE(left_idle(h1));
+
+  std::optional<double> noticed_us, claim_us;
+  const auto t0 = clk::now();
+  ::raise(SIGUSR1);  // its handler runs on this thread before raise returns
+  while ((!noticed_us || !claim_us) && clk::now() - t0 < 5s) {
+    if (!noticed_us && left_idle(h0)) noticed_us = us_since(t0);
+    if (!claim_us && left_idle(h1)) claim_us = us_since(t0);
+    std::this_thread::sleep_for(100us);
+  }
+  REQUIRE(tm.wait_ended(20s));
+  const double done_ms =
+      std::chrono::duration<double, std::milli>(std::max(tm[0].ended, tm[1].ended) - t0).count();
+  tm.finish();
+  MESSAGE(store << ", watch_interval " << watch_interval.count()
+                << " ms: signal -> noticed by its watcher " << noticed_us.value_or(-1) / 1000.0
+                << " ms, -> claim seen by the peer " << claim_us.value_or(-1) / 1000.0
+                << " ms, -> both saved " << done_ms << " ms");
+  REQUIRE(noticed_us);
+  REQUIRE(claim_us);
+  CHECK(*noticed_us < 50000);
+  CHECK(*claim_us < 50000);
+  CHECK(h0.config().notice().signal() == SIGUSR1);
+  CHECK_FALSE(h1.config().notice().noticed());
+  for (int t = 0; t < 2; ++t) {
+    CHECK(tm[t].error == "");
+    CHECK(tm[t].last == run_status::stopped);
+    CHECK(st[static_cast<std::size_t>(t)].saved_steps.size() == 1);
+  }
+  CHECK(st[0].saved_steps == st[1].saved_steps);
+  auto kv = make_kv(ns);
+  auto text = kv.try_get("holdfast/wake/ctl/r0/step");
+  REQUIRE(text);
+  auto step = holdfast::parse_agreement_value(*text);
+  REQUIRE(step);
+  CHECK(step->what == holdfast::agreement_value::kind::step);
+  CHECK(st[0].saved_steps == std::vector<std::int64_t>{step->step});
+}
+
+}  // namespace
+
+TEST_CASE("wake (a): a signal is seen within 50 ms over etcd_kv") {
+  for (milliseconds interval : {100ms, 10000ms})
+    notice_latency<holdfast::etcd_kv>(
+        "etcd_kv", [](const holdfast::kv_namespace& ns) { return etcd_store(ns); }, interval);
+}
+
+TEST_CASE("wake (a): a signal is seen within 50 ms over filesystem_kv") {
+  holdfast_test::temp_dir root("wake-fskv");
+  for (milliseconds interval : {100ms, 10000ms})
+    notice_latency<holdfast::filesystem_kv>(
+        "filesystem_kv",
+        [&](const holdfast::kv_namespace& ns) { return holdfast::filesystem_kv(root.path(), ns); },
+        interval);
+}
+
+TEST_CASE("wake (b): idle handlers over etcd_kv send nothing but the watch's health probes") {
+  // request_timeout 5 s (the default: a probe every 2.5 s) and 2 s (a probe every second)
+  for (milliseconds request : {5000ms, 2000ms}) {
+    INFO("request_timeout " << request.count() << " ms");
+    ignored_signals ignored;
+    constexpr int n = 2;
+    const holdfast::kv_namespace ns = fresh_ns();
+    std::vector<holdfast::etcd_kv> kvs;  // one client per handler: its stats are that handler's
+    for (int t = 0; t < n; ++t) kvs.push_back(etcd_store(ns, request));
+    std::vector<worker_state> st(n);
+    using handler = sig_handler<SIGUSR1, holdfast::etcd_kv>;
+    std::vector<std::unique_ptr<handler>> hs;
+    for (int t = 0; t < n; ++t)  // default handler_options
+      hs.push_back(std::make_unique<handler>(
+          sig_config<SIGUSR1>(), kvs[std::size_t(t)], holdfast::cluster_info{t, n, "idle"},
+          holdfast_test::memory_checkpoints{&st[std::size_t(t)]}));
+    team tm(n);
+    for (int t = 0; t < n; ++t) tm.train(t, *hs[std::size_t(t)]);
+    REQUIRE(tm.wait_steps(5, 10s));
+    const auto opened = clk::now() + 5s;  // every watcher opened its control watch
+    while (clk::now() < opened &&
+           !std::all_of(kvs.begin(), kvs.end(), [](auto& kv) { return kv.stats().watch_opens; }))
+      std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(300ms);
+    std::vector<holdfast::etcd_stats> before;
+    for (auto& kv : kvs) before.push_back(kv.stats());
+    const auto t0 = clk::now();
+    std::this_thread::sleep_for(2s);
+    const double seconds = ms_since(t0) / 1000.0;
+    std::vector<holdfast::etcd_stats> after;
+    for (auto& kv : kvs) after.push_back(kv.stats());
+    const std::int64_t steps = tm[0].progress.load();
+    tm.finish();
+    for (int t = 0; t < n; ++t) {
+      const auto& b = before[std::size_t(t)];
+      const auto& a = after[std::size_t(t)];
+      const auto requests = a.requests - b.requests;
+      MESSAGE("request_timeout " << request.count() << " ms, handler " << t << ": " << requests
+                                 << " requests in " << seconds << " s idle (" << a.probes - b.probes
+                                 << " probes, " << a.watch_opens - b.watch_opens << " watch opens, "
+                                 << a.connections - b.connections << " connections); " << steps
+                                 << " steps trained meanwhile");
+      CHECK(b.watch_opens >= 1);
+      CHECK(requests <= static_cast<std::uint64_t>(seconds) + 1);  // <= 1 per second, + 1
+      CHECK(a.probes - b.probes == requests);                      // nothing but probes
+      CHECK(a.watch_opens == b.watch_opens);                       // no range and watch per slice
+      CHECK(a.connections - b.connections <= 1);
+      if (request == 2000ms) CHECK(a.probes - b.probes >= 1);  // the probes do run
+      CHECK(hs[std::size_t(t)]->state() == agreement_state::idle);
+      CHECK(st[std::size_t(t)].saves == 0);
+    }
+  }
+}
+
+namespace {
+
+using flag_config = holdfast::termination_config<holdfast_test::flag_notice, holdfast::no_exit>;
+using fs_handler = holdfast::preemption_handler<flag_config, holdfast::filesystem_kv>;
+
+// (c) `n` worker threads over filesystem_kv, each building its handler (the default
+// checkpoint_manager: the restore agreement runs too); `dead` ends its handler after 10 steps
+// without a notice; task `noticed` is noticed once the others ran 20 steps (and the dead one
+// ended). The outcomes are in `out` and `st`; `notice_at` is when the notice was given.
+struct fs_job {
+  holdfast_test::temp_dir dir{"wake-fsjob"};
+  holdfast::kv_namespace ns = fresh_ns();
+  std::vector<std::unique_ptr<std::atomic<bool>>> flags;
+  std::deque<outcome> out;
+  std::vector<worker_state> st;
+  std::atomic<bool> quit{false};
+  clk::time_point notice_at{};
+
+  void run(int n, int noticed, int dead, milliseconds ack_timeout) {
+    for (int t = 0; t < n; ++t) flags.push_back(std::make_unique<std::atomic<bool>>(false));
+    out.resize(static_cast<std::size_t>(n));
+    st.resize(static_cast<std::size_t>(n));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < n; ++t)
+      threads.emplace_back([this, t, n, dead, ack_timeout] { work(t, n, dead, ack_timeout); });
+    struct joiner {
+      std::vector<std::thread>& threads;
+      std::atomic<bool>& quit;
+      ~joiner() {
+        if (std::uncaught_exceptions() > 0) quit.store(true);  // a failed REQUIRE below
+        for (auto& t : threads) t.join();
+      }
+    } join_at_exit{threads, quit};
+    const auto ready = clk::now() + 20s;
+    for (int t = 0; t < n; ++t)
+      while (out[std::size_t(t)].progress.load() < 20 && clk::now() < ready)
+        std::this_thread::sleep_for(1ms);
+    for (int t = 0; t < n; ++t) REQUIRE(out[std::size_t(t)].progress.load() >= 20);
+    notice_at = clk::now();
+    flags[std::size_t(noticed)]->store(true);
+  }
+
+  void work(int t, int n, int dead, milliseconds ack_timeout) {
+    outcome& o = out[std::size_t(t)];
+    worker_state& s = st[std::size_t(t)];
+    try {
+      holdfast::handler_options opt;
+      opt.ack_timeout = ack_timeout;
+      fs_handler h(flag_config(holdfast_test::flag_notice(
+                                   holdfast_test::flag_poll{flags[std::size_t(t)].get()}, 1ms),
+                               holdfast::no_exit{}),
+                   holdfast::filesystem_kv(dir.path(), ns), {t, n, "fs"},
+                   holdfast_test::make_checkpoints(dir / ("ckpt-" + std::to_string(t)), &s), opt);
+      while (!quit.load() && h.total_run_calls() < 100000) {
+        if (t == dead && h.total_run_calls() >= 10) break;  // dead: its watcher stops too
+        o.last = h.run([&] {
+          ++s.acc;
+          std::this_thread::sleep_for(1ms);
+        });
+        o.progress.store(h.total_run_calls());
+        if (o.last == run_status::stopped) {
+          o.ended = clk::now();
+          break;
+        }
+      }
+      o.counter = h.total_run_calls();
+    } catch (const holdfast::agreement_timeout& e) {
+      o.ended = clk::now();
+      o.error = "timeout";
+      o.missing = e.missing_tasks();
+    } catch (const std::exception& e) {
+      o.ended = clk::now();
+      o.error = std::string("other ") + e.what();
+    }
+    o.progress.store(std::numeric_limits<std::int64_t>::max());
+  }
+
+  double ms_to(clk::time_point t) const {
+    return std::chrono::duration<double, std::milli>(t - notice_at).count();
+  }
+  std::optional<holdfast::agreement_value> recorded(const std::string& name) const {
+    auto text = holdfast::filesystem_kv(dir.path(), ns).try_get("holdfast/fs/" + name);
+    return text ? holdfast::parse_agreement_value(*text) : std::nullopt;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("wake (c): 4 threads over filesystem_kv agree on one step after one notice") {
+  for (int noticed : {0, 3}) {
+    INFO("notice to task " << noticed);
+    fs_job j;
+    j.run(4, noticed, -1, 10000ms);
+    std::set<std::vector<std::int64_t>> steps;
+    double last_ms = 0;
+    for (int t = 0; t < 4; ++t) {
+      const outcome& o = j.out[std::size_t(t)];
+      const worker_state& s = j.st[std::size_t(t)];
+      CHECK(o.error == "");
+      CHECK(o.last == run_status::stopped);
+      CHECK(s.saved_steps.size() == 1);
+      CHECK(o.counter == s.saved_steps.front());  // stopped at the agreed step
+      CHECK(s.acc == o.counter);                  // nothing ran after the save
+      steps.insert(s.saved_steps);
+      last_ms = std::max(last_ms, j.ms_to(o.ended));
+    }
+    MESSAGE("filesystem_kv, notice to task " << noticed << ": notice -> all 4 saved in " << last_ms
+                                             << " ms");
+    CHECK(steps.size() == 1);
+    auto claim = j.recorded("ctl/r0/claim");
+    auto step = j.recorded("ctl/r0/step");
+    REQUIRE(claim);
+    REQUIRE(step);
+    CHECK(claim->writer == noticed);
+    CHECK(step->what == holdfast::agreement_value::kind::step);
+    CHECK(std::vector<std::int64_t>{step->step} == *steps.begin());
+    CHECK(last_ms < 10000);  // within ack_timeout (a save may fsync: no tighter bound)
+  }
+}
+
+TEST_CASE("wake (c): over filesystem_kv a dead worker makes every survivor raise its timeout") {
+  constexpr milliseconds ack = 1000ms;
+  fs_job j;
+  j.run(4, 0, 2, ack);
+  const double bound = static_cast<double>(ack.count()) * 1.1 + 100;
+  for (int t : {0, 1, 3}) {
+    const outcome& o = j.out[std::size_t(t)];
+    const double ms = j.ms_to(o.ended);
+    MESSAGE("filesystem_kv, task " << t << ": notice -> agreement_timeout in " << ms
+                                   << " ms (bound " << bound << " ms)");
+    CHECK(o.error == "timeout");
+    CHECK(o.missing == std::vector<int>{2});
+    CHECK(ms <= bound);
+    CHECK(j.st[std::size_t(t)].saves == 0);
+  }
+  auto step = j.recorded("ctl/r0/step");
+  REQUIRE(step);
+  CHECK(step->what == holdfast::agreement_value::kind::timeout);
+  CHECK(step->tasks == std::vector<int>{2});
+}
+
+namespace {
+
+// A notice that cannot wake the watcher (no set_waker): the watcher then sleeps at most one
+// watch_interval, and only a stop request wakes it earlier.
+struct quiet_notice {
+  void start() {}
+  void stop() noexcept {}
+  bool noticed() const noexcept { return false; }
+  std::optional<clk::time_point> noticed_at() const noexcept { return std::nullopt; }
+  std::optional<std::chrono::system_clock::time_point> deadline() const noexcept {
+    return std::nullopt;
+  }
+};
+using quiet_config = holdfast::termination_config<quiet_notice, holdfast::no_exit>;
+static_assert(!holdfast::has_notice_waker_v<quiet_config>, "quiet_notice cannot wake");
+
+// (d) An idle handler with a 10 s watch_interval over `kv`: how long shutdown() and the
+// destructor take once its watcher sleeps.
+template <class Config, class Kv>
+void check_prompt_shutdown(const std::string& what, Kv kv) {
+  holdfast::handler_options o;
+  o.watch_interval = 10s;
+  worker_state st;
+  auto h =
+      std::make_unique<holdfast::preemption_handler<Config, Kv, holdfast_test::memory_checkpoints>>(
+          Config(), std::move(kv), holdfast::cluster_info{0, 1, "down"},
+          holdfast_test::memory_checkpoints{&st}, o);
+  std::this_thread::sleep_for(300ms);  // the watcher is asleep in poll()
+  CHECK(h->state() == agreement_state::idle);
+  const auto t0 = clk::now();
+  h->shutdown();
+  const double shutdown_ms = ms_since(t0);
+  h.reset();
+  const double total_ms = ms_since(t0);
+  MESSAGE(what << ": shutdown " << shutdown_ms << " ms, with the destructor " << total_ms << " ms");
+  CHECK(shutdown_ms < 100);
+  CHECK(total_ms < 100);
+}
+
+}  // namespace
+
+TEST_CASE("wake (d): an idle handler shuts down within 100 ms despite a 10 s watch_interval") {
+  ignored_signals ignored;
+  const int threads = holdfast_test::thread_count();
+  check_prompt_shutdown<sig_config<SIGUSR1>>("etcd_kv, signal_notice", etcd_store(fresh_ns()));
+  check_prompt_shutdown<quiet_config>("etcd_kv, a notice that cannot wake", etcd_store(fresh_ns()));
+  holdfast_test::temp_dir root("wake-down");
+  check_prompt_shutdown<sig_config<SIGUSR1>>("filesystem_kv, signal_notice",
+                                             holdfast::filesystem_kv(root.path(), fresh_ns()));
+  check_prompt_shutdown<quiet_config>("filesystem_kv, a notice that cannot wake",
+                                      holdfast::filesystem_kv(root.path(), fresh_ns()));
+  CHECK(holdfast_test::settled_thread_count(threads) == threads);  // every watcher joined
+}
