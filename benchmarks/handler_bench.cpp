@@ -1,9 +1,14 @@
 // Preemption handler: the per-step cost of run() against a bare loop calling the same step, and
 // the time from a notice until every worker has saved (4 and 16 workers; threads over
 // in_process_kv, processes over filesystem_kv and etcd_kv) against the floor of telling every
-// worker through the same store (the noticed worker inserts one key, the others wake from a
-// blocked get and save: no agreement). Also prints the store operations per worker per
-// agreement, counted with counting_kv (lines starting with "# handler").
+// worker through the same store (no agreement): the noticed worker inserts one key and the
+// others learn of it the fastest way the store allows, then save as the handler rows do. Over
+// filesystem_kv and etcd_kv that is a watch object (kv.watch(prefix), opened and taken once
+// before the notice, as the handler's watcher does; then poll() on fd() and take(), plus one
+// try_get when a take reports resync); in_process_kv has no watch, so a blocked get (woken by
+// its condition variable). Also prints the store operations per worker per agreement, counted
+// with counting_kv (lines starting with "# handler").
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -230,6 +235,30 @@ struct etcd_backend {
   static std::chrono::milliseconds watch() { return 50ms; }
 };
 
+// The floor's wait: sleeps in poll() on watch `w` (opened on the prefix of `key` and taken once,
+// before the notice) until a take brings `key` with a value (an event, or a resync after which
+// one try_get finds it). False at `limit`.
+template <class Kv, class W>
+bool await_with_watch(Kv& kv, W& w, const std::string& key, clk::time_point limit) {
+  for (;;) {
+    if (!w.buffered()) {
+      const auto until = std::min(w.due(), limit);
+      const auto wait = std::chrono::ceil<std::chrono::milliseconds>(
+          std::max(until - clk::now(), clk::duration::zero()));
+      pollfd p{w.fd(), POLLIN, 0};
+      ::poll(&p, w.fd() >= 0 ? 1 : 0,
+             static_cast<int>(std::min<std::int64_t>(wait.count(), 1 << 30)));
+    }
+    auto c = w.take();
+    bool seen = false;
+    for (const auto& e : c.events)
+      if (e.key == key) seen = e.value.has_value();  // the last event of the key wins
+    if (c.resync && !seen) seen = kv.try_get(key).has_value();
+    if (seen) return true;
+    if (clk::now() >= limit) return false;
+  }
+}
+
 std::int64_t read_ns(const std::string& path) {
   std::ifstream in(path);
   std::int64_t v = 0;
@@ -239,7 +268,9 @@ std::int64_t read_ns(const std::string& path) {
 void write_ns(const std::string& path, std::int64_t v) { std::ofstream(path) << v; }
 
 // W forked workers (signal_notice, no_exit); SIGTERM to task 0 once all run; ns until the last
-// save (steady_clock is system-wide). `handler` false: the bare broadcast.
+// save (steady_clock is system-wide). `handler` false: the bare broadcast (task 0 waits for the
+// signal in sigwait and inserts "b/stop"; the others wait on a watch of "b", opened before they
+// report ready).
 template <class Backend>
 double processes_notice_to_saved(int w, bool handler) {
   Backend be;
@@ -253,6 +284,7 @@ double processes_notice_to_saved(int w, bool handler) {
       std::string ready = dir / ("ready-" + std::to_string(t));
       std::string out = dir / ("saved-" + std::to_string(t));
       if (!handler) {
+        std::int64_t saved_at = 0;
         if (t == 0) {
           sigset_t set;
           sigemptyset(&set);
@@ -261,12 +293,24 @@ double processes_notice_to_saved(int w, bool handler) {
           write_ns(ready, 1);
           int sig = 0;
           sigwait(&set, &sig);
-          kv.insert("stop", "0");
+          kv.insert("b/stop", "0");
+          saved_at = now_ns();
         } else {
+          auto stop_watch = kv.watch("b");
+          {  // the first take (resync or snapshot), as the handler's watcher makes at start
+            auto c = stop_watch.take();
+            bool there = false;
+            for (const auto& e : c.events) there = there || (e.key == "b/stop" && e.value);
+            if (c.resync && !there) there = kv.try_get("b/stop").has_value();
+            if (there) std::_Exit(3);
+          }
           write_ns(ready, 1);
-          (void)kv.get("stop", 20s);
+          if (!await_with_watch(kv, stop_watch, "b/stop", clk::now() + 20s)) std::_Exit(4);
+          // Saved now, with the watch still open (as the handler saves before its watch goes):
+          // closing an inotify descriptor costs the kernel milliseconds (8-16 ms measured here).
+          saved_at = now_ns();
         }
-        write_ns(out, now_ns());
+        write_ns(out, saved_at);
         std::_Exit(0);
       }
       std::atomic<std::int64_t> saved{0};
@@ -304,7 +348,7 @@ void register_processes(const char* name) {
                                    if (std::is_same_v<Backend, etcd_backend> && !etcd()) return 0.0;
                                    return processes_notice_to_saved<Backend>(w, true);
                                  },
-                                 "bare broadcast/processes/" + s,
+                                 "bare broadcast/watch/processes/" + s,
                                  [w](std::size_t) {
                                    if (std::is_same_v<Backend, etcd_backend> && !etcd()) return 0.0;
                                    return processes_notice_to_saved<Backend>(w, false);

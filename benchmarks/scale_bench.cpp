@@ -95,7 +95,6 @@ struct sim_clock {
   using period = std::nano;
   using duration = std::chrono::nanoseconds;
   using time_point = std::chrono::time_point<sim_clock>;
-  static constexpr bool is_steady = true;
   static time_point now() noexcept { return time_point{}; }  // the machine never asks
 };
 using sim_machine = holdfast::basic_step_agreement<sim_clock>;

@@ -210,6 +210,30 @@ TEST_CASE("etcd_kv: get is one range and one watch from revision + 1 (no polling
   CHECK(fake.request_count() == 4);
 }
 
+TEST_CASE("etcd_kv: a watch created past the range's revision ranges again at once") {
+  // etcd catches a watch that starts at a revision it has passed up only every 100 ms: when the
+  // created message shows writes since the range, get ranges again instead of waiting for it.
+  std::atomic<int> ranges{0};
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request& r) {
+    if (r.target == "/v3/kv/range")
+      return ++ranges == 1 ? reply(200, R"({"header":{"revision":"41"}})")
+                           : reply(200, R"({"header":{"revision":"43"},"kvs":[{"key":"eA==",)"
+                                        R"("value":"bGF0ZQ==","mod_revision":"42"}]})");
+    std::string created = R"({"result":{"header":{"revision":"43"},"created":true}})"
+                          "\n";
+    return reply::raw(reply::chunked_head() + reply::chunk(created)).keep_open();
+  });
+  etcd_kv kv(options_for({fake.url()}), ns0);
+  const auto t0 = clk::now();
+  CHECK(kv.get("x", 5s) == std::optional<std::string>("late"));
+  CHECK(ms_since(t0) < 80);  // not a catch-up interval, not a watch window
+  auto seen = fake.requests();
+  REQUIRE(seen.size() == 3);
+  CHECK(seen[0].target == "/v3/kv/range");
+  CHECK(seen[1].target == "/v3/watch");
+  CHECK(seen[2].target == "/v3/kv/range");
+}
+
 TEST_CASE("etcd_kv: get skips delete events and ranges again after a cancelled watch") {
   std::atomic<int> ranges{0};
   std::atomic<bool> compacted{true};

@@ -999,7 +999,16 @@ class basic_etcd_kv {
     bool created = false;
     std::optional<std::string> value;
     client_->stream("/v3/watch", body, "etcd get", key, window, [&](const detail::json_value& msg) {
-      return on_watch(msg, key, created, value);
+      const bool was_created = created;
+      if (!on_watch(msg, key, created, value)) return false;
+      // Created from a revision the store has passed already (a write since our range): etcd
+      // catches such a watch up only every 100 ms, so range again instead of waiting for it.
+      if (created && !was_created) {
+        const detail::json_value* header = msg.find("result");
+        header = header ? header->find("header") : nullptr;
+        if (detail::etcd_int(header ? header->find("revision") : nullptr) >= revision) return false;
+      }
+      return true;
     });
     if (!value && !created && std::chrono::steady_clock::now() < window)
       throw error(EPROTO, "etcd get", key, "the watch stream ended before it was created");
