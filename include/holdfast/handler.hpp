@@ -65,8 +65,8 @@
 //     takes about N store round trips (256 workers on one etcd: ~0.2 s; 10,000 workers at
 //     0.5 ms a request: ~6 s, well inside the 3-minute ack_timeout). A 10,000-worker job needs
 //     from etcd ~10,000 long-lived watch streams (one per worker, each idle but for a probe
-//     per second: ~10,000 requests/s idle with the default request_timeout; raise it to cut the
-//     probes) and ~30,000 requests per agreement.
+//     every 2.5 s at the default request_timeout of 5 s: ~4,000 requests/s in all; with a lease
+//     the keep-alives replace the probes) and ~30,000 requests per agreement.
 //   - A worker that never acks (dead without notice) makes the others throw
 //     holdfast::agreement_timeout naming the missing task ids within `ack_timeout`, never hang.
 //   - An exception from a step is published; every other worker throws holdfast::peer_error
