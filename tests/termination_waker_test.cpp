@@ -236,16 +236,20 @@ TEST_CASE("waker: notify preserves errno and never blocks on a saturated counter
 TEST_CASE("waker: a failing eventfd throws holdfast::error naming eventfd") {
   holdfast_test::child c([] {
     // UBSan's vptr check opens /proc/self/maps the first time it meets a dynamic type: let it
-    // meet error_category (what holdfast::error's message uses) while descriptors remain.
+    // meet error_category (holdfast::error's constructor uses it) while descriptors remain, and
+    // look at the exception only once the limit is back.
     CHILD_REQUIRE(holdfast::error(EMFILE, "eventfd", "").code().message() != "");
-    rlimit lim{};
-    CHILD_REQUIRE(::getrlimit(RLIMIT_NOFILE, &lim) == 0);
-    lim.rlim_cur = 0;  // no new descriptor at all
-    CHILD_REQUIRE(::setrlimit(RLIMIT_NOFILE, &lim) == 0);
+    rlimit saved{};
+    CHILD_REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+    rlimit none = saved;
+    none.rlim_cur = 0;  // no new descriptor at all
+    CHILD_REQUIRE(::setrlimit(RLIMIT_NOFILE, &none) == 0);
     bool threw = false;
     try {
       waker w;
+      ::setrlimit(RLIMIT_NOFILE, &saved);
     } catch (const holdfast::error& e) {
+      ::setrlimit(RLIMIT_NOFILE, &saved);
       threw = true;
       CHILD_REQUIRE(e.code().value() == EMFILE);
       CHILD_REQUIRE(std::string(e.what()).find("eventfd") != std::string::npos);
