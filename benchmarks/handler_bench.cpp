@@ -21,6 +21,7 @@
 #include <holdfast/kv/etcd.hpp>
 #include <holdfast/kv/filesystem.hpp>
 #include <holdfast/kv/in_process.hpp>
+#include <holdfast/publish.hpp>
 #include <holdfast/wait.hpp>
 #include <memory>
 #include <optional>
@@ -259,6 +260,8 @@ bool await_with_watch(Kv& kv, W& w, const std::string& key, clk::time_point limi
   }
 }
 
+constexpr clk::duration step = 1ms;  // a training step of the process rows
+
 std::int64_t read_ns(const std::string& path) {
   std::ifstream in(path);
   std::int64_t v = 0;
@@ -267,10 +270,23 @@ std::int64_t read_ns(const std::string& path) {
 }
 void write_ns(const std::string& path, std::int64_t v) { std::ofstream(path) << v; }
 
+// A worker's last act: publishes when it saved, then sleeps until the parent kills it, so that
+// no worker's exit (address space teardown, descriptors closed) competes with the later ones'
+// saves for the CPU.
+[[noreturn]] void report_and_pause(const std::string& path, std::int64_t saved_at) {
+  holdfast::basic_publisher<holdfast::no_sync>().publish(path, std::to_string(saved_at));
+  for (;;) ::pause();
+}
+
 // W forked workers (signal_notice, no_exit); SIGTERM to task 0 once all run; ns until the last
-// save (steady_clock is system-wide). `handler` false: the bare broadcast (task 0 waits for the
-// signal in sigwait and inserts "b/stop"; the others wait on a watch of "b", opened before they
-// report ready).
+// save (steady_clock is system-wide). The workers train in lockstep, as the workers of a
+// data-parallel job do (their collectives hold them together): each steps on a shared 1 ms grid
+// from a common start, so all are at the same step when the notice comes, and the notice comes
+// in the middle of a step (the mean case). Without that, 16 free-running processes on 2 cores
+// drift up to 6 steps apart, and the slowest worker's catching up to the agreed step (which must
+// be above every worker's counter) is what the row would measure. `handler` false: the bare
+// broadcast (task 0 waits for the signal in sigwait and inserts "b/stop"; the others wait on a
+// watch of "b", opened before they report ready).
 template <class Backend>
 double processes_notice_to_saved(int w, bool handler) {
   Backend be;
@@ -310,8 +326,7 @@ double processes_notice_to_saved(int w, bool handler) {
           // closing an inotify descriptor costs the kernel milliseconds (8-16 ms measured here).
           saved_at = now_ns();
         }
-        write_ns(out, saved_at);
-        std::_Exit(0);
+        report_and_pause(out, saved_at);
       }
       std::atomic<std::int64_t> saved{0};
       holdfast::handler_options o;
@@ -319,23 +334,34 @@ double processes_notice_to_saved(int w, bool handler) {
       using cfg = holdfast::termination_config<holdfast::signal_notice<SIGTERM>, holdfast::no_exit>;
       holdfast::preemption_handler<cfg, decltype(kv), stamp_checkpoints> h(
           cfg(), kv, {t, w, "r"}, stamp_checkpoints{&saved}, o);
+      write_ns(ready, 1);
+      if (!holdfast::await_file(dir / "go", 30s)) std::_Exit(5);
+      const clk::time_point go{clk::duration(read_ns(dir / "go"))};
+      auto step_end = go;  // step k ends at go + k ms, for every worker
       while (h.total_run_calls() < 1000000) {
-        if (h.run([] { std::this_thread::sleep_for(1ms); }) == holdfast::run_status::stopped) break;
-        if (h.total_run_calls() == 5) write_ns(ready, 1);
+        step_end += step;
+        if (h.run([&] { std::this_thread::sleep_until(step_end); }) == holdfast::run_status::stopped)
+          break;
       }
-      write_ns(out, saved.load());
-      std::_Exit(0);
+      report_and_pause(out, saved.load());
     });
   for (int t = 0; t < w; ++t)
     if (!holdfast::await_file(dir / ("ready-" + std::to_string(t)), 30s)) return -1;
+  if (handler) {  // 20 lockstep steps, then the notice in the middle of the 21st
+    const auto go = clk::now() + 10ms;
+    holdfast::publisher().publish(dir / "go", std::to_string(go.time_since_epoch().count()));
+    std::this_thread::sleep_until(go + 20 * step + step / 2);
+  }
   const std::int64_t t0 = now_ns();
   kids[0].kill(SIGTERM);
   std::int64_t last = 0;
   for (int t = 0; t < w; ++t) {
-    auto r = kids[static_cast<std::size_t>(t)].wait(30s);
-    if (!r.ok()) return -1;
-    last = std::max(last, read_ns(dir / ("saved-" + std::to_string(t))));
+    const std::string out = dir / ("saved-" + std::to_string(t));
+    if (!holdfast::await_file(out, 30s)) return -1;
+    last = std::max(last, read_ns(out));
   }
+  for (auto& k : kids) k.kill(SIGKILL);
+  for (auto& k : kids) (void)k.wait(30s);
   return static_cast<double>(last - t0);
 }
 

@@ -2,8 +2,10 @@
 // get of an existing key and list of 16 keys, and the wake-up latency from an insert in one
 // process (or thread, in-process) until a blocked get returns in another. Baselines:
 //   in_process  — a bare std::mutex + std::map (and a bare condition variable for wake-ups);
-//   filesystem  — the bare syscalls (open O_EXCL + write + close + renameat2 NOREPLACE; open +
-//                 read + close; opendir/readdir + 16 reads) and a bare inotify wake-up;
+//   filesystem  — the bare syscalls on the same layout (a directory per parent prefix, temps in
+//                 .tmp: open O_EXCL + write + close + renameat2 NOREPLACE; open + read + close;
+//                 readdir of the namespace and of the prefix's directory + 16 reads) and a bare
+//                 inotify wake-up;
 //   etcd        — the same JSON request as a bare HTTP POST over a raw socket, and for the
 //                 wake-up a bare txn POST seen by a raw watch socket in another process.
 //   etcd over TLS (built with OpenSSL: HOLDFAST_BENCH_TLS) — get and insert through the example
@@ -226,9 +228,9 @@ holdfast::network_filesystem_kv& nfs_kv() {
 const std::string& bare_dir() {
   static std::string d = [] {
     std::string p = fs_dir().path() + "/bare";
-    ::mkdir(p.c_str(), 0755);
+    for (const char* sub : {"", "/.tmp", "/ins%2F", "/list16%2F"}) ::mkdir((p + sub).c_str(), 0755);
     for (int i = 0; i < 16; ++i) {
-      std::string f = p + "/list16%2F" + std::to_string(100 + i);
+      std::string f = p + "/list16%2F/" + std::to_string(100 + i);
       int fd = ::open(f.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
       (void)!::write(fd, std::string(64, 'v').data(), 64);
       ::close(fd);
@@ -240,7 +242,7 @@ const std::string& bare_dir() {
 
 // What publish_once does without the library: temp O_EXCL, write, fchmod, close, rename-noreplace.
 void bare_publish_once(const std::string& target, const std::string& value) {
-  std::string tmp = bare_dir() + "/.tmp." + std::to_string(next_id());
+  std::string tmp = bare_dir() + "/.tmp/.t." + std::to_string(next_id());
   int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
   (void)!::write(fd, value.data(), value.size());
   ::fchmod(fd, 0644);
@@ -260,7 +262,7 @@ bench::registrar fs_insert{
     {"kv/filesystem/insert",
      bench::timed([](std::size_t) { fs_kv().insert("ins/" + std::to_string(next_id()), "value"); }),
      "bare open+write+close+renameat2", bench::timed([](std::size_t) {
-       bare_publish_once(bare_dir() + "/ins%2F" + std::to_string(next_id()), "value");
+       bare_publish_once(bare_dir() + "/ins%2F/" + std::to_string(next_id()), "value");
      }),
      latency}};
 
@@ -268,20 +270,25 @@ bench::registrar fs_get{{"kv/filesystem/get existing", bench::timed([](std::size
                            if (!fs_kv().get("existing", std::chrono::milliseconds(0))) std::abort();
                          }),
                          "bare open+read+close", bench::timed([](std::size_t) {
-                           if (bare_read(bare_dir() + "/list16%2F100").empty()) std::abort();
+                           if (bare_read(bare_dir() + "/list16%2F/100").empty()) std::abort();
                          }),
                          latency}};
 
 bench::registrar fs_list{{"kv/filesystem/list 16", bench::timed([](std::size_t) {
                             if (fs_kv().list("list16").size() != 16) std::abort();
                           }),
-                          "bare readdir + 16 x open+read+close", bench::timed([](std::size_t) {
+                          "bare 2 readdirs + 16 x open+read+close", bench::timed([](std::size_t) {
                             DIR* d = ::opendir(bare_dir().c_str());
                             std::size_t n = 0;
-                            while (dirent* e = ::readdir(d))  // scan all, read the 16
-                              if (std::strncmp(e->d_name, "list16%2F", 9) == 0 &&
-                                  !bare_read(bare_dir() + "/" + e->d_name).empty())
-                                ++n;
+                            while (dirent* e = ::readdir(d)) {  // scan all, enter the prefix's
+                              if (std::strcmp(e->d_name, "list16%2F") != 0) continue;
+                              const std::string sub = bare_dir() + "/" + e->d_name;
+                              DIR* s = ::opendir(sub.c_str());
+                              while (dirent* f = ::readdir(s))
+                                if (f->d_name[0] != '.' && !bare_read(sub + "/" + f->d_name).empty())
+                                  ++n;
+                              ::closedir(s);
+                            }
                             if (n != 16) std::abort();
                             ::closedir(d);
                           }),

@@ -323,20 +323,22 @@ TEST_CASE("wake (b): idle handlers over etcd_kv send nothing but the watch's hea
 namespace {
 
 using flag_config = holdfast::termination_config<holdfast_test::flag_notice, holdfast::no_exit>;
-using fs_handler = holdfast::preemption_handler<flag_config, holdfast::filesystem_kv>;
 
 // (c) `n` worker threads over filesystem_kv, each building its handler (the default
 // checkpoint_manager: the restore agreement runs too); `dead` ends its handler after 10 steps
 // without a notice; task `noticed` is noticed once the others ran 20 steps (and the dead one
 // ended). The outcomes are in `out` and `st`; `notice_at` is when the notice was given.
+template <class Kv = holdfast::filesystem_kv>
 struct fs_job {
   holdfast_test::temp_dir dir{"wake-fsjob"};
   holdfast::kv_namespace ns = fresh_ns();
+  Kv kv{holdfast::filesystem_kv(dir.path(), ns)};  // each handler a copy (counting_kv: shared)
   std::vector<std::unique_ptr<std::atomic<bool>>> flags;
   std::deque<outcome> out;
   std::vector<worker_state> st;
   std::atomic<bool> quit{false};
   clk::time_point notice_at{};
+  holdfast::kv_counts before_notice{};  // counting_kv: the job's operations before the notice
 
   void run(int n, int noticed, int dead, milliseconds ack_timeout) {
     for (int t = 0; t < n; ++t) flags.push_back(std::make_unique<std::atomic<bool>>(false));
@@ -358,6 +360,7 @@ struct fs_job {
       while (out[std::size_t(t)].progress.load() < 20 && clk::now() < ready)
         std::this_thread::sleep_for(1ms);
     for (int t = 0; t < n; ++t) REQUIRE(out[std::size_t(t)].progress.load() >= 20);
+    if constexpr (!std::is_same_v<Kv, holdfast::filesystem_kv>) before_notice = kv.counts();
     notice_at = clk::now();
     flags[std::size_t(noticed)]->store(true);
   }
@@ -368,10 +371,11 @@ struct fs_job {
     try {
       holdfast::handler_options opt;
       opt.ack_timeout = ack_timeout;
-      fs_handler h(flag_config(holdfast_test::flag_notice(
-                                   holdfast_test::flag_poll{flags[std::size_t(t)].get()}, 1ms),
-                               holdfast::no_exit{}),
-                   holdfast::filesystem_kv(dir.path(), ns), {t, n, "fs"},
+      holdfast::preemption_handler<flag_config, Kv> h(
+          flag_config(holdfast_test::flag_notice(
+                          holdfast_test::flag_poll{flags[std::size_t(t)].get()}, 1ms),
+                      holdfast::no_exit{}),
+          kv, {t, n, "fs"},
                    holdfast_test::make_checkpoints(dir / ("ckpt-" + std::to_string(t)), &s), opt);
       while (!quit.load() && h.total_run_calls() < 100000) {
         if (t == dead && h.total_run_calls() >= 10) break;  // dead: its watcher stops too
@@ -411,7 +415,7 @@ struct fs_job {
 TEST_CASE("wake (c): 4 threads over filesystem_kv agree on one step after one notice") {
   for (int noticed : {0, 3}) {
     INFO("notice to task " << noticed);
-    fs_job j;
+    fs_job<> j;
     j.run(4, noticed, -1, 10000ms);
     std::set<std::vector<std::int64_t>> steps;
     double last_ms = 0;
@@ -440,9 +444,30 @@ TEST_CASE("wake (c): 4 threads over filesystem_kv agree on one step after one no
   }
 }
 
+TEST_CASE("wake (c): over filesystem_kv the acks come through watches: no blocking get") {
+  // The claimant collects the acks through a watch on the round's acks, the others wait for the
+  // outcome on their control watch: from the notice on, no store call blocks, and the reads are
+  // O(1) per worker (each wake-up of a filesystem watch is a resync: the key is read again).
+  constexpr int n = 4;
+  fs_job<holdfast::counting_kv<holdfast::filesystem_kv>> j;
+  j.run(n, 0, -1, 10000ms);
+  std::set<std::vector<std::int64_t>> steps;
+  for (int t = 0; t < n; ++t) {
+    CHECK(j.out[std::size_t(t)].error == "");
+    steps.insert(j.st[std::size_t(t)].saved_steps);
+  }
+  CHECK(steps.size() == 1);
+  CHECK(steps.begin()->size() == 1);
+  const holdfast::kv_counts c = j.kv.counts();
+  CHECK(c.get == j.before_notice.get);    // no blocking get
+  CHECK(c.list == j.before_notice.list);  // nor a listing
+  CHECK(c.put - j.before_notice.put == n);  // one ack each
+  CHECK(c.try_get - j.before_notice.try_get <= 8 * n);
+}
+
 TEST_CASE("wake (c): over filesystem_kv a dead worker makes every survivor raise its timeout") {
   constexpr milliseconds ack = 1000ms;
-  fs_job j;
+  fs_job<> j;
   j.run(4, 0, 2, ack);
   const double bound = static_cast<double>(ack.count()) * 1.1 + 100;
   for (int t : {0, 1, 3}) {

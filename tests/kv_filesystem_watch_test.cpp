@@ -202,6 +202,48 @@ TEST_CASE("filesystem watch: keys outside the prefix and publish temps do not co
   CHECK_FALSE(readable_within(w, 0ms));
 }
 
+TEST_CASE("filesystem watch: writes to another prefix's directory never wake it") {
+  // The agreement's shape: every worker watches ctl/, N acks are written under ack/r0/. Only
+  // the ack directory's creation reaches the watch (the namespace directory's event); the acks
+  // themselves, and their temps (made in .tmp), raise nothing it can see.
+  holdfast_test::temp_dir tmp("fsw");
+  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+  kv.put("run/ctl/r0/claim", "c");
+  auto w = kv.watch("run/ctl");
+  REQUIRE(w.take().resync);
+  kv.put("run/ack/r0/0", "1");  // makes run%2Fack%2Fr0%2F: seen, not relevant
+  CHECK(readable_within(w, 1000ms));
+  CHECK(w.take().empty());
+  for (int t = 1; t < 64; ++t) kv.put("run/ack/r0/" + std::to_string(t), "1");
+  CHECK_FALSE(readable_within(w, 100ms));
+  CHECK(kv.erase("run/ack/r0/5"));  // not the last: the directory stays
+  CHECK_FALSE(readable_within(w, 100ms));
+  // one write below the prefix: one wake-up, one event batch
+  kv.put("run/ctl/r0/step", "s");
+  CHECK(readable_within(w, 1000ms));
+  CHECK(w.take().resync);
+  CHECK_FALSE(readable_within(w, 100ms));
+}
+
+TEST_CASE("filesystem watch: a parent directory removed by the last erase and made again") {
+  holdfast_test::temp_dir tmp("fsw");
+  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+  kv.put("run/ctl/r1/step", "1");
+  auto w = kv.watch("run/ctl");
+  REQUIRE(w.take().resync);
+  REQUIRE(kv.erase("run/ctl/r1/step"));  // removes run%2Fctl%2Fr1%2F too
+  CHECK(readable_within(w, 1000ms));
+  CHECK(take_within(w, 1000ms).resync);
+  CHECK(::access((kv.directory() + "/run%2Fctl%2Fr1%2F").c_str(), F_OK) != 0);
+  kv.put("run/ctl/r1/step", "2");  // made again, and watched again
+  CHECK(readable_within(w, 1000ms));
+  CHECK(take_within(w, 1000ms).resync);
+  while (readable_within(w, 50ms)) (void)w.take();
+  kv.put("run/ctl/r1/step", "3");  // a write inside the new directory wakes it
+  CHECK(readable_within(w, 1000ms));
+  CHECK(take_within(w, 1000ms).resync);
+}
+
 TEST_CASE("filesystem watch: idle for 1 s on a local filesystem: no wake-up, due() is max") {
   holdfast_test::temp_dir tmp("fsw");
   holdfast_test::shm_temp_dir shm("fsw");

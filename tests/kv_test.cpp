@@ -515,7 +515,7 @@ TEST_CASE("kv_counts names every kind") {
   CHECK(counted.counts().total() == 1);
 }
 
-TEST_CASE("filesystem_kv names: one escaped file per key, round-trips, foreign files ignored") {
+TEST_CASE("filesystem_kv names: a directory per parent prefix, escaped names, foreign files ignored") {
   using holdfast::detail::fs_escape;
   using holdfast::detail::fs_unescape;
   CHECK(fs_escape("acks/3") == "acks%2F3");
@@ -532,18 +532,98 @@ TEST_CASE("filesystem_kv names: one escaped file per key, round-trips, foreign f
 
   holdfast_test::temp_dir dir("kvfs");
   holdfast::filesystem_kv kv(dir.path(), kv_namespace("run", 0));
-  CHECK(kv.path_of("acks/3") == kv.directory() + "/acks%2F3");
+  const std::string d = kv.directory();
+  CHECK(kv.path_of("acks/3") == d + "/acks%2F/3");
+  CHECK(kv.path_of("a/.b/c d") == d + "/a%2F.b%2F/c%20d");
+  CHECK(kv.path_of("stop") == d + "/stop");
+  CHECK(kv.path_of(".x") == d + "/%2Ex");
   kv.put("acks/3", "x");
-  CHECK(::access((kv.directory() + "/acks%2F3").c_str(), F_OK) == 0);
-  // a stray file, a temp left by a killed writer, and a non-canonical name are not keys
-  for (auto name : {"/README", "/.holdfast-tmp.123.abc.acks%2F4", "/acks%2f5"}) {
-    int fd = ::open((kv.directory() + name).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  kv.put("stop", "s");
+  CHECK(::access((d + "/acks%2F/3").c_str(), F_OK) == 0);
+  // a stray file, a temp left by a killed writer, a non-canonical name, and a flat name with an
+  // escaped '/' (no key lives there) are not keys
+  for (auto name : {"/README", "/.holdfast-tmp.123.abc.4", "/acks%2f5", "/acks%2F6",
+                    "/acks%2F/.holdfast-tmp.1.2.7", "/acks%2F/8%2F9"}) {
+    int fd = ::open((d + name).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
     REQUIRE(fd >= 0);
     ::close(fd);
   }
   CHECK(kv.list("acks") == kv_pairs{{"acks/3", "x"}});
-  CHECK(kv.list("").size() == 2);  // README decodes to the key "README"
+  CHECK(kv.list("").size() == 3);  // README decodes to the key "README"
   CHECK(kv.erase_prefix("acks") == 1);
+  CHECK(::access((d + "/acks%2F/3").c_str(), F_OK) != 0);
+  // the names are 255 bytes each at most: a long last segment, or a long parent
   auto e = error_from([&] { kv.put(std::string(300, 'k'), "v"); });
   CHECK(e.errnum() == ENAMETOOLONG);
+  CHECK(std::string(e.what()).find("last segment") != std::string::npos);
+  e = error_from([&] { kv.put(std::string(300, 'k') + "/v", "v"); });
+  CHECK(e.errnum() == ENAMETOOLONG);
+  CHECK(std::string(e.what()).find("parent") != std::string::npos);
+  CHECK(kv.try_get(std::string(200, 'p') + "/" + std::string(200, 'k')) == std::nullopt);
+}
+
+TEST_CASE("filesystem_kv parents: made by the first write, removed by the erase that empties them") {
+  holdfast_test::temp_dir dir("kvfs");
+  holdfast::filesystem_kv kv(dir.path(), kv_namespace("run", 0));
+  const std::string parent = kv.directory() + "/ack%2Fr0%2F";
+  auto exists = [](const std::string& p) { return ::access(p.c_str(), F_OK) == 0; };
+  CHECK_FALSE(exists(parent));
+  CHECK(kv.insert("ack/r0/1", "a"));
+  CHECK(kv.insert("ack/r0/2", "b"));
+  CHECK(exists(parent));
+  CHECK(kv.erase("ack/r0/1"));
+  CHECK(exists(parent));  // still holds ack/r0/2
+  CHECK(kv.erase("ack/r0/2"));
+  CHECK_FALSE(exists(parent));
+  CHECK_FALSE(kv.erase("ack/r0/2"));  // nothing there, no directory: false, no error
+  // a directory removed behind a writer's back is made again
+  kv.put("ack/r0/3", "c");
+  CHECK(kv.erase("ack/r0/3"));
+  kv.put("ack/r0/3", "d");
+  CHECK(kv.get("ack/r0/3", 0ms) == std::optional<std::string>("d"));
+  CHECK(kv.erase_prefix("ack") == 1);
+  CHECK_FALSE(exists(parent));
+  // a get waiting in a parent that does not exist yet still wakes on the insert
+  std::thread writer([&] {
+    std::this_thread::sleep_for(50ms);
+    kv.insert("ack/r1/0", "e");
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(kv.get("ack/r1/0", 5000ms) == std::optional<std::string>("e"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 400ms);  // inotify, not the 500 ms re-check
+  writer.join();
+}
+
+TEST_CASE("filesystem_kv parents: racing inserts and erases in one parent lose nothing") {
+  holdfast_test::temp_dir dir("kvfs");
+  holdfast::filesystem_kv kv(dir.path(), kv_namespace("run", 0));
+  // One thread keeps emptying the parent (each erase may remove the directory) while another
+  // inserts fresh keys into it: every insert lands, none fails with ENOENT.
+  // Invariant: keys erased + keys left == keys inserted.
+  std::atomic<bool> done{false};
+  std::size_t erased = 0;
+  std::thread eraser([&] {
+    while (!done.load()) erased += kv.erase_prefix("p");
+  });
+  for (int i = 0; i < 2000; ++i) REQUIRE(kv.insert("p/" + std::to_string(i), "v"));
+  done.store(true);
+  eraser.join();
+  CHECK(erased > 0);  // the race did happen
+  CHECK(erased + kv.list("p").size() == 2000);
+}
+
+TEST_CASE("filesystem_kv sweep_stale_temps: the namespace directory and every parent") {
+  holdfast_test::temp_dir dir("kvfs");
+  holdfast::filesystem_kv kv(dir.path(), kv_namespace("run", 0));
+  kv.put("a/1", "x");
+  kv.put("b/c/2", "y");
+  for (auto name : {"/.holdfast-tmp.1.0123456789abcdef.stop", "/a%2F/.holdfast-tmp.2.0123456789abcdef.1",
+                    "/b%2Fc%2F/.holdfast-tmp.3.0123456789abcdef.2"}) {
+    int fd = ::open((kv.directory() + name).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  }
+  CHECK(kv.sweep_stale_temps(std::chrono::hours(1)) == 0);  // fresh: kept
+  CHECK(kv.sweep_stale_temps(0ms) == 3);
+  CHECK(kv.list("").size() == 2);
 }

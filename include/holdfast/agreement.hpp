@@ -22,7 +22,7 @@
 //                       thread's attention and puts the run counter read in the same atomic
 //                       operation (so the training thread stops at the next boundary at most)
 //   ctl/r<N>/step       the round's OUTCOME, recorded once (insert-once): the claimant reads the
-//                       N - 1 other acks one by one (a blocking get each, until its deadline) and
+//                       N - 1 other acks one by one (a wait each, until its deadline) and
 //                       inserts "step <max(counters) + 1>" (XLA's rule: any skew is tolerated; no
 //                       worker is past its published counter + 1 <= the step), or "timeout
 //                       <missing tasks>" when some ack never came; every other worker waits on

@@ -42,7 +42,10 @@
 //     and the training thread use the same waker. The watch brings the control keys' changes
 //     (etcd: the values themselves, from one long-lived stream; filesystem: inotify on one
 //     descriptor), so an idle worker sends no request but the watch's health probes (etcd: one
-//     per max(1 s, request_timeout / 2)). handler_options::watch_interval remains the fallback:
+//     per max(1 s, request_timeout / 2)). The claimant collects the acks through a second watch,
+//     on the round's acks, opened at its first ack wait and closed once the watcher is idle
+//     again (after the outcome is recorded: closing an inotify descriptor can take the kernel
+//     tens of milliseconds). handler_options::watch_interval remains the fallback:
 //     the slice of a blocking get for stores without a watch (in_process_kv, any_kv, c10d-like
 //     stores), and the longest sleep when a notice source cannot wake.
 //   - One recorded decision per round (agreement.hpp): every worker that acts follows the
@@ -58,12 +61,16 @@
 //     record the outcome, this worker never saves and throws holdfast::agreement_unreachable.
 //   - Per agreement the job makes O(N) store operations in all (agreement.hpp): each worker a
 //     constant number (its ack put and erase; over etcd nothing to wait, the watch brings the
-//     outcome), the claimant one read per other worker's ack. Each round's keys are erased once
+//     outcome), the claimant one ack watch (etcd: its snapshot and events bring the acks;
+//     filesystem: one read per ack, on its wake-ups), or over a store without a watch one
+//     blocking get per other worker's ack. Each round's keys are erased once
 //     acted on (single-key erases, where the store has erase): 1,000 rounds leave as many keys
-//     as one. Scale (benchmarks/scale_bench.cpp): per worker and agreement about 3 requests and
-//     2 watch events, whatever N; the claimant's N - 1 reads are sequential, so the agreement
-//     takes about N store round trips (256 workers on one etcd: ~0.2 s; 10,000 workers at
-//     0.5 ms a request: ~6 s, well inside the 3-minute ack_timeout). A 10,000-worker job needs
+//     as one. Scale (benchmarks/scale_bench.cpp): per worker and agreement about 2 requests and
+//     2 watch events, whatever N (256 workers on one etcd: notice -> all saved in ~0.1 s, the
+//     claimant's ack watch bringing the N acks as events). Over a store without a watch the
+//     claimant's N - 1 reads are sequential, about N store round trips: the simulation models
+//     that worst case (10,000 workers at 0.5 ms a request: ~6 s, well inside the 3-minute
+//     ack_timeout; ~4 requests per worker). A 10,000-worker job needs
 //     from etcd ~10,000 long-lived watch streams (one per worker, each idle but for a probe
 //     every 2.5 s at the default request_timeout of 5 s: ~4,000 requests/s in all; with a lease
 //     the keep-alives replace the probes) and ~30,000 requests per agreement.
@@ -315,7 +322,6 @@ class preemption_handler {
         checkpointer_(std::move(checkpointer)),
         options_(options),
         scope_("holdfast/" + checked_run_id(cluster_.run_id) + "/"),
-        ctl_prefix_(agreement_control_prefix(scope_)),
         error_key_(agreement_key_name(scope_, agreement_key::error, 0)),
         machine_(machine_config(cluster_, config_, options_)) {
     restored_ = restore();
@@ -323,6 +329,7 @@ class preemption_handler {
     if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(&waker_);
     config_.start();
     notice_started_ = true;
+    ctl_.prefix = agreement_control_prefix(scope_);
     start_watcher();
   }
 
@@ -417,6 +424,49 @@ class preemption_handler {
   using time_point = typename Clock::time_point;
   using instruction = typename agreement_type::instruction;
   using op = typename instruction::op;
+
+  template <class K, bool = has_kv_watch_v<K>>
+  struct watch_of {
+    using type = char;
+  };
+  template <class K>
+  struct watch_of<K, true> {
+    using type = detail::kv_watch_t<K>;
+  };
+
+  // A watch on the keys below `prefix` and the values it brought (see await_watches).
+  struct followed {
+    std::string prefix;
+    std::optional<typename watch_of<Kv>::type> watch;
+    std::map<std::string, std::optional<std::string>> seen;
+    std::set<std::string> stale;  // keys a lost insert proved present, not yet read
+    bool complete = false;        // `seen` holds every key (the watch's snapshot)
+
+    bool covers(const std::string& key) const {
+      return key.size() > prefix.size() && key.compare(0, prefix.size(), prefix) == 0 &&
+             key[prefix.size()] == '/';
+    }
+    void open(Kv& kv, const std::string& p) {
+      close();
+      watch.emplace(kv.watch(p));
+      prefix = p;
+    }
+    void close() {
+      watch.reset();
+      forget(false);
+    }
+    void forget(bool now_complete) {
+      seen.clear();
+      stale.clear();
+      complete = now_complete;
+    }
+    void apply(kv_changes changes) {
+      if (changes.complete || changes.resync || seen.size() > 256)
+        forget(changes.complete);  // 256: a bound; forgetting costs reads, never correctness
+      if (!changes.resync)
+        for (auto& e : changes.events) seen[e.key] = std::move(e.value);
+    }
+  };
 
   // word_ = run counter << 1 | attention. The training thread adds counter_one per step (an
   // atomic add, so a concurrent fetch_or of the watcher is never lost); the watcher raises
@@ -689,10 +739,10 @@ class preemption_handler {
           bool created = insert_once(key, in.value, until);
           if constexpr (evented) {  // what this worker knows now; a lost insert: read it again
             if (created) {
-              ctl_seen_[key] = in.value;
+              ctl_.seen[key] = in.value;
             } else {  // it exists, and its event may not have come yet: read it
-              ctl_seen_.erase(key);
-              ctl_stale_.insert(key);
+              ctl_.seen.erase(key);
+              ctl_.stale.insert(key);
             }
           }
           lock.lock();
@@ -818,14 +868,28 @@ class preemption_handler {
                                           const std::string& also,
                                           std::optional<std::string>& also_value) {
     if constexpr (evented) {
-      if (is_control_key(key)) {  // the watch brings it: no request while waiting
-        retrying([&] { await_control(Clock::now()); }, deadline);  // what arrived already
+      // A control key comes with the control watch; an ack the claimant collects, with a
+      // watch on the round's acks (opened at its first ack wait, closed once the watcher is
+      // idle): no request while waiting, however many acks are late.
+      const bool control = ctl_.covers(key);
+      if (control || !also.empty()) {
+        if (!control) {
+          const std::string prefix = key.substr(0, key.rfind('/'));
+          if (acks_.prefix != prefix || !acks_.watch)
+            retrying([&] { acks_.open(kv_, prefix); }, deadline);
+        }
+        followed& f = control ? ctl_ : acks_;
+        retrying([&] { await_watches(Clock::now()); }, deadline);  // what arrived already
         for (;;) {
-          auto v = retrying([&] { return control_value(key); }, deadline);
+          auto v = retrying([&] { return value_of(f, key); }, deadline);
           if (v || stop_.load()) return v;
+          if (!control) {
+            also_value = retrying([&] { return value_of(ctl_, also); }, deadline);
+            if (also_value) return std::nullopt;
+          }
           if (Clock::now() >= deadline)  // the last word is the store's, not the watch's
             return retrying([&] { return kv_.try_get(key); }, deadline);
-          retrying([&] { await_control(deadline); }, deadline);
+          retrying([&] { await_watches(deadline); }, deadline);
         }
       }
     }
@@ -836,16 +900,7 @@ class preemption_handler {
       auto v = retrying([&] { return kv_.get(key, slice); }, deadline);
       if (v || stop_.load() || Clock::now() >= deadline) return v;
       if (!also.empty()) {
-        also_value = retrying(
-            [&] {
-              if constexpr (evented) {
-                await_control(Clock::now());  // takes what the watch has, without sleeping
-                return control_value(also);
-              } else {
-                return kv_.try_get(also);
-              }
-            },
-            deadline);
+        also_value = retrying([&] { return kv_.try_get(also); }, deadline);
         if (also_value) return std::nullopt;
       }
     }
@@ -866,18 +921,21 @@ class preemption_handler {
     if constexpr (evented) {
       const bool watch_error = !error_seen_;
       lock.unlock();
+      // Idle: the round's acks are collected. Closing an inotify descriptor can take the
+      // kernel tens of milliseconds, so it is done here, not before the outcome is recorded.
+      acks_.close();
       auto look = [&] {
-        if (!key.empty()) v = control_value(key);
-        if (watch_error && !v) error_payload = control_value(error_key_);
+        if (!key.empty()) v = value_of(ctl_, key);
+        if (watch_error && !v) error_payload = value_of(ctl_, error_key_);
         return v || error_payload;
       };
       if (!look()) {
-        await_control(time_point::max());
+        await_watches(time_point::max());
         look();
       }
       if (v && !trigger) error_payload = std::exchange(v, std::nullopt);
       if (v && trigger && is_abort(*v))
-        error_payload = control_value(error_key_).value_or(std::string());
+        error_payload = value_of(ctl_, error_key_).value_or(std::string());
     } else {
       if (key.empty()) {
         watch_cv_.wait_for(lock, options_.watch_interval);
@@ -904,60 +962,55 @@ class preemption_handler {
     }
   }
 
-  // ---- the control watch (stores that can be waited on: has_kv_watch_v) -----------------------
+  // ---- the watches (stores that can be waited on: has_kv_watch_v) ----------------------------
   //
-  // One watch on ctl/ for the watcher's life. ctl_seen_ holds the control values it brought
-  // (nullopt: erased or read absent); a key not in it is read once with try_get, unless the
-  // watch gave a complete snapshot (etcd): then it is absent, no read. A resync (a store that
-  // only knows something changed, a resumed watch that may have missed events) forgets them.
+  // One watch on ctl/ for the watcher's life, and the claimant's watch on one round's acks
+  // while it collects them. Each `followed` holds the values its watch brought (nullopt: erased
+  // or read absent); a key not among them is read once with try_get, unless the watch gave a
+  // complete snapshot (etcd): then it is absent, no read. A resync (a store that only knows
+  // something changed, a resumed watch that may have missed events) forgets them.
 
   static constexpr bool evented = has_kv_watch_v<Kv>;
 
-  bool is_control_key(const std::string& key) const {
-    return key.compare(0, ctl_prefix_.size(), ctl_prefix_) == 0 &&
-           key.size() > ctl_prefix_.size() && key[ctl_prefix_.size()] == '/';
-  }
-
-  std::optional<std::string> control_value(const std::string& key) {
-    if (auto it = ctl_seen_.find(key); it != ctl_seen_.end()) return it->second;
-    if (ctl_complete_ && !ctl_stale_.count(key)) return std::nullopt;  // absent, the watch says
-    ctl_stale_.erase(key);
+  std::optional<std::string> value_of(followed& f, const std::string& key) {
+    if (auto it = f.seen.find(key); it != f.seen.end()) return it->second;
+    if (f.complete && !f.stale.count(key)) return std::nullopt;  // absent, the watch says
+    f.stale.erase(key);
     auto v = kv_.try_get(key);
-    ctl_seen_[key] = v;
+    f.seen[key] = v;
     return v;
   }
 
-  // Sleeps in one poll() on the waker and the watch until one is readable, the watch's due
-  // time, or `until` (Clock::now() to only take what is there); when the notices cannot wake
-  // the waker, at most one watch_interval. Then takes the watch's changes.
-  void await_control(time_point until) {
+  // Sleeps in one poll() on the waker and the open watches until one is readable, a watch's
+  // due time, or `until` (Clock::now() to only take what is there); when the notices cannot
+  // wake the waker, at most one watch_interval. Then takes the watches' changes.
+  void await_watches(time_point until) {
     if constexpr (evented) {
-      if (!ctl_watch_) ctl_watch_.emplace(kv_.watch(ctl_prefix_));
-      auto& w = *ctl_watch_;
-      if (!w.buffered()) {
-        using ms = std::chrono::milliseconds;
-        auto left = [](auto d) { return std::chrono::ceil<ms>(std::max(d, decltype(d)::zero())); };
-        ms timeout = ms::max();
-        if (until != time_point::max()) timeout = left(until - Clock::now());
+      if (!ctl_.watch) ctl_.open(kv_, ctl_.prefix);
+      followed* open[2] = {&ctl_, acks_.watch ? &acks_ : nullptr};
+      const int watches = open[1] ? 2 : 1;
+      bool buffered = false;
+      using ms = std::chrono::milliseconds;
+      auto left = [](auto d) { return std::chrono::ceil<ms>(std::max(d, decltype(d)::zero())); };
+      ms timeout = ms::max();
+      if (until != time_point::max()) timeout = left(until - Clock::now());
+      if constexpr (!has_notice_waker_v<Config>) timeout = std::min(timeout, options_.watch_interval);
+      pollfd fds[3] = {{waker_.fd(), POLLIN, 0}, {-1, POLLIN, 0}, {-1, POLLIN, 0}};
+      for (int i = 0; i < watches; ++i) {
+        auto& w = *open[i]->watch;
+        buffered = buffered || w.buffered();
+        fds[i + 1].fd = w.fd();  // -1: poll() ignores it
         if (w.due() != std::chrono::steady_clock::time_point::max())
           timeout = std::min(timeout, left(w.due() - std::chrono::steady_clock::now()));
-        if constexpr (!has_notice_waker_v<Config>)
-          timeout = std::min(timeout, options_.watch_interval);
+      }
+      if (!buffered) {
         const int t = timeout == ms::max()
                           ? -1
                           : static_cast<int>(std::min<ms::rep>(timeout.count(), 1 << 30));
-        pollfd fds[2] = {{waker_.fd(), POLLIN, 0}, {w.fd(), POLLIN, 0}};
-        ::poll(fds, w.fd() >= 0 ? 2 : 1, t);  // EINTR: the loop around looks again
+        ::poll(fds, static_cast<nfds_t>(1 + watches), t);  // EINTR: the loop around looks again
       }
       waker_.drain();
-      kv_changes changes = w.take();
-      if (changes.complete || changes.resync || ctl_seen_.size() > 256) {
-        ctl_seen_.clear();  // 256: a bound; forgetting costs reads, never correctness
-        ctl_stale_.clear();
-        ctl_complete_ = changes.complete;
-      }
-      if (!changes.resync)
-        for (auto& e : changes.events) ctl_seen_[e.key] = std::move(e.value);
+      for (int i = 0; i < watches; ++i) open[i]->apply(open[i]->watch->take());
     } else {
       (void)until;
     }
@@ -1066,7 +1119,6 @@ class preemption_handler {
   Checkpointer checkpointer_;
   handler_options options_;
   std::string scope_;
-  std::string ctl_prefix_;  // agreement_control_prefix(scope_): what the control watch follows
   std::string error_key_;
   std::optional<std::int64_t> restored_;
   bool notice_started_ = false;
@@ -1088,18 +1140,8 @@ class preemption_handler {
   std::atomic<bool> stop_{false};
   std::optional<std::chrono::steady_clock::time_point> last_notice_;  // watcher thread only
   detail::waker waker_;  // notices, stop requests and the training thread wake the watcher
-  template <class K, bool = has_kv_watch_v<K>>
-  struct watch_of {
-    using type = char;
-  };
-  template <class K>
-  struct watch_of<K, true> {
-    using type = detail::kv_watch_t<K>;
-  };
-  std::optional<typename watch_of<Kv>::type> ctl_watch_;        // watcher thread only
-  std::map<std::string, std::optional<std::string>> ctl_seen_;  // watcher thread only
-  std::set<std::string> ctl_stale_;  // keys a lost insert proved present, not yet read
-  bool ctl_complete_ = false;        // ctl_seen_ holds every key (the watch's snapshot)
+  followed ctl_;   // ctl/, for the watcher's life (watcher thread only)
+  followed acks_;  // the claimant's: one round's acks while it collects (watcher thread only)
   std::thread watcher_;
 };
 

@@ -435,6 +435,14 @@ class basic_publisher {
   /// The descriptor a streaming writer receives.
   using fd_type = basic_fd<Io>;
 
+  /// Makes each file's temp in the target's directory.
+  basic_publisher() = default;
+  /// Makes each file's temp in `temp_dir` instead, which must be on the same filesystem as
+  /// every target (else rename fails with EXDEV). A watcher of a target's directory (inotify)
+  /// then sees one event per publish, the final rename, and nothing of the temp. Directories
+  /// (publish_directory) are unaffected.
+  explicit basic_publisher(std::string temp_dir) : temp_dir_(std::move(temp_dir)) {}
+
   /// Replaces `target` with `bytes` atomically, file mode `mode`.
   void publish(const std::string& target, std::string_view bytes, mode_t mode = 0644) const {
     publish_with(target, bytes_writer{bytes}, mode);
@@ -536,7 +544,7 @@ class basic_publisher {
     auto [dir, name] = detail::split_path(target);
     check_name(target, name);
     if (!once) refuse_directory(target);
-    fd_type fd = detail::create_temp<Io>(dir, name);
+    fd_type fd = detail::create_temp<Io>(temp_dir_.empty() ? dir : temp_dir_, name);
     detail::unlink_guard<Io> temp(fd.path());
     writer(static_cast<const fd_type&>(fd));
     if (Io::fchmod(fd.get(), mode & 07777) != 0) throw error(errno, "fchmod", temp.path());
@@ -757,6 +765,8 @@ class basic_publisher {
     }
     return true;
   }
+
+  std::string temp_dir_;  // where file temps are made; empty: the target's directory
 };
 
 /// The default publisher: durable, POSIX.

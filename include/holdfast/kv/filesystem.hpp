@@ -3,11 +3,20 @@
 //
 // One file per key, published with holdfast/publish.hpp and awaited with holdfast/wait.hpp:
 //   insert = publish_once (renameat2 RENAME_NOREPLACE, or link + unlink), put = publish
-//   (rename over), get = await_file with the Wait policy, list = one scan of the namespace's
-//   directory. Layout: `<root>/<run id>/<incarnation>/<escaped key>`, where the escaped key is
-//   the whole key in one file name: bytes other than A-Z a-z 0-9 - _ . (and a leading '.')
-//   become %XX, so "acks/3" is the file "acks%2F3". Listing a nested prefix is therefore one
-//   scan that compares decoded names, and no directory is ever created or removed under a key.
+//   (rename over), get = await_file with the Wait policy, list = a scan of the namespace's
+//   directory and of the matching parent directories.
+// Layout: one directory per parent prefix, so that a watch sees only its own keys' writes.
+//   Names are escaped: bytes other than A-Z a-z 0-9 - _ . (and a leading '.') become %XX.
+//   - A key with '/' lives in `<root>/<run id>/<incarnation>/<escaped parent/>/<escaped last
+//     segment>`: "ack/r0/3" is the file "3" in the directory "ack%2Fr0%2F", and "ctl/r0/step"
+//     the file "step" in "ctl%2Fr0%2F". A directory name always ends with "%2F" (an escaped
+//     '/'), so it never collides with a key's file.
+//   - A key without '/' is a file in the namespace directory itself: "stop" is ".../stop".
+//   A parent directory is made by the first write below it and removed by the erase that
+//   empties it (rmdir, best effort). A write that finds it gone (an erase emptied it meanwhile)
+//   makes it again and writes again.
+//   - Writes make their temps in `.tmp` under the namespace directory and rename them into
+//     place, so a key's directory sees one event per write: the rename.
 //
 // Guarantees:
 //   - insert is exclusive across threads, processes and hosts sharing the directory (as
@@ -18,32 +27,38 @@
 //     re-check every 500 ms for changes made by other NFS hosts) or polls with back-off up to
 //     100 ms (poll_wait, for network filesystems); either way it returns by the deadline.
 //   - Files that are not escaped keys (publish temps ".holdfast-tmp.*", anything starting with
-//     '.', names that do not decode) are ignored by list, erase_prefix and watch.
-//   - watch(prefix) (has_kv_watch_v) keeps one inotify descriptor for its life with one watch
-//     on the namespace directory: keys are flat escaped names there, so nested keys
-//     ("ctl/r5/claim") need no watch of their own and one watch covers every prefix. It wakes on
-//     a key below the prefix created, renamed in (publish), written, renamed away or removed;
-//     take() then reports resync, never events (a name carries no value: the caller re-reads
-//     its keys, a local list). The first take, an inotify queue overflow and a lost watch (the
-//     directory removed or moved: re-added once it is back) are resyncs too.
+//     '.', names that do not decode, a name with an escaped '/' outside a parent directory) are
+//     ignored by list, erase_prefix and watch.
+//   - watch(prefix) (has_kv_watch_v) keeps one inotify descriptor for its life, with a watch on
+//     the namespace directory (keys without '/', parent directories appearing) and one on each
+//     parent directory below the prefix (added as they appear). Writes to other parents never
+//     wake it: a watch on "ctl" sleeps through every "ack/..." write. It wakes on a key below
+//     the prefix created, renamed in (publish), written, renamed away or removed, and on a
+//     parent directory below the prefix made or removed; take() then reports resync, never
+//     events (a name carries no value: the caller re-reads its keys, a local list). The first
+//     take, an inotify queue overflow and a lost watch (the directory removed or moved:
+//     re-added once it is back) are resyncs too.
 //   - A watch re-checks (due() finite, resync at each) every watch_recheck (500 ms for
 //     filesystem_kv, 100 ms for network_filesystem_kv) unless the directory's filesystem is one
 //     whose changes inotify always sees (fstatfs: ext2/3/4, xfs, btrfs, tmpfs, overlayfs), where
 //     due() is time_point::max() and an idle watch never wakes; network_filesystem_kv always
 //     re-checks. Without inotify (inotify_init1 failing, or no watch left: ENOSPC) fd() is -1
-//     and the watch polls every watch_poll_interval (100 ms), adding the watch when it can.
+//     and the watch polls every watch_poll_interval (100 ms), adding the watch when it can; a
+//     parent directory it could not watch makes it poll at that interval too, until it can.
 // Caveats:
-//   - A key becomes one file name: an escaped key longer than 255 bytes is refused with
-//     ENAMETOOLONG (keys of mostly [A-Za-z0-9._-] up to ~250 bytes fit).
+//   - A key becomes at most two names: an escaped parent (with its '/') or an escaped last
+//     segment longer than 255 bytes is refused with ENAMETOOLONG.
 //   - The default Durability is `no_sync`: keys are coordination state of one incarnation and
 //     need to be visible, not to survive a power loss. Choose `durable` to make them survive.
-//   - A writer killed mid-publish leaves a ".holdfast-tmp.*" temp; remove old ones with
-//     holdfast::sweep_stale_temps(kv.directory(), age).
+//   - A writer killed mid-publish leaves a ".holdfast-tmp.*" temp in `.tmp`; remove old ones
+//     with kv.sweep_stale_temps(age) (`.tmp`, the namespace directory and every parent
+//     directory, where earlier versions made them).
 //   - erase and erase_prefix are not atomic across keys (one unlink per key).
 //   - inotify does not see changes other NFS hosts make: on NFS and other network or unknown
 //     filesystems a watch learns of them at its next re-check only (up to watch_recheck late).
 //   - get keeps await_file's behaviour: one inotify descriptor per wait that finds the key
-//     missing (a watch keeps one for its life instead).
+//     missing (a watch keeps one for its life instead). A get waiting in a parent directory
+//     that an erase removes meanwhile learns of a later insert at its next re-check (500 ms).
 #pragma once
 
 #include <dirent.h>  // DIR, dirent: the namespace scan
@@ -60,6 +75,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -157,8 +173,15 @@ constexpr std::chrono::milliseconds fs_recheck() noexcept {
     return std::chrono::milliseconds(W::max_interval);
 }
 
+/// True for the name of a parent directory in a filesystem_kv namespace (see the layout): an
+/// escaped prefix ending with an escaped '/'.
+inline bool fs_is_parent_name(std::string_view name) noexcept {
+  return name.size() > 3 && name.compare(name.size() - 3, 3, "%2F") == 0;
+}
+
 /// A watch on the keys below one prefix of a filesystem_kv namespace directory (see
-/// basic_filesystem_kv::watch): one inotify descriptor for its life, one watch on the directory.
+/// basic_filesystem_kv::watch): one inotify descriptor for its life, with a watch on the
+/// namespace directory and one on each parent directory below the prefix.
 template <class Io>
 class fs_watch {
  public:
@@ -183,30 +206,31 @@ class fs_watch {
     }
   }
 
-  /// The inotify descriptor to poll() for POLLIN; -1 while there is no inotify watch (inotify
-  /// unavailable, or the directory gone): then wake at due() only.
+  /// The inotify descriptor to poll() for POLLIN; -1 while the namespace directory has no
+  /// inotify watch (inotify unavailable, or the directory gone): then wake at due() only.
   int fd() const noexcept { return wd_ >= 0 ? inotify_.get() : -1; }
   /// True until the first take(), whose resync is already known.
   bool buffered() const noexcept { return pending_; }
   /// When take() must be called although fd() is quiet: at once before the first take; then
   /// time_point::max() on a trusted local filesystem, else the last resync plus the re-check
-  /// interval (or the poll interval without an inotify watch).
+  /// interval (or the poll interval while a directory could not be watched).
   clock::time_point due() const noexcept { return due_; }
   /// Drains the descriptor without blocking; resync when a key below the prefix was created,
-  /// replaced, written or removed, on the first take, on an inotify queue overflow, when the
-  /// directory's watch was lost or re-established, and when due() has passed. Never events:
-  /// the caller re-reads its keys (a local list or try_get).
+  /// replaced, written or removed, or a parent directory below it made or removed, on the first
+  /// take, on an inotify queue overflow, when a watch was lost or re-established, and when
+  /// due() has passed. Never events: the caller re-reads its keys (a local list or try_get).
   kv_changes take() {
     kv_changes c;
     c.resync = std::exchange(pending_, false);
     if (inotify_) {
       if (drain()) c.resync = true;
       if (wd_ < 0 && add_watch()) c.resync = true;  // changes while unwatched are unknown
+      if (wd_ >= 0 && unwatched_ && watch_parents()) c.resync = true;
     }
     const auto now = clock::now();
     if (now >= due_) c.resync = true;
     if (c.resync) {
-      const auto every = wd_ >= 0 ? interval_ : std::chrono::milliseconds(poll_);
+      const auto every = wd_ >= 0 && !unwatched_ ? interval_ : std::chrono::milliseconds(poll_);
       due_ = every == std::chrono::milliseconds::max() ? clock::time_point::max() : now + every;
     }
     return c;
@@ -216,18 +240,62 @@ class fs_watch {
   static constexpr std::uint32_t mask = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_DELETE |
                                         IN_MOVED_FROM | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR;
 
-  // Watches the directory (again); fixes the re-check interval from its filesystem.
-  bool add_watch() noexcept {
+  // Watches the namespace directory (again) and the parent directories below the prefix;
+  // fixes the re-check interval from the filesystem.
+  bool add_watch() {
+    parents_.clear();
     wd_ = Io::inotify_add_watch(inotify_.get(), dir_.c_str(), mask);
     if (wd_ < 0) return false;
     interval_ = trust_local_ && fs_notifies_all(fs_type_of<Io>(dir_))
                     ? std::chrono::milliseconds::max()
                     : recheck_;
+    watch_parents();
+    return true;
+  }
+
+  // Adds a watch on every parent directory below the prefix not watched yet; true when it added
+  // one. unwatched_ says whether one could not be watched (the scan failed, or no watch left).
+  bool watch_parents() {
+    bool added = false;
+    DIR* d = Io::opendir(dir_.c_str());
+    unwatched_ = d == nullptr;
+    while (d) {
+      errno = 0;
+      const dirent* e = Io::readdir(d);
+      if (!e) {
+        unwatched_ = unwatched_ || errno != 0;
+        Io::closedir(d);
+        break;
+      }
+      if (auto parent = below(e->d_name)) {
+        const int before = static_cast<int>(parents_.size());
+        if (!watch_parent(e->d_name, std::move(*parent))) unwatched_ = true;
+        added = added || static_cast<int>(parents_.size()) > before;
+      }
+    }
+    return added;
+  }
+
+  // The prefix a parent directory's name stands for ("ack/r0/"), when it is below the prefix.
+  std::optional<std::string> below(const char* name) const {
+    if (name[0] == '.' || !fs_is_parent_name(name)) return std::nullopt;
+    auto parent = fs_unescape(name);
+    if (!parent || parent->compare(0, start_.size(), start_) != 0) return std::nullopt;
+    return parent;
+  }
+
+  // Watches parent directory `name` (standing for `parent`) unless it is watched already.
+  bool watch_parent(const char* name, std::string parent) {
+    const int wd = Io::inotify_add_watch(inotify_.get(), (dir_ + "/" + name).c_str(), mask);
+    if (wd < 0) return errno == ENOENT || errno == ENOTDIR;  // gone again: nothing to watch
+    for (const auto& p : parents_)
+      if (p.first == wd) return true;
+    parents_.emplace_back(wd, std::move(parent));
     return true;
   }
 
   // Reads every queued event; true when one of them matters.
-  bool drain() noexcept {
+  bool drain() {
     alignas(inotify_event) char buf[4096];  // holds at least one event with a 255-byte name
     bool changed = false;
     for (;;) {
@@ -242,16 +310,37 @@ class fs_watch {
     }
   }
 
-  bool relevant(const inotify_event& ev) noexcept {
-    if (ev.mask & IN_Q_OVERFLOW) return true;
-    if (ev.wd != wd_) return false;  // a watch given up on
-    if (ev.mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF)) {
-      wd_ = -1;  // re-added on a later take, once the path is a directory again
+  bool relevant(const inotify_event& ev) {
+    if (ev.mask & IN_Q_OVERFLOW) {  // parent directories made meanwhile are unknown too
+      unwatched_ = true;
       return true;
     }
-    if (ev.len == 0 || ev.name[0] == '.') return false;  // publish temps and hidden files
-    auto key = fs_unescape(ev.name);
-    return key && key->compare(0, start_.size(), start_) == 0;
+    const bool self = (ev.mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF)) != 0;
+    if (ev.wd == wd_) {
+      if (self) {
+        wd_ = -1;  // re-added on a later take, once the path is a directory again
+        return true;
+      }
+      if (ev.len == 0 || ev.name[0] == '.') return false;  // publish temps and hidden files
+      if (fs_is_parent_name(ev.name)) {                    // a parent directory
+        auto parent = below(ev.name);
+        if (!parent) return false;
+        if ((ev.mask & (IN_CREATE | IN_MOVED_TO)) && !watch_parent(ev.name, std::move(*parent)))
+          unwatched_ = true;
+        return true;  // made (it may hold keys already) or removed
+      }
+      auto key = fs_unescape(ev.name);
+      return key && key->find('/') == std::string::npos &&
+             key->compare(0, start_.size(), start_) == 0;
+    }
+    for (auto it = parents_.begin(); it != parents_.end(); ++it) {
+      if (it->first != ev.wd) continue;
+      if (ev.mask & IN_IGNORED) parents_.erase(it);  // removed: made again, the root says so
+      if (self) return true;
+      if (ev.len == 0 || ev.name[0] == '.') return false;
+      return fs_unescape(ev.name).has_value();
+    }
+    return false;  // a watch given up on
   }
 
   std::string dir_;
@@ -261,7 +350,9 @@ class fs_watch {
   bool trust_local_;
   std::chrono::milliseconds interval_ = std::chrono::milliseconds::max();
   basic_fd<Io> inotify_;
-  int wd_ = -1;
+  int wd_ = -1;                                     // the namespace directory's watch
+  std::vector<std::pair<int, std::string>> parents_;  // watched parent directories: wd, prefix
+  bool unwatched_ = false;  // a parent directory below the prefix may lack a watch
   bool pending_ = true;
   clock::time_point due_;
 };
@@ -282,10 +373,12 @@ class basic_filesystem_kv {
       : root_(std::move(root)),
         ns_(std::move(ns)),
         dir_(root_ + "/" + detail::fs_escape(ns_.run_id()) + "/" +
-             detail::fs_escape(ns_.incarnation())) {
+             detail::fs_escape(ns_.incarnation())),
+        temps_(dir_ + "/" + std::string(temp_directory)) {
     make_dir(root_);
     make_dir(root_ + "/" + detail::fs_escape(ns_.run_id()));
     make_dir(dir_);
+    make_dir(temps_);
   }
 
   /// Another handle on the same root directory, scoped to namespace `ns`.
@@ -297,66 +390,94 @@ class basic_filesystem_kv {
   /// The directory holding this namespace's keys.
   const std::string& directory() const noexcept { return dir_; }
   /// The file that holds `key` (validated).
-  std::string path_of(const std::string& key) const {
-    validate_key(key, "kv path");
-    return file_of(key, "kv path");
-  }
+  std::string path_of(const std::string& key) const { return locate(key, "kv path").path; }
 
   /// Stores `value` under `key` unless the key exists (publish_once); true when stored.
   bool insert(const std::string& key, std::string_view value) {
-    validate_key(key, "kv insert");
-    return publisher_type().publish_once(file_of(key, "kv insert"), value, 0644);
+    const place at = locate(key, "kv insert");
+    return in_parent(at, [&] { return publisher_type(temps_).publish_once(at.path, value, 0644); });
   }
 
   /// Stores `value` under `key`, replacing any previous value (publish).
   void put(const std::string& key, std::string_view value) {
-    validate_key(key, "kv put");
-    publisher_type().publish(file_of(key, "kv put"), value, 0644);
+    const place at = locate(key, "kv put");
+    in_parent(at, [&] { publisher_type(temps_).publish(at.path, value, 0644); });
   }
 
   /// The value of `key`, or std::nullopt.
   std::optional<std::string> try_get(const std::string& key) const {
-    validate_key(key, "kv try_get");
-    return read_if_exists(file_of(key, "kv try_get"));
+    return read_if_exists(locate(key, "kv try_get").path);
   }
 
   /// Waits until `key` exists (Wait policy) or `timeout` passes.
   std::optional<std::string> get(const std::string& key, std::chrono::milliseconds timeout) const {
-    validate_key(key, "kv get");
-    const std::string path = file_of(key, "kv get");
+    const place at = locate(key, "kv get");
     // Present already (the common case): one open + read, no inotify set-up and tear-down
     // (closing an inotify descriptor costs the kernel milliseconds).
-    if (auto value = read_if_exists(path)) return value;
+    if (auto value = read_if_exists(at.path)) return value;
     if (timeout <= decltype(timeout){0}) return std::nullopt;
-    return await_file<Wait, Io>(path, timeout);
+    if (!at.parent.empty()) make_dir_in(at.parent);  // so inotify can watch it
+    return await_file<Wait, Io>(at.path, timeout);
   }
 
   /// Every key strictly below `prefix + "/"` (all keys for ""), sorted, with its value.
   kv_pairs list(const std::string& prefix) const {
-    const std::string start = scope(prefix, "kv list");
     kv_pairs out;
-    for (auto& key : scan(start)) {
-      auto value = read_if_exists(dir_ + "/" + detail::fs_escape(key));
+    for (auto& [key, path] : scan(scope(prefix, "kv list"))) {
+      auto value = read_if_exists(path);
       if (value) out.emplace_back(std::move(key), std::move(*value));  // else erased meanwhile
     }
     std::sort(out.begin(), out.end());
     return out;
   }
 
-  /// Removes `key`; true when it existed.
+  /// Removes `key` (and its parent directory when that leaves it empty); true when it existed.
   bool erase(const std::string& key) {
-    validate_key(key, "kv erase");
-    return remove(file_of(key, "kv erase"));
+    const place at = locate(key, "kv erase");
+    const bool existed = remove(at.path);
+    if (!at.parent.empty()) remove_if_empty(at.parent);
+    return existed;
   }
 
-  /// Removes every key strictly below `prefix + "/"` (all keys for ""); returns how many.
+  /// Removes every key strictly below `prefix + "/"` (all keys for ""), and the parent
+  /// directories that leaves empty; returns how many keys.
   std::size_t erase_prefix(const std::string& prefix) {
-    const std::string start = scope(prefix, "kv erase_prefix");
     std::size_t n = 0;
-    for (const auto& key : scan(start))
-      if (remove(dir_ + "/" + detail::fs_escape(key))) ++n;
+    std::vector<std::string> parents;
+    for (const auto& [key, path] : scan(scope(prefix, "kv erase_prefix"))) {
+      if (remove(path)) ++n;
+      if (key.find('/') != std::string::npos) parents.push_back(detail::fs_escape(parent_of(key)));
+    }
+    std::sort(parents.begin(), parents.end());
+    parents.erase(std::unique(parents.begin(), parents.end()), parents.end());
+    for (const auto& p : parents) remove_if_empty(p);
     return n;
   }
+
+  /// Removes the publish temps older than `older_than` that killed writers left in the
+  /// namespace directory and its parent directories (holdfast::sweep_stale_temps on each);
+  /// returns how many.
+  std::size_t sweep_stale_temps(std::chrono::milliseconds older_than) const {
+    std::size_t n = holdfast::sweep_stale_temps<Io>(dir_, older_than);
+    try {
+      n += holdfast::sweep_stale_temps<Io>(temps_, older_than);
+    } catch (const error& e) {
+      if (e.errnum() != ENOENT) throw;
+    }
+    for (const auto& name : detail::list_directory<Io>(dir_)) {
+      if (name[0] == '.' || !detail::fs_is_parent_name(name)) continue;
+      try {
+        n += holdfast::sweep_stale_temps<Io>(dir_ + "/" + name, older_than);
+      } catch (const error& e) {
+        if (e.errnum() != ENOENT) throw;  // removed meanwhile
+      }
+    }
+    return n;
+  }
+
+  /// The directory under directory() where writes make their temps: a watch of a key's
+  /// directory then sees one event per write (the rename), not the temp's creation and writes.
+  static constexpr std::string_view temp_directory = ".tmp";
 
   /// The watch type: one inotify descriptor on the namespace directory (see watch).
   using watcher = detail::fs_watch<Io>;
@@ -393,12 +514,60 @@ class basic_filesystem_kv {
     throw error(errno, "mkdir", dir);
   }
 
-  std::string file_of(const std::string& key, const char* op) const {
-    std::string name = detail::fs_escape(key);
-    if (name.size() > 255)
-      throw error(ENAMETOOLONG, op, key,
-                  "escaped key is " + std::to_string(name.size()) + " bytes, above 255");
-    return dir_ + "/" + name;
+  // Where a key lives (see the layout): its parent directory's name under dir_ ("" for a key
+  // without '/') and its file.
+  struct place {
+    std::string parent;
+    std::string path;
+  };
+
+  static std::string_view parent_of(std::string_view key) {  // "ack/r0/" for "ack/r0/3"
+    return key.substr(0, key.rfind('/') + 1);
+  }
+
+  place locate(const std::string& key, const char* op) const {
+    validate_key(key, op);
+    const std::string_view parent = parent_of(key);
+    place at{detail::fs_escape(parent), std::string()};
+    const std::string name = detail::fs_escape(std::string_view(key).substr(parent.size()));
+    auto fits = [&](const std::string& part, const char* what) {
+      if (part.size() > 255)
+        throw error(ENAMETOOLONG, op, key,
+                    std::string("escaped ") + what + " is " + std::to_string(part.size()) +
+                        " bytes, above 255");
+    };
+    fits(at.parent, "parent");
+    fits(name, "last segment");
+    at.path = dir_ + "/" + (at.parent.empty() ? name : at.parent + "/" + name);
+    return at;
+  }
+
+  // Runs `write` (a publish to at.path); when it fails with ENOENT because the parent directory
+  // is missing (never made, or removed by an erase that emptied it meanwhile) or the temps'
+  // directory is (the namespace directory was made again), makes them and writes again.
+  template <class F>
+  auto in_parent(const place& at, F&& write) -> decltype(write()) {
+    for (int attempt = 0;; ++attempt) {
+      try {
+        return write();
+      } catch (const std::system_error& e) {
+        if (e.code().value() != ENOENT || attempt == 8) throw;
+      }
+      make_dir_in(std::string(temp_directory));
+      if (!at.parent.empty()) make_dir_in(at.parent);
+    }
+  }
+
+  // mkdir of dir_/<name>; an existing one is fine. Throws holdfast::error naming it otherwise
+  // (ENOENT when the namespace directory itself is gone).
+  void make_dir_in(const std::string& name) const {
+    const std::string dir = dir_ + "/" + name;
+    if (Io::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) throw error(errno, "mkdir", dir);
+  }
+
+  // rmdir of dir_/<name> when it is empty; best effort (a write may have refilled it).
+  void remove_if_empty(const std::string& name) const noexcept {
+    (void)Io::rmdir((dir_ + "/" + name).c_str());
   }
 
   std::string scope(const std::string& prefix, const char* op) const {
@@ -426,29 +595,40 @@ class basic_filesystem_kv {
     throw error(errno, "unlink", path);
   }
 
-  // The keys in the namespace directory that start with `start` (unsorted).
-  std::vector<std::string> scan(const std::string& start) const {
-    DIR* d = Io::opendir(dir_.c_str());
-    if (!d) throw error(errno, "opendir", dir_);
-    std::vector<std::string> keys;
-    for (;;) {
-      errno = 0;
-      dirent* e = Io::readdir(d);
-      if (!e) {
-        int err = errno;
-        Io::closedir(d);
-        if (err != 0) throw error(err, "readdir", dir_);
-        return keys;
+  // The keys that start with `start`, with their files (unsorted): the namespace directory's
+  // files, and the files of the parent directories below `start`.
+  std::vector<std::pair<std::string, std::string>> scan(const std::string& start) const {
+    auto starts = [&](const std::string& s) { return s.compare(0, start.size(), start) == 0; };
+    std::vector<std::pair<std::string, std::string>> keys;
+    for (const auto& name : detail::list_directory<Io>(dir_)) {
+      if (name[0] == '.') continue;  // publish temps, hidden files
+      auto decoded = detail::fs_unescape(name);
+      if (!decoded || !starts(*decoded)) continue;
+      if (!detail::fs_is_parent_name(name)) {
+        if (decoded->find('/') == std::string::npos) keys.emplace_back(*decoded, dir_ + "/" + name);
+        continue;
       }
-      if (e->d_name[0] == '.') continue;  // ".", "..", publish temps
-      auto key = detail::fs_unescape(e->d_name);
-      if (key && key->compare(0, start.size(), start) == 0) keys.push_back(std::move(*key));
+      std::vector<std::string> files;
+      try {
+        files = detail::list_directory<Io>(dir_ + "/" + name);
+      } catch (const error& e) {
+        if (e.errnum() == ENOENT || e.errnum() == ENOTDIR) continue;  // removed meanwhile
+        throw;
+      }
+      for (const auto& file : files) {
+        if (file[0] == '.') continue;
+        auto last = detail::fs_unescape(file);
+        if (last && last->find('/') == std::string::npos)
+          keys.emplace_back(*decoded + *last, dir_ + "/" + name + "/" + file);
+      }
     }
+    return keys;
   }
 
   std::string root_;
   kv_namespace ns_;
   std::string dir_;
+  std::string temps_;  // dir_ + "/.tmp"
 };
 
 /// The filesystem store for local filesystems (inotify wake-ups).
