@@ -379,7 +379,7 @@ void register_processes(const char* name) {
                                    if (std::is_same_v<Backend, etcd_backend> && !etcd()) return 0.0;
                                    return processes_notice_to_saved<Backend>(w, false);
                                  },
-                                 bench::config{1, 5, 1, 0}});
+                                 bench::config{1, 9, 1, 0}});
   }
 }
 

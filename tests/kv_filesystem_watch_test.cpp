@@ -225,6 +225,25 @@ TEST_CASE("filesystem watch: writes to another prefix's directory never wake it"
   CHECK_FALSE(readable_within(w, 100ms));
 }
 
+TEST_CASE("filesystem watch: an insert's new parent directory arrives holding the key: one event") {
+  holdfast_test::temp_dir tmp("fsw");
+  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+  auto w = kv.watch("run/ctl");
+  REQUIRE(w.take().resync);
+  REQUIRE(kv.insert("run/ctl/r0/claim", "c"));  // no run%2Fctl%2Fr0%2F before
+  CHECK(readable_within(w, 1000ms));
+  CHECK(w.take().resync);
+  CHECK(kv.try_get("run/ctl/r0/claim") == std::optional<std::string>("c"));  // there already
+  CHECK_FALSE(readable_within(w, 100ms));  // no second event for the key itself
+  CHECK_FALSE(kv.insert("run/ctl/r0/claim", "d"));  // still insert-once
+  CHECK(kv.insert("run/ctl/r0/step", "s"));         // into the watched directory
+  CHECK(readable_within(w, 1000ms));
+  CHECK(take_within(w, 1000ms).resync);
+  CHECK(kv.list("run/ctl") ==
+        holdfast::kv_pairs{{"run/ctl/r0/claim", "c"}, {"run/ctl/r0/step", "s"}});
+  CHECK(std::filesystem::is_empty(kv.directory() + "/.tmp"));  // no staging left behind
+}
+
 TEST_CASE("filesystem watch: a parent directory removed by the last erase and made again") {
   holdfast_test::temp_dir tmp("fsw");
   filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));

@@ -13,6 +13,7 @@
 #include <holdfast/kv/etcd.hpp>
 #include <holdfast/kv/filesystem.hpp>
 #include <holdfast/kv/in_process.hpp>
+#include <holdfast/testing/fault_io.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -592,6 +593,48 @@ TEST_CASE("filesystem_kv parents: made by the first write, removed by the erase 
   CHECK(kv.get("ack/r1/0", 5000ms) == std::optional<std::string>("e"));
   CHECK(std::chrono::steady_clock::now() - t0 < 400ms);  // inotify, not the 500 ms re-check
   writer.join();
+}
+
+TEST_CASE("filesystem_kv parents: durable keys make durable directories") {
+  using fault_plan = holdfast::testing::fault_plan;
+  using io_op = holdfast::testing::io_op;
+  holdfast_test::temp_dir dir("kvfs");
+  holdfast::basic_filesystem_kv<holdfast::inotify_wait, holdfast::durable,
+                                holdfast::testing::fault_io>
+      kv(dir.path(), kv_namespace("run", 0));
+  fault_plan::reset_counts();
+  CHECK(kv.insert("ack/r0/1", "a"));  // a new directory: the namespace directory is synced too
+  const auto first = fault_plan::calls(io_op::fsync);
+  fault_plan::reset_counts();
+  CHECK(kv.insert("ack/r0/2", "b"));  // the directory exists: the file and its directory
+  const auto second = fault_plan::calls(io_op::fsync);
+  CHECK(second >= 2);
+  CHECK(first > second);  // the staged directory's tree, and the namespace directory
+  fault_plan::reset_counts();
+  kv.put("ack/r1/1", "c");  // a put makes its new directory with mkdir, then syncs the namespace
+  CHECK(fault_plan::calls(io_op::fsync) == second + 1);
+  CHECK(kv.list("ack") == kv_pairs{{"ack/r0/1", "a"}, {"ack/r0/2", "b"}, {"ack/r1/1", "c"}});
+}
+
+TEST_CASE("filesystem_kv parents: racing first inserts into a new parent, one key each, all land") {
+  // Several processes insert different keys into one parent that does not exist yet: each
+  // stages the directory with its key; one rename wins, the others insert into its directory.
+  holdfast_test::temp_dir dir("kvfs");
+  const kv_namespace ns("run", 0);
+  for (int round = 0; round < 20; ++round) {
+    const std::string parent = "new" + std::to_string(round);
+    std::vector<holdfast_test::child> kids;
+    for (int t = 0; t < 4; ++t)
+      kids.emplace_back([&, t] {
+        holdfast::filesystem_kv kv(dir.path(), ns);
+        std::_Exit(kv.insert(parent + "/" + std::to_string(t), "v") ? 0 : 1);
+      });
+    for (auto& k : kids) CHECK(k.wait(std::chrono::seconds(30)).ok());
+    holdfast::filesystem_kv kv(dir.path(), ns);
+    CHECK(kv.list(parent).size() == 4);
+  }
+  holdfast::filesystem_kv kv(dir.path(), ns);
+  CHECK(kv.sweep_stale_temps(0ms) == 0);  // nothing was left in .tmp
 }
 
 TEST_CASE("filesystem_kv parents: racing inserts and erases in one parent lose nothing") {

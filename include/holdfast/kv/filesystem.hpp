@@ -12,9 +12,11 @@
 //     the file "step" in "ctl%2Fr0%2F". A directory name always ends with "%2F" (an escaped
 //     '/'), so it never collides with a key's file.
 //   - A key without '/' is a file in the namespace directory itself: "stop" is ".../stop".
-//   A parent directory is made by the first write below it and removed by the erase that
-//   empties it (rmdir, best effort). A write that finds it gone (an erase emptied it meanwhile)
-//   makes it again and writes again.
+//   A parent directory is made by the first write below it: a put makes it (mkdir), an insert
+//   stages it in `.tmp` holding its key and renames it into place without replacing, so a
+//   watch sees one event for a new round's claim, not an empty directory and then the key. It
+//   is removed by the erase that empties it (rmdir, best effort). A write that finds it gone
+//   (an erase emptied it meanwhile) makes it again and writes again.
 //   - Writes make their temps in `.tmp` under the namespace directory and rename them into
 //     place, so a key's directory sees one event per write: the rename.
 //
@@ -395,6 +397,8 @@ class basic_filesystem_kv {
   /// Stores `value` under `key` unless the key exists (publish_once); true when stored.
   bool insert(const std::string& key, std::string_view value) {
     const place at = locate(key, "kv insert");
+    if (!at.parent.empty() && !exists(dir_ + "/" + at.parent) && insert_with_parent(at, value))
+      return true;
     return in_parent(at, [&] { return publisher_type(temps_).publish_once(at.path, value, 0644); });
   }
 
@@ -518,6 +522,7 @@ class basic_filesystem_kv {
   // without '/') and its file.
   struct place {
     std::string parent;
+    std::string name;
     std::string path;
   };
 
@@ -528,8 +533,9 @@ class basic_filesystem_kv {
   place locate(const std::string& key, const char* op) const {
     validate_key(key, op);
     const std::string_view parent = parent_of(key);
-    place at{detail::fs_escape(parent), std::string()};
-    const std::string name = detail::fs_escape(std::string_view(key).substr(parent.size()));
+    place at{detail::fs_escape(parent), detail::fs_escape(std::string_view(key).substr(parent.size())),
+             std::string()};
+    const std::string& name = at.name;
     auto fits = [&](const std::string& part, const char* what) {
       if (part.size() > 255)
         throw error(ENAMETOOLONG, op, key,
@@ -542,11 +548,13 @@ class basic_filesystem_kv {
     return at;
   }
 
-  // Runs `write` (a publish to at.path); when it fails with ENOENT because the parent directory
-  // is missing (never made, or removed by an erase that emptied it meanwhile) or the temps'
-  // directory is (the namespace directory was made again), makes them and writes again.
+  // Makes the parent directory (mkdir; usually EEXIST), then runs `write` (a publish to
+  // at.path); when that fails with ENOENT because the parent directory is gone again (an erase
+  // emptied and removed it meanwhile) or the temps' directory is (the namespace directory was
+  // made again), makes them and writes again.
   template <class F>
   auto in_parent(const place& at, F&& write) -> decltype(write()) {
+    if (!at.parent.empty()) make_dir_in(at.parent);
     for (int attempt = 0;; ++attempt) {
       try {
         return write();
@@ -558,11 +566,59 @@ class basic_filesystem_kv {
     }
   }
 
+  // An insert whose parent directory is missing: the key is written into a staging directory in
+  // .tmp, which is renamed into place without replacing (publish_directory), so the directory
+  // appears holding the key and a watch sees one event (a claim, a round's outcome), not an
+  // empty directory and then the key. False when another writer made the directory first
+  // (then the insert goes into it). Puts make the directory instead (mkdir): N workers putting
+  // their acks into a new directory at once would each stage one, and all but one in vain.
+  bool insert_with_parent(const place& at, std::string_view value) {
+    const std::string staging = make_staging();
+    try {
+      // the staged tree is synced by publish_directory, as Durability asks
+      if (basic_publisher<no_sync, Io>(temps_).publish_once(staging + "/" + at.name, value, 0644) &&
+          publisher_type(temps_).publish_directory(staging, dir_ + "/" + at.parent))
+        return true;
+    } catch (...) {
+      detail::remove_tree<Io>(staging);
+      throw;
+    }
+    detail::remove_tree<Io>(staging);
+    return false;
+  }
+
+  static bool exists(const std::string& path) {
+    struct stat st {};
+    return Io::lstat(path.c_str(), &st) == 0 || errno != ENOENT;
+  }
+
+  // A fresh directory in .tmp (made again when the namespace directory was).
+  std::string make_staging() const {
+    for (unsigned attempt = 0;; ++attempt) {
+      std::string path = detail::temp_path_for<Io>(temps_, "parent", attempt);
+      if (Io::mkdir(path.c_str(), 0755) == 0) return path;
+      if (errno == ENOENT && attempt == 0) {
+        make_dir_in(std::string(temp_directory));
+        continue;
+      }
+      if (errno != EEXIST || attempt >= 16) throw error(errno, "mkdir", path);
+    }
+  }
+
   // mkdir of dir_/<name>; an existing one is fine. Throws holdfast::error naming it otherwise
-  // (ENOENT when the namespace directory itself is gone).
+  // (ENOENT when the namespace directory itself is gone). A Durability that syncs parents
+  // syncs the namespace directory after making one, so a durable key's directory is durable.
   void make_dir_in(const std::string& name) const {
     const std::string dir = dir_ + "/" + name;
-    if (Io::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) throw error(errno, "mkdir", dir);
+    if (Io::mkdir(dir.c_str(), 0755) != 0) {
+      if (errno == EEXIST) return;
+      throw error(errno, "mkdir", dir);
+    }
+    if constexpr (Durability::sync_parent) {
+      auto fd = open_file<Io>(dir_, O_RDONLY | O_DIRECTORY);
+      detail::sync_dir_fd<Durability>(fd);
+      fd.close();
+    }
   }
 
   // rmdir of dir_/<name> when it is empty; best effort (a write may have refilled it).
