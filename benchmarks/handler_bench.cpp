@@ -340,7 +340,8 @@ double processes_notice_to_saved(int w, bool handler) {
       auto step_end = go;  // step k ends at go + k ms, for every worker
       while (h.total_run_calls() < 1000000) {
         step_end += step;
-        if (h.run([&] { std::this_thread::sleep_until(step_end); }) == holdfast::run_status::stopped)
+        if (h.run([&] { std::this_thread::sleep_until(step_end); }) ==
+            holdfast::run_status::stopped)
           break;
       }
       report_and_pause(out, saved.load());

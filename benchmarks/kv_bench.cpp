@@ -285,7 +285,8 @@ bench::registrar fs_list{{"kv/filesystem/list 16", bench::timed([](std::size_t) 
                               const std::string sub = bare_dir() + "/" + e->d_name;
                               DIR* s = ::opendir(sub.c_str());
                               while (dirent* f = ::readdir(s))
-                                if (f->d_name[0] != '.' && !bare_read(sub + "/" + f->d_name).empty())
+                                if (f->d_name[0] != '.' &&
+                                    !bare_read(sub + "/" + f->d_name).empty())
                                   ++n;
                               ::closedir(s);
                             }

@@ -376,7 +376,7 @@ struct fs_job {
                           holdfast_test::flag_poll{flags[std::size_t(t)].get()}, 1ms),
                       holdfast::no_exit{}),
           kv, {t, n, "fs"},
-                   holdfast_test::make_checkpoints(dir / ("ckpt-" + std::to_string(t)), &s), opt);
+          holdfast_test::make_checkpoints(dir / ("ckpt-" + std::to_string(t)), &s), opt);
       while (!quit.load() && h.total_run_calls() < 100000) {
         if (t == dead && h.total_run_calls() >= 10) break;  // dead: its watcher stops too
         o.last = h.run([&] {
@@ -459,8 +459,8 @@ TEST_CASE("wake (c): over filesystem_kv the acks come through watches: no blocki
   CHECK(steps.size() == 1);
   CHECK(steps.begin()->size() == 1);
   const holdfast::kv_counts c = j.kv.counts();
-  CHECK(c.get == j.before_notice.get);    // no blocking get
-  CHECK(c.list == j.before_notice.list);  // nor a listing
+  CHECK(c.get == j.before_notice.get);      // no blocking get
+  CHECK(c.list == j.before_notice.list);    // nor a listing
   CHECK(c.put - j.before_notice.put == n);  // one ack each
   CHECK(c.try_get - j.before_notice.try_get <= 8 * n);
 }

@@ -234,7 +234,7 @@ TEST_CASE("filesystem watch: an insert's new parent directory arrives holding th
   CHECK(readable_within(w, 1000ms));
   CHECK(w.take().resync);
   CHECK(kv.try_get("run/ctl/r0/claim") == std::optional<std::string>("c"));  // there already
-  CHECK_FALSE(readable_within(w, 100ms));  // no second event for the key itself
+  CHECK_FALSE(readable_within(w, 100ms));           // no second event for the key itself
   CHECK_FALSE(kv.insert("run/ctl/r0/claim", "d"));  // still insert-once
   CHECK(kv.insert("run/ctl/r0/step", "s"));         // into the watched directory
   CHECK(readable_within(w, 1000ms));

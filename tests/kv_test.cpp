@@ -4,11 +4,13 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <holdfast/kv.hpp>
 #include <holdfast/kv/etcd.hpp>
 #include <holdfast/kv/filesystem.hpp>
@@ -516,7 +518,8 @@ TEST_CASE("kv_counts names every kind") {
   CHECK(counted.counts().total() == 1);
 }
 
-TEST_CASE("filesystem_kv names: a directory per parent prefix, escaped names, foreign files ignored") {
+TEST_CASE(
+    "filesystem_kv names: a directory per parent prefix, escaped names, foreign files ignored") {
   using holdfast::detail::fs_escape;
   using holdfast::detail::fs_unescape;
   CHECK(fs_escape("acks/3") == "acks%2F3");
@@ -563,7 +566,8 @@ TEST_CASE("filesystem_kv names: a directory per parent prefix, escaped names, fo
   CHECK(kv.try_get(std::string(200, 'p') + "/" + std::string(200, 'k')) == std::nullopt);
 }
 
-TEST_CASE("filesystem_kv parents: made by the first write, removed by the erase that empties them") {
+TEST_CASE(
+    "filesystem_kv parents: made by the first write, removed by the erase that empties them") {
   holdfast_test::temp_dir dir("kvfs");
   holdfast::filesystem_kv kv(dir.path(), kv_namespace("run", 0));
   const std::string parent = kv.directory() + "/ack%2Fr0%2F";
@@ -660,13 +664,19 @@ TEST_CASE("filesystem_kv sweep_stale_temps: the namespace directory and every pa
   holdfast::filesystem_kv kv(dir.path(), kv_namespace("run", 0));
   kv.put("a/1", "x");
   kv.put("b/c/2", "y");
-  for (auto name : {"/.holdfast-tmp.1.0123456789abcdef.stop", "/a%2F/.holdfast-tmp.2.0123456789abcdef.1",
-                    "/b%2Fc%2F/.holdfast-tmp.3.0123456789abcdef.2"}) {
+  for (auto name :
+       {"/.holdfast-tmp.1.0123456789abcdef.stop", "/a%2F/.holdfast-tmp.2.0123456789abcdef.1",
+        "/b%2Fc%2F/.holdfast-tmp.3.0123456789abcdef.2"}) {
     int fd = ::open((kv.directory() + name).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
     REQUIRE(fd >= 0);
     ::close(fd);
   }
+  // an insert's staging directory, left by a writer killed before its rename
+  const std::string staging = kv.directory() + "/.tmp/.holdfast-tmp.4.0123456789abcdef.parent";
+  REQUIRE(::mkdir(staging.c_str(), 0755) == 0);
+  { std::ofstream(staging + "/3") << "v"; }
   CHECK(kv.sweep_stale_temps(std::chrono::hours(1)) == 0);  // fresh: kept
-  CHECK(kv.sweep_stale_temps(0ms) == 3);
+  CHECK(kv.sweep_stale_temps(0ms) == 4);
+  CHECK(::access(staging.c_str(), F_OK) != 0);
   CHECK(kv.list("").size() == 2);
 }

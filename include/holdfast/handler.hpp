@@ -994,7 +994,8 @@ class preemption_handler {
       auto left = [](auto d) { return std::chrono::ceil<ms>(std::max(d, decltype(d)::zero())); };
       ms timeout = ms::max();
       if (until != time_point::max()) timeout = left(until - Clock::now());
-      if constexpr (!has_notice_waker_v<Config>) timeout = std::min(timeout, options_.watch_interval);
+      if constexpr (!has_notice_waker_v<Config>)
+        timeout = std::min(timeout, options_.watch_interval);
       pollfd fds[3] = {{waker_.fd(), POLLIN, 0}, {-1, POLLIN, 0}, {-1, POLLIN, 0}};
       for (int i = 0; i < watches; ++i) {
         auto& w = *open[i]->watch;
@@ -1140,8 +1141,8 @@ class preemption_handler {
   std::atomic<bool> stop_{false};
   std::optional<std::chrono::steady_clock::time_point> last_notice_;  // watcher thread only
   detail::waker waker_;  // notices, stop requests and the training thread wake the watcher
-  followed ctl_;   // ctl/, for the watcher's life (watcher thread only)
-  followed acks_;  // the claimant's: one round's acks while it collects (watcher thread only)
+  followed ctl_;         // ctl/, for the watcher's life (watcher thread only)
+  followed acks_;        // the claimant's: one round's acks while it collects (watcher thread only)
   std::thread watcher_;
 };
 

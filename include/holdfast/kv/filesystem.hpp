@@ -67,6 +67,7 @@
 #include <fcntl.h>
 #include <linux/magic.h>  // f_type values of the local filesystems a watch trusts
 #include <sys/inotify.h>  // the watch's descriptor
+#include <sys/stat.h>     // lstat: a parent directory exists; a staging directory's age
 #include <sys/statfs.h>   // fstatfs: is the namespace directory on a local filesystem
 
 #include <algorithm>
@@ -352,7 +353,7 @@ class fs_watch {
   bool trust_local_;
   std::chrono::milliseconds interval_ = std::chrono::milliseconds::max();
   basic_fd<Io> inotify_;
-  int wd_ = -1;                                     // the namespace directory's watch
+  int wd_ = -1;                                       // the namespace directory's watch
   std::vector<std::pair<int, std::string>> parents_;  // watched parent directories: wd, prefix
   bool unwatched_ = false;  // a parent directory below the prefix may lack a watch
   bool pending_ = true;
@@ -458,13 +459,24 @@ class basic_filesystem_kv {
     return n;
   }
 
-  /// Removes the publish temps older than `older_than` that killed writers left in the
-  /// namespace directory and its parent directories (holdfast::sweep_stale_temps on each);
-  /// returns how many.
+  /// Removes what killed writers left, older than `older_than`: publish temps in `.tmp`, the
+  /// namespace directory and its parent directories (holdfast::sweep_stale_temps on each), and
+  /// an insert's staging directories in `.tmp` (with their content); returns how many.
   std::size_t sweep_stale_temps(std::chrono::milliseconds older_than) const {
     std::size_t n = holdfast::sweep_stale_temps<Io>(dir_, older_than);
     try {
       n += holdfast::sweep_stale_temps<Io>(temps_, older_than);
+      const auto now = std::chrono::system_clock::now().time_since_epoch();
+      for (const auto& name : detail::list_directory<Io>(temps_)) {
+        const std::string path = temps_ + "/" + name;
+        struct stat st {};
+        if (!is_temp_name(name) || Io::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+          continue;
+        const auto changed = std::chrono::seconds(std::max(st.st_mtim.tv_sec, st.st_ctim.tv_sec));
+        if (now - changed < older_than) continue;
+        detail::remove_tree<Io>(path);
+        ++n;
+      }
     } catch (const error& e) {
       if (e.errnum() != ENOENT) throw;
     }
@@ -533,8 +545,8 @@ class basic_filesystem_kv {
   place locate(const std::string& key, const char* op) const {
     validate_key(key, op);
     const std::string_view parent = parent_of(key);
-    place at{detail::fs_escape(parent), detail::fs_escape(std::string_view(key).substr(parent.size())),
-             std::string()};
+    place at{detail::fs_escape(parent),
+             detail::fs_escape(std::string_view(key).substr(parent.size())), std::string()};
     const std::string& name = at.name;
     auto fits = [&](const std::string& part, const char* what) {
       if (part.size() > 255)
