@@ -63,7 +63,6 @@
 //     that an erase removes meanwhile learns of a later insert at its next re-check (500 ms).
 #pragma once
 
-#include <dirent.h>  // DIR, dirent: the namespace scan
 #include <fcntl.h>
 #include <linux/magic.h>  // f_type values of the local filesystems a watch trusts
 #include <sys/inotify.h>  // the watch's descriptor
@@ -259,22 +258,21 @@ class fs_watch {
   // Adds a watch on every parent directory below the prefix not watched yet; true when it added
   // one. unwatched_ says whether one could not be watched (the scan failed, or no watch left).
   bool watch_parents() {
+    std::vector<std::string> names;
+    try {
+      names = list_directory<Io>(dir_);
+    } catch (const std::exception&) {  // retried at the poll interval (unwatched_)
+      unwatched_ = true;
+      return false;
+    }
+    unwatched_ = false;
     bool added = false;
-    DIR* d = Io::opendir(dir_.c_str());
-    unwatched_ = d == nullptr;
-    while (d) {
-      errno = 0;
-      const dirent* e = Io::readdir(d);
-      if (!e) {
-        unwatched_ = unwatched_ || errno != 0;
-        Io::closedir(d);
-        break;
-      }
-      if (auto parent = below(e->d_name)) {
-        const int before = static_cast<int>(parents_.size());
-        if (!watch_parent(e->d_name, std::move(*parent))) unwatched_ = true;
-        added = added || static_cast<int>(parents_.size()) > before;
-      }
+    for (const auto& name : names) {
+      auto parent = below(name.c_str());
+      if (!parent) continue;
+      const std::size_t before = parents_.size();
+      if (!watch_parent(name.c_str(), std::move(*parent))) unwatched_ = true;
+      added = added || parents_.size() > before;
     }
     return added;
   }
