@@ -621,14 +621,8 @@ class preemption_handler {
     // watch interval, and the exit should not wait for it); it touches only this handler, which
     // outlives any exit. If the Exit policy returns (no_exit semantics), join and restart it.
     // The notice stays started: a second SIGTERM must not kill the process before the Exit
-    // policy runs. A sleeping watcher is woken only when the Exit policy returns: an exit ends
-    // it, and waking it would take CPU from the peers still saving.
-    if constexpr (exit_returns<exit_type>::value) {
-      request_watcher_stop();
-    } else {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_.store(true);
-    }
+    // policy runs.
+    request_watcher_stop();
     finish_saves();  // the preemption save is on disk before the process ends
     config_.exit(exit_context{config_.noticed_at(), last_save_duration_});
     if constexpr (exit_returns<exit_type>::value) {
@@ -693,12 +687,8 @@ class preemption_handler {
 
   void watch() noexcept {
     std::unique_lock<std::mutex> lock(mutex_);
-    bool tell = false;  // the machine changed in a way the training thread must see
     while (!stop_.load()) {
       lock.unlock();
-      // Told once the lock is released: woken under it, the training thread would only block on
-      // the mutex and be woken a second time.
-      if (std::exchange(tell, false)) train_cv_.notify_all();
       forward_notice();
       lock.lock();
       bool worked = false;
@@ -711,18 +701,17 @@ class preemption_handler {
       }
       if (worked) {
         raise_attention_locked();
-        tell = true;
+        train_cv_.notify_all();
         continue;
       }
       try {
-        tell = wait_for_trigger(lock);
+        wait_for_trigger(lock);
       } catch (...) {
         // Watching failed (the store is unreachable for now): try again after a pause.
         if (!lock.owns_lock()) lock.lock();
         watch_cv_.wait_for(lock, options_.watch_interval, [&] { return stop_.load(); });
       }
     }
-    if (tell) train_cv_.notify_all();
   }
 
   // Performs the machine's next store operation, if it has one (lock held on entry and exit,
@@ -890,9 +879,6 @@ class preemption_handler {
             retrying([&] { acks_.open(kv_, prefix); }, deadline);
         }
         followed& f = control ? ctl_ : acks_;
-        // Known or in the store already (the acks that came while the claimant read the ones
-        // before them): one read, not a poll and a take first.
-        if (auto v = retrying([&] { return value_of(f, key); }, deadline)) return v;
         retrying([&] { await_watches(Clock::now()); }, deadline);  // what arrived already
         for (;;) {
           auto v = retrying([&] { return value_of(f, key); }, deadline);
@@ -921,9 +907,8 @@ class preemption_handler {
   }
 
   // Blocks for one slice on the key that can start or end an agreement now (a claim, a final
-  // claim, or the error key), and feeds what it saw to the machine; true when it saw one (the
-  // caller tells the training thread).
-  bool wait_for_trigger(std::unique_lock<std::mutex>& lock) {
+  // claim, or the error key), and feeds what it saw to the machine.
+  void wait_for_trigger(std::unique_lock<std::mutex>& lock) {
     const std::uint64_t round = machine_.round();
     const std::optional<agreement_key> trigger = machine_.watch_key();
     std::string key;
@@ -954,7 +939,7 @@ class preemption_handler {
     } else {
       if (key.empty()) {
         watch_cv_.wait_for(lock, options_.watch_interval);
-        return false;
+        return;
       }
       lock.unlock();
       v = kv_.get(key, options_.watch_interval);
@@ -971,8 +956,10 @@ class preemption_handler {
     } else if (v && *trigger == agreement_key::final_claim) {
       machine_.on_final_seen(round);
     }
-    if (v || error_payload) raise_attention_locked();
-    return v || error_payload;
+    if (v || error_payload) {
+      raise_attention_locked();
+      train_cv_.notify_all();
+    }
   }
 
   // ---- the watches (stores that can be waited on: has_kv_watch_v) ----------------------------
