@@ -278,7 +278,19 @@ void write_ns(const std::string& path, std::int64_t v) { std::ofstream(path) << 
   for (;;) ::pause();
 }
 
-// W forked workers (signal_notice, no_exit); SIGTERM to task 0 once all run; ns until the last
+// The Exit policy of the handler's workers: as a preempted job's process ends at its save, so
+// does a worker's part here (it reports and pauses; exit_with would end it). no_exit would
+// instead restart each worker's watcher thread (the in-process restart path), and the early
+// savers' restarts would compete with the late savers for the CPU.
+struct report_exit {
+  static inline std::string path;                     // this worker's report (set after fork)
+  static inline std::atomic<std::int64_t>* saved_at;  // stamped by stamp_checkpoints
+  static constexpr int code = 0;
+  static constexpr bool returns = false;
+  [[noreturn]] void operator()() const noexcept { report_and_pause(path, saved_at->load()); }
+};
+
+// W forked workers (signal_notice, report_exit); SIGTERM to task 0 once all run; ns until the last
 // save (steady_clock is system-wide). The workers train in lockstep, as the workers of a
 // data-parallel job do (their collectives hold them together): each steps on a shared 1 ms grid
 // from a common start, so all are at the same step when the notice comes, and the notice comes
@@ -331,20 +343,19 @@ double processes_notice_to_saved(int w, bool handler) {
       std::atomic<std::int64_t> saved{0};
       holdfast::handler_options o;
       o.watch_interval = Backend::watch();
-      using cfg = holdfast::termination_config<holdfast::signal_notice<SIGTERM>, holdfast::no_exit>;
+      report_exit::path = out;
+      report_exit::saved_at = &saved;
+      using cfg = holdfast::termination_config<holdfast::signal_notice<SIGTERM>, report_exit>;
       holdfast::preemption_handler<cfg, decltype(kv), stamp_checkpoints> h(
           cfg(), kv, {t, w, "r"}, stamp_checkpoints{&saved}, o);
       write_ns(ready, 1);
       if (!holdfast::await_file(dir / "go", 30s)) std::_Exit(5);
       const clk::time_point go{clk::duration(read_ns(dir / "go"))};
       auto step_end = go;  // step k ends at go + k ms, for every worker
-      while (h.total_run_calls() < 1000000) {
+      for (;;) {           // until report_exit ends the worker's part at its save
         step_end += step;
-        if (h.run([&] { std::this_thread::sleep_until(step_end); }) ==
-            holdfast::run_status::stopped)
-          break;
+        h.run([&] { std::this_thread::sleep_until(step_end); });
       }
-      report_and_pause(out, saved.load());
     });
   for (int t = 0; t < w; ++t)
     if (!holdfast::await_file(dir / ("ready-" + std::to_string(t)), 30s)) return -1;

@@ -396,15 +396,16 @@ class basic_filesystem_kv {
   /// Stores `value` under `key` unless the key exists (publish_once); true when stored.
   bool insert(const std::string& key, std::string_view value) {
     const place at = locate(key, "kv insert");
-    if (!at.parent.empty() && !exists(dir_ + "/" + at.parent) && insert_with_parent(at, value))
-      return true;
-    return in_parent(at, [&] { return publisher_type(temps_).publish_once(at.path, value, 0644); });
+    if (!has_parent(at) && insert_with_parent(at, value)) return true;
+    // the parent exists now (made here or by another writer first)
+    return in_parent(at, false,
+                     [&] { return publisher_type(temps_).publish_once(at.path, value, 0644); });
   }
 
   /// Stores `value` under `key`, replacing any previous value (publish).
   void put(const std::string& key, std::string_view value) {
     const place at = locate(key, "kv put");
-    in_parent(at, [&] { publisher_type(temps_).publish(at.path, value, 0644); });
+    in_parent(at, !has_parent(at), [&] { publisher_type(temps_).publish(at.path, value, 0644); });
   }
 
   /// The value of `key`, or std::nullopt.
@@ -558,13 +559,13 @@ class basic_filesystem_kv {
     return at;
   }
 
-  // Makes the parent directory (mkdir; usually EEXIST), then runs `write` (a publish to
-  // at.path); when that fails with ENOENT because the parent directory is gone again (an erase
-  // emptied and removed it meanwhile) or the temps' directory is (the namespace directory was
-  // made again), makes them and writes again.
+  // Makes the parent directory when `make` (a write found it missing), then runs `write` (a
+  // publish to at.path); when that fails with ENOENT because the parent directory is gone again
+  // (an erase emptied and removed it meanwhile) or the temps' directory is (the namespace
+  // directory was made again), makes them and writes again.
   template <class F>
-  auto in_parent(const place& at, F&& write) -> decltype(write()) {
-    if (!at.parent.empty()) make_dir_in(at.parent);
+  auto in_parent(const place& at, bool make, F&& write) -> decltype(write()) {
+    if (make) make_dir_in(at.parent);
     for (int attempt = 0;; ++attempt) {
       try {
         return write();
@@ -595,6 +596,13 @@ class basic_filesystem_kv {
     }
     detail::remove_tree<Io>(staging);
     return false;
+  }
+
+  // True when the key's parent directory exists (or it has none). An lstat, not a mkdir that
+  // finds it: a mkdir takes the namespace directory's lock, which every worker acking at once
+  // would queue on; a lookup takes none.
+  bool has_parent(const place& at) const {
+    return at.parent.empty() || exists(dir_ + "/" + at.parent);
   }
 
   static bool exists(const std::string& path) {
