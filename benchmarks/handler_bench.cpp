@@ -285,7 +285,6 @@ void write_ns(const std::string& path, std::int64_t v) { std::ofstream(path) << 
 struct report_exit {
   static inline std::string path;                     // this worker's report (set after fork)
   static inline std::atomic<std::int64_t>* saved_at;  // stamped by stamp_checkpoints
-  static constexpr int code = 0;
   static constexpr bool returns = false;
   [[noreturn]] void operator()() const noexcept { report_and_pause(path, saved_at->load()); }
 };
