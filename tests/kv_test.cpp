@@ -641,22 +641,27 @@ TEST_CASE("filesystem_kv parents: racing first inserts into a new parent, one ke
   CHECK(kv.sweep_stale_temps(0ms) == 0);  // nothing was left in .tmp
 }
 
-TEST_CASE("filesystem_kv parents: racing inserts and erases in one parent lose nothing") {
+TEST_CASE("filesystem_kv parents: racing inserts, puts and erases in one parent lose nothing") {
   holdfast_test::temp_dir dir("kvfs");
   holdfast::filesystem_kv kv(dir.path(), kv_namespace("run", 0));
   // One thread keeps emptying the parent (each erase may remove the directory) while another
   // inserts fresh keys into it: every insert lands, none fails with ENOENT.
   // Invariant: keys erased + keys left == keys inserted.
   std::atomic<bool> done{false};
-  std::size_t erased = 0;
+  std::atomic<std::size_t> erased{0};
   std::thread eraser([&] {
     while (!done.load()) erased += kv.erase_prefix("p");
   });
   for (int i = 0; i < 2000; ++i) REQUIRE(kv.insert("p/" + std::to_string(i), "v"));
+  // Puts look the directory up (lstat) before writing, so an erase can remove it in between:
+  // the write that then fails with ENOENT makes it and writes again.
+  const std::size_t erased_before_puts = erased.load();
+  for (int i = 2000; i < 4000; ++i) REQUIRE_NOTHROW(kv.put("p/" + std::to_string(i), "v"));
   done.store(true);
   eraser.join();
-  CHECK(erased > 0);  // the race did happen
-  CHECK(erased + kv.list("p").size() == 2000);
+  CHECK(erased_before_puts > 0);              // the race did happen, with the inserts
+  CHECK(erased.load() > erased_before_puts);  // and with the puts
+  CHECK(erased.load() + kv.list("p").size() == 4000);
 }
 
 TEST_CASE("filesystem_kv sweep_stale_temps: the namespace directory and every parent") {
