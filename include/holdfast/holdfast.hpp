@@ -30,6 +30,7 @@
 #include "kv/etcd.hpp"
 #include "kv/filesystem.hpp"
 #include "kv/in_process.hpp"
+#include "kv/incarnation.hpp"
 #include "kv/url.hpp"
 
 // artifact store
