@@ -300,24 +300,36 @@ class handler_impl final : public handler_iface {
   handler_type h_;
 };
 
+/// How often a notice file is looked for (one stat each).
+constexpr std::chrono::milliseconds notice_file_interval{250};
+
 template <class Config>
 std::unique_ptr<handler_iface> make_handler(Config config, std::optional<double> grace,
-                                            holdfast::any_kv kv, holdfast::cluster_info cluster,
-                                            py_checkpointer ckpt, holdfast::handler_options o) {
+                                            const std::string& notice_file, holdfast::any_kv kv,
+                                            holdfast::cluster_info cluster, py_checkpointer ckpt,
+                                            holdfast::handler_options o) {
   if (grace)
     config.set_grace_period(std::chrono::milliseconds(static_cast<std::int64_t>(*grace * 1000)));
+  if (!notice_file.empty()) {  // the preset's notices, or the file appearing (a Slurm trap)
+    using notice = holdfast::any_of<typename Config::notice_type, holdfast::file_notice>;
+    using with_file = holdfast::termination_config<notice, typename Config::exit_type>;
+    with_file c(notice(std::move(config.notice()),
+                       holdfast::file_notice(notice_file, notice_file_interval)),
+                config.exit_policy(), config.grace_period());
+    return std::make_unique<handler_impl<with_file>>(std::move(c), std::move(kv),
+                                                     std::move(cluster), std::move(ckpt), o);
+  }
   return std::make_unique<handler_impl<Config>>(std::move(config), std::move(kv),
                                                 std::move(cluster), std::move(ckpt), o);
 }
 
-inline std::unique_ptr<handler_iface> make_handler(const std::string& preset,
-                                                   std::optional<double> grace, holdfast::any_kv kv,
-                                                   holdfast::cluster_info cluster,
-                                                   py_checkpointer ckpt,
-                                                   holdfast::handler_options o) {
+inline std::unique_ptr<handler_iface> make_handler(
+    const std::string& preset, std::optional<double> grace, const std::string& notice_file,
+    holdfast::any_kv kv, holdfast::cluster_info cluster, py_checkpointer ckpt,
+    holdfast::handler_options o) {
   namespace p = holdfast::presets;
   auto build = [&](auto config) {
-    return make_handler(std::move(config), grace, kv, cluster, ckpt, o);
+    return make_handler(std::move(config), grace, notice_file, kv, cluster, ckpt, o);
   };
   std::string name = preset;
   if (name == "detect") name = holdfast::to_string(holdfast::detect_platform());
@@ -383,7 +395,7 @@ class py_handler {
              const std::string& run_id, std::uint64_t restart,
              const py_checkpoint_manager& checkpoints, double ack_timeout,
              std::optional<double> grace, double grace_margin, double watch_interval,
-             double store_poll) {
+             double store_poll, const std::string& notice_file) {
     auto ms = [](double s) {
       return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
     };
@@ -402,7 +414,8 @@ class py_handler {
     py_checkpointer ckpt = checkpoints.checkpointer();
     py::gil_scoped_release nogil;  // the restore agreement waits for every task
     if (!kv) kv.emplace(holdfast::make_kv(store, ns));
-    h_ = make_handler(preset, grace, std::move(*kv), std::move(cluster), std::move(ckpt), o);
+    h_ = make_handler(preset, grace, notice_file, std::move(*kv), std::move(cluster),
+                      std::move(ckpt), o);
   }
   py_handler(const py_handler&) = delete;
   py_handler& operator=(const py_handler&) = delete;
@@ -723,6 +736,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "holdfast for PyTorch: preemption handler, checkpoints, multiprocess file cache";
   m.attr("holdfast_version") = holdfast::version.string;
   m.def("_set_exception_classes", &ht::set_exception_classes);
+  m.def(
+      "take_incarnation",
+      [](const std::string& url, const std::string& run_id, const std::string& taker) {
+        py::gil_scoped_release nogil;
+        holdfast::any_kv kv = holdfast::make_kv(url, holdfast::incarnation_namespace(run_id));
+        return holdfast::take_incarnation(kv, taker);
+      },
+      py::arg("url"), py::arg("run_id"), py::arg("taker"),
+      "A fresh incarnation number for this launch of run_id, from the store at url "
+      "(holdfast/kv/incarnation.hpp).");
   py::register_exception_translator(&ht::translate);
 
   py::class_<ht::py_checkpoint_manager>(m, "CheckpointManager")
@@ -778,11 +801,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<const std::string&, const std::string&,
                     std::optional<c10::intrusive_ptr<c10d::Store>>, int, int, const std::string&,
                     std::uint64_t, const ht::py_checkpoint_manager&, double, std::optional<double>,
-                    double, double, double>(),
+                    double, double, double, const std::string&>(),
            py::arg("preset"), py::arg("store"), py::arg("torch_store"), py::arg("task"),
            py::arg("num_tasks"), py::arg("run_id"), py::arg("restart"), py::arg("checkpoints"),
            py::arg("ack_timeout"), py::arg("grace"), py::arg("grace_margin"),
-           py::arg("watch_interval"), py::arg("store_poll"))
+           py::arg("watch_interval"), py::arg("store_poll"), py::arg("notice_file"))
       .def("run", &ht::py_handler::run, py::arg("step_fn"))
       .def("save_checkpoint_if_preempted", &ht::py_handler::save_checkpoint_if_preempted)
       .def_property_readonly("total_run_calls", &ht::py_handler::total_run_calls)

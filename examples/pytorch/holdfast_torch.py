@@ -6,10 +6,14 @@ re-exports its classes with Python-side defaults read from torchrun's environmen
 
     import holdfast_torch as holdfast
 
+    holdfast.init_process_group("gloo")   # torch.distributed's, made safe for torchrun restarts
     ckpt = holdfast.CheckpointManager(f"ckpt/rank-{rank}", save=save_fn, restore=restore_fn)
     with holdfast.Handler(preset="generic", store="torch", checkpoints=ckpt) as h:
         while h.total_run_calls < steps:
             h.run(train_step)
+
+Supported: the torch version pinned in requirements.txt beside this file (what the tests run);
+importing it under another torch warns.
 
 Exceptions (each carries holdfast's message; Error and its subclasses also `errno`,
 `operation` and `path`):
@@ -31,11 +35,35 @@ import sys
 __all__ = [
     "Handler", "CheckpointManager", "Cache", "Error", "AgreementTimeout",
     "AgreementUnreachable", "PeerError", "CorruptCache", "FormatError", "Preempted",
-    "load_extension", "default_build_directory",
+    "init_process_group", "load_extension", "default_build_directory", "SUPPORTED_TORCH",
 ]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(os.path.dirname(_HERE))
+
+
+def _pinned_torch():
+    """The torch versions requirements.txt pins (the versions CI tests)."""
+    try:
+        with open(os.path.join(_HERE, "requirements.txt")) as f:
+            return tuple(line.split("==", 1)[1].strip() for line in f
+                         if line.strip().startswith("torch=="))
+    except OSError:
+        return ()
+
+
+SUPPORTED_TORCH = _pinned_torch()
+
+
+def _check_torch_version():
+    import warnings
+    import torch
+    found = torch.__version__.split("+", 1)[0]
+    series = {".".join(v.split(".")[:2]) for v in SUPPORTED_TORCH}
+    if SUPPORTED_TORCH and ".".join(found.split(".")[:2]) not in series:
+        warnings.warn(f"holdfast_torch is tested with torch {', '.join(SUPPORTED_TORCH)} "
+                      f"(examples/pytorch/requirements.txt); this is torch {torch.__version__}",
+                      RuntimeWarning, stacklevel=3)
 
 
 class Error(Exception):
@@ -112,9 +140,10 @@ def load_extension(verbose=False):
         ext = load(
             name="holdfast_torch",
             sources=[os.path.join(_HERE, "holdfast_torch.cpp")],
-            # Debian's torch adds -std=c++14 before these; hidden visibility as pybind11 advises
-            # (the module exports only PyInit_holdfast_torch)
-            extra_cflags=["-std=c++17", "-O2", "-fvisibility=hidden"],
+            # No -std: torch passes the standard its headers need (C++20 since 2.10; holdfast
+            # builds as C++17 and C++20). Hidden visibility as pybind11 advises (the module
+            # exports only PyInit_holdfast_torch).
+            extra_cflags=["-O2", "-fvisibility=hidden"],
             extra_include_paths=[os.path.join(_REPO, "include")],
             build_directory=build,
             verbose=verbose,
@@ -132,7 +161,72 @@ def load_extension(verbose=False):
     return ext
 
 
+_check_torch_version()
 load_extension(verbose=bool(os.environ.get("HOLDFAST_TORCH_VERBOSE")))
+
+
+def _agent_store(timeout):
+    """A client of the torchrun agent's TCPStore (static rendezvous), or None outside torchrun."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         is_master=False, timeout=timeout)
+
+
+def init_process_group(backend=None, timeout=None, **kwargs):
+    """torch.distributed.init_process_group, made safe for torchrun's restarts.
+
+    Under torchrun (static rendezvous, the default on one node and with --nnodes=N and a
+    --master-addr) the agent's TCPStore outlives the worker group, and torch gives the restarted
+    workers that same store with no per-restart prefix (torch/distributed/rendezvous.py trusts
+    "a new TCPStore for every retry"; StaticTCPRendezvous keeps one): the new gloo group reads
+    the dead group's addresses under default_pg/ and fails with "Gloo connectFullMesh failed
+    ... Connection refused" (pytorch issue 135712 is the same stale-key bug with the c10d
+    rendezvous). This gives every restart its own prefix, <TORCHELASTIC_RESTART_COUNT>, on a
+    client of the agent's store; elsewhere it is init_process_group unchanged. Extra keyword
+    arguments go to torch's init_process_group.
+    """
+    import datetime
+    import torch.distributed as dist
+    if timeout is None:
+        timeout = datetime.timedelta(minutes=10)
+    agent = _agent_store(timeout)
+    if agent is None or "store" in kwargs or "init_method" in kwargs:
+        return dist.init_process_group(backend, timeout=timeout, **kwargs)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"holdfast/attempt-{attempt}", agent)
+    return dist.init_process_group(backend, timeout=timeout, store=store,
+                                   rank=int(os.environ["RANK"]),
+                                   world_size=int(os.environ["WORLD_SIZE"]), **kwargs)
+
+
+def _launch_channel(timeout):
+    """A store every task of this launch (and restart) shares, fresh for each: the torchrun
+    agent's store under a per-restart prefix, else the default process group's store."""
+    import torch.distributed as dist
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent = _agent_store(timeout)
+    if agent is not None:
+        return dist.PrefixStore(f"holdfast/incarnation/attempt-{attempt}", agent)
+    if dist.is_available() and dist.is_initialized():
+        return dist.PrefixStore("holdfast/incarnation", dist.distributed_c10d._get_default_store())
+    return None
+
+
+def _take_incarnation(url, run_id, task, timeout_s):
+    """This launch's incarnation for a store that outlives launches (file://, etcd://): task 0
+    takes a fresh number from the store (holdfast/kv/incarnation.hpp) and hands it to the others
+    through the launch's own store. Without one (no torchrun, no process group), the restart
+    count, as before."""
+    import datetime
+    channel = _launch_channel(datetime.timedelta(seconds=timeout_s))
+    if channel is None:
+        return None
+    if task == 0:
+        n = _ext.take_incarnation(url, run_id, f"task0/pid{os.getpid()}/{os.urandom(4).hex()}")
+        channel.set("number", str(n))
+    return int(channel.get("number").decode())
 
 
 def _env_int(name, default):
@@ -177,7 +271,15 @@ class Handler(_ext.Handler):
                 group's), "file:///shared/dir" or "etcd://host:port[,host:port...][/prefix]".
     task, num_tasks, run_id, restart: default to torchrun's RANK, WORLD_SIZE,
                 TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT; keys are scoped by
-                (run_id, restart), so each restart of the worker group agrees afresh.
+                (run_id, incarnation), so each restart of the worker group agrees afresh.
+                store="torch": the incarnation is the restart count (torchrun's store is new
+                in every launch). A URL store outlives launches, and a relaunched torchrun
+                keeps its run id and counts restarts from 0 again: there task 0 takes a fresh
+                incarnation from the store (a counter) and hands it to the others through the
+                launch's own store (torchrun's agent store, else the process group's), so no
+                launch reads the keys an earlier one left. incarnation=N sets it yourself.
+    notice_file: a path whose appearance is a notice too (besides the preset's signals): what
+                an sbatch trap for --signal=B:USR1@N writes (docs in examples/pytorch/README).
     checkpoints: a CheckpointManager; the handler restores from it at construction (after
                 agreeing with every task on the newest step all of them hold) and saves
                 through it at the agreed step.
@@ -192,7 +294,8 @@ class Handler(_ext.Handler):
 
     def __init__(self, preset="generic", store="torch", torch_store=None, task=None,
                  num_tasks=None, run_id=None, restart=None, checkpoints=None, ack_timeout=180.0,
-                 grace=None, grace_margin=3.0, watch_interval=0.1, store_poll=0.01):
+                 grace=None, grace_margin=3.0, watch_interval=0.1, store_poll=0.01,
+                 notice_file=None, incarnation=None):
         if checkpoints is None:
             raise TypeError("Handler needs checkpoints=CheckpointManager(...)")
         task = _env_int("RANK", 0) if task is None else int(task)
@@ -201,6 +304,10 @@ class Handler(_ext.Handler):
             run_id = os.environ.get("TORCHELASTIC_RUN_ID") or "default"
         run_id = str(run_id).replace("/", "_") or "default"
         restart = _env_int("TORCHELASTIC_RESTART_COUNT", 0) if restart is None else int(restart)
+        if incarnation is None and store != "torch":
+            incarnation = _take_incarnation(store, run_id, task, float(ack_timeout))
+        if incarnation is not None:
+            restart = int(incarnation)
         if store == "torch" and torch_store is None:
             import torch.distributed as dist
             if not dist.is_initialized():
@@ -210,7 +317,8 @@ class Handler(_ext.Handler):
         super().__init__(preset, store, torch_store if store == "torch" else None, task,
                          num_tasks, run_id, restart, checkpoints, float(ack_timeout),
                          None if grace is None else float(grace), float(grace_margin),
-                         float(watch_interval), float(store_poll))
+                         float(watch_interval), float(store_poll),
+                         os.fspath(notice_file) if notice_file else "")
 
     def __enter__(self):
         return self
