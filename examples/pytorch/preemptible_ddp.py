@@ -1,83 +1,68 @@
 #!/usr/bin/env python3
-"""preemptible_ddp — holdfast in a real PyTorch job: DDP under the elastic agent, preempted.
+"""preemptible_ddp — holdfast in a real PyTorch job: DDP under torchrun, preempted, restarted.
 
-    python3 examples/pytorch/preemptible_ddp.py [--kv=torch|file:///dir|etcd://host:port]
-                                                [--workers 4] [--grace SECONDS] [--kill]
-                                                [--steps 48] [--seed 7] [--dir DIR]
-                                                [--reference computed|launch]
+    python examples/pytorch/preemptible_ddp.py [--kv=torch|file:///dir|etcd://host:port]
+        [--workers 4] [--grace SECONDS] [--kill] [--preempt worker|torchrun]
+        [--device cpu|cuda] [--steps 48] [--seed 7] [--dir DIR] [--reference computed|launch]
 
-The driver launches 4 workers with torch's elastic agent (the agent torchrun runs, started from
-Python: `torchrun` itself fails at start on Debian bookworm's torch 1.13 with Python 3.11). Each
-worker trains a small deterministic model with DistributedDataParallel (gloo, CPU) on synthetic
-data read through a holdfast multiprocess file cache in DataLoader worker processes (the first
-epoch fills it, later epochs read it), every step inside holdfast's preemption handler, whose
-coordination store is the job's own c10d store by default (--kv=torch). Every task also saves a
-periodic checkpoint every 5 steps into its own directory, <run dir>/ckpt/rank-<k>.
+Run it with the Python that has the pinned torch (examples/pytorch/requirements.txt; the tests
+make one with `bash tests/pytorch/venv.sh`). The driver starts the job with the real `torchrun`
+(`--nproc-per-node=N --max-restarts=2`, static rendezvous on one node: the agent hosts the
+TCPStore the workers share). Each worker trains a small deterministic model with
+DistributedDataParallel (gloo on the CPU; --device cuda: NCCL, one GPU per worker) on synthetic
+data read through a holdfast multiprocess file cache in DataLoader worker processes, every step
+inside holdfast's preemption handler, whose coordination store is the job's own c10d store by
+default (--kv=torch). Every task also saves a periodic checkpoint every 5 steps into its own
+directory, <run dir>/ckpt/rank-<k>.
 
 Default: the driver sends SIGTERM to a random worker at a random step. Every worker checkpoints
-at one agreed step and exits with the preset's code (42); the agent restarts the worker group
-(TORCHELASTIC_RESTART_COUNT + 1); the workers agree on the newest checkpoint all of them hold,
-restore it and finish. (The first worker to exit makes the agent SIGTERM the others: the
-handler's notice is SIGTERM too, so their save at the agreed step still completes.)
+at one agreed step and exits with the preset's code (42); torchrun restarts the worker group,
+which agrees on the newest checkpoint all of them hold, restores it and finishes.
+
+--preempt torchrun: the SIGTERM goes to the torchrun process itself (what Kubernetes and scancel
+do): the agent forwards it to every worker and SIGKILLs them --shutdown-timeout seconds later
+(30 by default). Every worker saves at one agreed step and exits; torchrun exits; the driver
+launches torchrun again (same default run id "none"), which restores that step and finishes.
+With --grace G the preset is Kubernetes' (exit 143) with grace G, and torchrun's window is G
+too: the workers train on and make a final save that must land before the agent's SIGKILL.
 
 --kill: the driver SIGKILLs a random worker (no notice) after some periodic checkpoints. The
 survivors' next collective fails inside the step; the agent sees the dead worker and SIGTERMs
 the others, which is a notice: the survivors agree, the dead task never answers, and every
 survivor's handler raises AgreementTimeout naming it (within ack_timeout, 5 s, well below the
-agent's 30 s between SIGTERM and SIGKILL). The agent restarts the group, which resumes from the
+agent's 30 s between SIGTERM and SIGKILL). torchrun restarts the group, which resumes from the
 newest periodic checkpoint every task holds; the steps after it run twice (reported).
 
 Then the driver checks the final model and optimizer state against an uninterrupted run, bit for
 bit: by default the uninterrupted job computed in the driver's own process (every worker's
 gradient of every step, averaged in rank order as the workers' DDP communication hook does);
-with --reference=launch, a second launch of the same job with no signal (and it checks that the
-two references agree). It checks that every step ran exactly once (--kill: at least once),
-prints a timeline, the per-step cost of wrapping a step in the handler, and `verdict: PASS` or
-`verdict: FAIL` (exit status 0 only on PASS).
+with --reference=launch (the default with --device cuda), a second launch of the same job with no
+signal. It checks that every step ran exactly once (--kill: at least once), prints a timeline,
+the per-step cost of wrapping a step in the handler, and `verdict: PASS` or `verdict: FAIL`
+(exit status 0 only on PASS).
 
-With a torch whose torchrun works, the workers are this same script under torchrun (send
-SIGTERM to one of them yourself; the elastic agent restarts the group):
+The workers are this same script under torchrun; to run it by hand:
 
-    torchrun --nproc-per-node=4 --max-restarts=2 --master-port=29500 \\
-        examples/pytorch/preemptible_ddp.py --worker --dir /tmp/ddp-run
+    torchrun --nproc-per-node=4 --max-restarts=2 examples/pytorch/preemptible_ddp.py \\
+        --worker --dir /tmp/ddp-run
 
 (Not --standalone: that picks the c10d rendezvous, whose workers' store rank 0 hosts, so the
-store, and with it --kv=torch, dies with rank 0. The static rendezvous above, torchrun's
-default, has the agent host the store, as this driver does.)
+store, and with it --kv=torch, dies with rank 0. torchrun's default static rendezvous has the
+agent host the store.)
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 _STARTED = time.time()
 
-
-def _ensure_torch():
-    """Re-executes this script under /usr/bin/python3 when this interpreter has no torch."""
-    try:
-        import torch  # noqa: F401
-        return
-    except ImportError:
-        pass
-    system = "/usr/bin/python3"
-    other = os.path.realpath(sys.executable) != os.path.realpath(system)
-    if other and os.path.exists(system) and subprocess.run(
-            [system, "-c", "import torch"], capture_output=True).returncode == 0:
-        print(f"preemptible_ddp: {sys.executable} cannot import torch; re-running under {system}",
-              file=sys.stderr, flush=True)
-        os.execv(system, [system] + sys.argv)
-    sys.exit("preemptible_ddp: torch is not importable (Debian: apt install python3-torch)")
-
-
-_ensure_torch()
-
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
-import logging  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
 import signal  # noqa: E402
@@ -107,7 +92,6 @@ CKPT_EVERY = 5            # periodic checkpoints
 STEP_SLEEP = 0.03         # the rest of a real step's compute
 ACK_TIMEOUT = 5.0         # seconds; the agent waits 30 s between SIGTERM and SIGKILL
 COLLECTIVE_TIMEOUT = 20   # seconds: init_process_group(timeout=...)
-PRESET = "generic"        # SIGTERM, exit 42
 
 
 def make_model(seed):
@@ -160,11 +144,18 @@ class CachedShard(torch.utils.data.Dataset):
         return t[:IN], t[IN:]
 
 
-def close_inherited_tcp_sockets(worker_id):
-    """DataLoader worker_init_fn. The loader workers are forked from a trainer whose gloo
-    connections (and store connection) are open; their copies would keep a SIGKILLed trainer's
-    connections open until its loader workers notice their parent is gone (up to 5 s), so its
-    peers' collectives would not fail at once. Close them: the loader needs none."""
+def loader_worker_init(worker_id):
+    """DataLoader worker_init_fn.
+
+    - torchrun (2.x) sends its SIGTERM to each worker's whole process group (os.killpg), so the
+      loader workers get it too; dying of it, they would make the DataLoader raise "DataLoader
+      worker ... is killed by signal: Terminated" in the trainer in the middle of its agreement.
+      They ignore it: a loader worker exits by itself when its trainer is gone.
+    - The loader workers are forked from a trainer whose gloo connections (and store
+      connection) are open; their copies would keep a SIGKILLed trainer's connections open
+      until its loader workers notice their parent is gone (up to 5 s), so its peers'
+      collectives would not fail at once. They close them: the loader needs none."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for name in os.listdir("/proc/self/fd"):
         try:
             fd = int(name)
@@ -289,6 +280,10 @@ class Worker:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.launch = a.launch     # which torchrun launch of the driver (0, then 1 after
+        self.first = self.launch == 0 and self.restart == 0   # --preempt torchrun relaunches)
+        self.device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+                       if a.device == "cuda" else torch.device("cpu"))
         self.t0 = a.t0 if a.t0 else time.time()
         self.label = a.label
         for sub in ("progress", "steps", "events", "cache"):
@@ -305,19 +300,25 @@ class Worker:
     def progress(self, step):
         tmp = self.path("progress", f"rank-{self.rank}.tmp")
         with open(tmp, "w") as f:
-            f.write(f"{os.getpid()} {self.restart} {step}\n")
+            f.write(f"{os.getpid()} {self.launch * 100 + self.restart} {step}\n")
         os.replace(tmp, self.path("progress", f"rank-{self.rank}"))
 
     def event(self, **kw):
-        kw.update(rank=self.rank, restart=self.restart, pid=os.getpid(), t=time.time() - self.t0)
+        kw.update(rank=self.rank, restart=self.restart, launch=self.launch, first=self.first,
+                  pid=os.getpid(), t=time.time() - self.t0)
         with open(self.path("events", f"rank-{self.rank}.jsonl"), "a") as f:
             f.write(json.dumps(kw) + "\n")
 
     def main(self):
         a = self.a
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT))
-        model = make_model(a.seed)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        # torch.distributed's init_process_group, with a store prefix per torchrun restart (see
+        # holdfast_torch.init_process_group: without it the restarted gloo group fails)
+        holdfast.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
+                                    timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT))
+        model = make_model(a.seed).to(self.device)
         optimizer = make_optimizer(model)
 
         def save(directory, step):
@@ -327,7 +328,7 @@ class Worker:
                 self.say(f"saved checkpoint of step {step} (the step all workers agreed on)")
 
         def restore(directory, step):
-            state = torch.load(os.path.join(directory, "state.pt"))
+            state = torch.load(os.path.join(directory, "state.pt"), map_location=self.device)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
 
@@ -338,7 +339,7 @@ class Worker:
             os.path.join(a.dir, ckpt_dir, f"rank-{self.rank}"), save=save, restore=restore,
             max_to_keep=3)
         grace = a.grace if a.grace > 0 else None
-        h = holdfast.Handler(preset=PRESET, store=a.kv, checkpoints=ckpt,
+        h = holdfast.Handler(preset=a.preset, store=a.kv, checkpoints=ckpt,
                              ack_timeout=ACK_TIMEOUT, grace=grace,
                              grace_margin=min(3.0, a.grace / 4) if grace else 3.0)
         start = h.total_run_calls
@@ -348,7 +349,8 @@ class Worker:
         else:
             self.say(f"started fresh (restart {self.restart}, pid {os.getpid()})")
         self.event(kind="start", restored=h.restored_step)
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         ddp.register_comm_hook(None, ordered_allreduce(self.world))
         loss_fn = torch.nn.MSELoss()
 
@@ -359,13 +361,14 @@ class Worker:
         loader = torch.utils.data.DataLoader(
             CachedShard(cache, a.seed, self.rank, fills, hits),
             batch_sampler=StepBatches(a.seed, self.rank, start, a.steps), num_workers=2,
-            multiprocessing_context=mp, worker_init_fn=close_inherited_tcp_sockets)
+            multiprocessing_context=mp, worker_init_fn=loader_worker_init)
         batches = iter(loader)
         log = os.open(self.path("steps", f"rank-{self.rank}.log"),
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
         def train_step(x, y):
             try:
+                x, y = x.to(self.device), y.to(self.device)
                 loss = loss_fn(ddp(x), y)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()  # DDP's all-reduce of the gradients
@@ -398,6 +401,11 @@ class Worker:
                     if self.rank == 0:
                         self.say(f"periodic checkpoint of step {s + 1} (each task: ckpt/rank-<k>)")
                 time.sleep(STEP_SLEEP)
+            model.cpu()  # the checks compare CPU bytes (a no-op on the CPU)
+            for st in optimizer.state.values():
+                for k, v in st.items():
+                    if torch.is_tensor(v):
+                        st[k] = v.cpu()
             state = state_bytes(model, optimizer)
             if self.rank == 0:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
@@ -491,32 +499,37 @@ class Timeline:
         line(f"[{time.time() - self.t0:7.3f} s] {text}")
 
 
-class AgentLog(logging.Handler):
-    """The elastic agent's log: all of it to <dir>/agent.log, the restarts on the timeline."""
+class AgentLog:
+    """torchrun's own log (its stderr): all of it to <dir>/agent.log, the agent's decisions on
+    the timeline."""
 
     def __init__(self, timeline, path, pid_names):
-        super().__init__(logging.INFO)
         self.timeline, self.file, self.pid_names = timeline, open(path, "a"), pid_names
 
-    def emit(self, record):
-        msg = record.getMessage()
-        self.file.write(f"{record.levelname} {record.name}: {msg}\n")
-        self.file.flush()
-        failed = re.match(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)", msg)
-        if failed:
-            code, rank, pid = (int(v) for v in failed.groups())
-            how = (f"was killed by {signal.Signals(-code).name}" if code < 0 else
-                   f"exited with {code}")
-            self.timeline(f"agent: group stopped; the first worker to end was worker {rank} "
-                          f"(pid {pid}): it {how}")
-        elif msg.startswith("Sending process"):
-            pid = int(msg.split()[2])
-            self.timeline(f"agent: SIGTERM -> {self.pid_names(pid)} (pid {pid}), still running")
-        elif "will restart worker group" in msg:
-            left = re.search(r"(\d+)/(\d+) attempts left", msg)
-            self.timeline("agent: restarting the worker group"
-                          + (f" ({left.group(1)} of {left.group(2)} restarts left before this one)"
-                             if left else ""))
+    def feed(self, stream):
+        for raw in stream:
+            msg = raw.rstrip("\n")
+            self.file.write(msg + "\n")
+            self.file.flush()
+            failed = re.search(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)",
+                               msg)
+            if failed:
+                code, rank, pid = (int(v) for v in failed.groups())
+                how = (f"was killed by {signal.Signals(-code).name}" if code < 0 else
+                       f"exited with {code}")
+                self.timeline(f"torchrun: group stopped; the first worker to end was worker "
+                              f"{rank} (pid {pid}): it {how}")
+            elif re.search(r"Sending process (\d+) closing signal", msg):
+                pid = int(re.search(r"Sending process (\d+)", msg).group(1))
+                self.timeline(f"torchrun: SIGTERM -> {self.pid_names(pid)} (pid {pid}), still "
+                              f"running")
+            elif "will restart worker group" in msg:
+                left = re.search(r"(\d+)/(\d+) attempts left", msg)
+                self.timeline("torchrun: restarting the worker group"
+                              + (f" ({left.group(1)} of {left.group(2)} restarts left before "
+                                 f"this one)" if left else ""))
+            elif "Received" in msg and "death signal" in msg:
+                self.timeline(f"torchrun: {msg.split('] ')[-1].strip()}")
 
 
 def free_port():
@@ -525,21 +538,36 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(a, timeline, label, pid_names, max_restarts):
-    """The elastic agent, as `torchrun --nproc-per-node=N --max-restarts=R` starts it: the
-    static rendezvous, whose TCPStore the agent itself hosts, so the workers' store (and the
-    handler's keys in it) outlives any worker. (torchrun --standalone uses the c10d rendezvous
-    instead, where rank 0 hosts the workers' store: it dies with rank 0.)"""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=a.workers,
-                       run_id=f"holdfast-ddp-{os.getpid()}-{label}", rdzv_backend="static",
-                       rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_configs={"rank": 0},
-                       max_restarts=max_restarts, monitor_interval=0.2,
-                       log_dir=os.path.join(a.dir, "agent-logs"))
-    args = [os.path.abspath(__file__), "--worker", "--label", label, "--dir", a.dir,
+def torchrun_command():
+    """The torchrun beside this interpreter (a virtual environment's bin/), else on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    found = here if os.path.exists(here) else shutil.which("torchrun")
+    if not found:
+        sys.exit("preemptible_ddp: no torchrun beside this Python or on PATH")
+    return found
+
+
+def launch(a, timeline, label, log, max_restarts, launch_index=0, started=None):
+    """`torchrun --nproc-per-node=N --max-restarts=R` on this script's --worker mode: the static
+    rendezvous (torchrun's default on one node), whose TCPStore the agent itself hosts, so the
+    workers' store (and the handler's keys in it) outlives any worker. Returns torchrun's exit
+    status; `started(process)` is called once it runs."""
+    cmd = [torchrun_command(), f"--nproc-per-node={a.workers}", f"--max-restarts={max_restarts}",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--monitor-interval=0.2"]
+    if a.grace > 0 and a.preempt == "torchrun":  # the agent's window is the preset's grace
+        cmd.append(f"--shutdown-timeout={a.grace:g}")
+    cmd += [os.path.abspath(__file__), "--worker", "--label", label, "--dir", a.dir,
             "--steps", str(a.steps), "--seed", str(a.seed), "--kv", a.kv_url(label),
-            "--grace", str(a.grace), "--t0", repr(timeline.t0)]
-    elastic_launch(cfg, sys.executable)(*args)
+            "--grace", str(a.grace), "--t0", repr(timeline.t0), "--preset", a.preset,
+            "--device", a.device, "--launch", str(launch_index)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    reader = threading.Thread(target=log.feed, args=(proc.stderr,), daemon=True)
+    reader.start()
+    if started:
+        started(proc)
+    code = proc.wait()
+    reader.join()
+    return code
 
 
 def load_state(path, seed):
@@ -624,6 +652,7 @@ def driver(a):
         target = rng.randrange(a.steps // 4, a.steps // 2 + 1)
     sig = signal.SIGKILL if a.kill else signal.SIGTERM
     url = a.kv
+    expected_code = 42 if a.preset == "generic" else 143
 
     def kv_url(label):
         if url.startswith("etcd://") and "/" not in url[len("etcd://"):]:
@@ -634,9 +663,11 @@ def driver(a):
     print(f"(torch and the holdfast extension imported in {_IMPORTED - _STARTED:.1f} s; the first "
           f"run, or a changed header, builds the extension: about a minute or two)", flush=True)
     print(f"holdfast {holdfast._ext.holdfast_version} for PyTorch {torch.__version__}: "
-          f"{a.workers} workers (DDP, gloo, CPU) under the elastic agent, {a.steps} steps, "
-          f"run directory {a.dir}, coordination: {a.kv}", flush=True)
-    print(f"plan: {'SIGKILL (no notice)' if a.kill else 'SIGTERM'} worker {victim} when it "
+          f"{a.workers} workers (DDP, "
+          f"{'NCCL, one GPU each' if a.device == 'cuda' else 'gloo, CPU'}) under torchrun, "
+          f"{a.steps} steps, run directory {a.dir}, coordination: {a.kv}", flush=True)
+    whom = "torchrun itself" if a.preempt == "torchrun" else f"worker {victim}"
+    print(f"plan: {'SIGKILL (no notice)' if a.kill else 'SIGTERM'} {whom} when worker {victim} "
           f"reaches step {target}; reference: "
           + ("an uninterrupted launch" if a.reference == "launch" else
              "the uninterrupted job computed in this process") + "\n", flush=True)
@@ -649,23 +680,23 @@ def driver(a):
                     return f"worker {r}"
         return "a worker"
 
-    from torch.distributed.launcher import api as _  # noqa: F401  (creates the agent's loggers)
-    elastic = logging.getLogger("torch.distributed.elastic")
-    for name, lg in list(logging.root.manager.loggerDict.items()):
-        if name.startswith("torch.distributed.elastic") and isinstance(lg, logging.Logger):
-            lg.setLevel(logging.INFO)
-    elastic.setLevel(logging.INFO)
-    elastic.propagate = False
-    elastic.addHandler(AgentLog(tl, os.path.join(a.dir, "agent.log"), name_of))
+    log = AgentLog(tl, os.path.join(a.dir, "agent.log"), name_of)
 
     # The preempted run, with the driver's signal sent from a thread watching the progress files.
     sent = {}
     stop = threading.Event()
+    agent = {}
 
     def preempt():
         while not stop.wait(0.01):
             p = read_progress(a, "run", victim)
             if p and p[1] == 0 and p[2] + 1 >= target:
+                if a.preempt == "torchrun":
+                    agent["proc"].send_signal(sig)
+                    sent.update(pid=agent["proc"].pid, step=p[2])
+                    tl(f"driver: {sig.name} -> torchrun (pid {agent['proc'].pid}; worker "
+                       f"{victim} has run steps 0..{p[2]})")
+                    return
                 os.kill(p[0], sig)
                 sent.update(pid=p[0], step=p[2])
                 tl(f"driver: {sig.name} -> worker {victim} (pid {p[0]}; it has run steps "
@@ -674,33 +705,35 @@ def driver(a):
 
     # The workers import the extension this process built (no build check in each of them).
     os.environ["HOLDFAST_TORCH_EXTENSION"] = holdfast._ext.__file__
-    tl(f"driver: launching {a.workers} workers with the elastic agent (max_restarts=2)")
+    tl(f"driver: torchrun --nproc-per-node={a.workers} --max-restarts=2")
     watcher = threading.Thread(target=preempt, daemon=True)
     watcher.start()
-    launched_ok = True
-    try:
-        launch(a, tl, "run", name_of, max_restarts=2)
-    except Exception as e:  # ChildFailedError: the restarts ran out
-        launched_ok = False
-        tl(f"driver: the job failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    code = launch(a, tl, "run", log, max_restarts=2, started=lambda p: agent.update(proc=p))
     stop.set()
     watcher.join()
+    first_code = code
+    if a.preempt == "torchrun":
+        tl(f"driver: torchrun exited with {code}; launching it again (same run id)")
+        code = launch(a, tl, "run", log, max_restarts=2, launch_index=1)
+    launched_ok = code == 0
     run_done = time.time()
-    tl("driver: the job finished" if launched_ok else "driver: the job did not finish")
+    tl("driver: the job finished" if launched_ok else
+       f"driver: the job did not finish (torchrun exited with {code})")
 
     ref_ok, launched_ref = True, None
     if a.reference == "launch":
         tl("driver: reference: launching the same job again, with no signal")
-        try:
-            launch(a, tl, "reference", name_of, max_restarts=0)
+        ref_ok = launch(a, tl, "reference", log, max_restarts=0) == 0
+        if ref_ok:
             launched_ref = load_state(os.path.join(a.dir, "final-reference.pt"), a.seed)
-        except Exception as e:
-            ref_ok = False
-            tl(f"driver: the reference failed: {e}")
-    tl("driver: reference: the uninterrupted job computed in this process (every worker's "
-       "gradient of every step, averaged as the workers' all-reduce does)")
-    computed_ref = state_bytes(*reference_state(a.seed, a.workers, a.steps))
-    tl("driver: reference computed")
+        else:
+            tl("driver: the reference failed")
+    computed_ref = None
+    if a.device == "cpu":
+        tl("driver: reference: the uninterrupted job computed in this process (every worker's "
+           "gradient of every step, averaged as the workers' all-reduce does)")
+        computed_ref = state_bytes(*reference_state(a.seed, a.workers, a.steps))
+        tl("driver: reference computed")
 
     # ---- checks
     checks = []
@@ -715,10 +748,13 @@ def driver(a):
           + (f" after its step {sent['step']}" if sent else " (never: it did not get that far)"))
     check(launched_ok and ref_ok, "the job finished" if a.reference == "computed" else
           "the job and the reference launch both finished")
-    restarted = [e for e in events if e["kind"] == "start" and e["restart"] >= 1]
+    restarted = [e for e in events if e["kind"] == "start" and not e["first"]]
+    if a.preempt == "torchrun":
+        check(first_code != 0, f"the first torchrun ended on the driver's SIGTERM (exit status "
+              f"{first_code}) and a second launch ran")
     if a.kill:
         survivors = [r for r in range(a.workers) if r != victim]
-        named = {e["rank"]: e for e in events if e["restart"] == 0
+        named = {e["rank"]: e for e in events if e["first"]
                  and e["kind"] in ("timeout", "peer_error", "error")}
         names_victim = [r for r in survivors if r in named and named[r]["kind"] == "timeout"
                         and named[r]["missing"] == [victim]]
@@ -732,16 +768,16 @@ def driver(a):
               f"after the restart every worker resumed from one periodic checkpoint: "
               f"step {sorted(restored, key=str)}")
     else:
-        pre = [e for e in events if e["kind"] == "preempted" and e["restart"] == 0]
+        pre = [e for e in events if e["kind"] == "preempted" and e["first"]]
         steps = {e["step"] for e in pre}
         codes = {e["code"] for e in pre}
         finished_in_grace = all(e["kind"] != "preempted" for e in events) and a.grace > 0
         if finished_in_grace:
             check(True, "training finished within the grace period; nothing to restart")
         else:
-            check(len(pre) == a.workers and len(steps) == 1 and codes == {42},
+            check(len(pre) == a.workers and len(steps) == 1 and codes == {expected_code},
                   f"{len(pre)} of {a.workers} workers saved at one agreed step {sorted(steps)} "
-                  f"and exited with {sorted(codes)} (the preset's code: 42)")
+                  f"and exited with {sorted(codes)} (the preset's code: {expected_code})")
             restored = {e["restored"] for e in restarted}
             check(len(restarted) == a.workers and restored == steps,
                   f"after the agent's restart every worker restored step "
@@ -760,7 +796,7 @@ def driver(a):
         w0 = torch.frombuffer(bytearray(dict(got)["0.weight"]), dtype=torch.float32)[0].item()
         print(f"final model: 0.weight[0]={w0!r} ... sha256 {digest(got)[:16]} "
               f"(reference {digest(want)[:16] if want else 'none'})", flush=True)
-    if a.reference == "launch":
+    if a.reference == "launch" and computed_ref is not None:
         check(launched_ref == computed_ref, "the launched reference equals the one computed in "
               "one process, bit for bit")
     check(same, "final model and optimizer state "
@@ -801,6 +837,12 @@ def main():
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--grace", type=float, default=0.0, help="grace period in seconds")
     p.add_argument("--kill", action="store_true", help="SIGKILL a worker instead (no notice)")
+    p.add_argument("--preempt", choices=("worker", "torchrun"), default="worker",
+                   help="send the SIGTERM to a worker (default) or to torchrun itself")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: gloo (default); cuda: NCCL, one GPU per worker")
+    p.add_argument("--preset", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--launch", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--dir", default="")
@@ -814,9 +856,17 @@ def main():
     a = p.parse_args()
     if a.kv != "torch" and not (a.kv.startswith("file://") or a.kv.startswith("etcd://")):
         p.error("--kv takes torch, file:///dir or etcd://host:port")
-    if a.workers < 2 or a.steps < 4 * CKPT_EVERY or a.victim >= a.workers:
-        p.error(f"--workers takes 2 or more, --steps {4 * CKPT_EVERY} or more, --victim less "
+    if a.workers < 1 or a.steps < 4 * CKPT_EVERY or a.victim >= a.workers:
+        p.error(f"--workers takes 1 or more, --steps {4 * CKPT_EVERY} or more, --victim less "
                 f"than --workers")
+    if a.kill and a.workers < 2:
+        p.error("--kill needs 2 or more workers (survivors to name the dead one)")
+    if a.kill and a.preempt == "torchrun":
+        p.error("--kill and --preempt torchrun are separate modes")
+    if a.preset is None:  # --preempt torchrun with a grace: Kubernetes' preset, sized to torchrun
+        a.preset = "k8s" if a.preempt == "torchrun" and a.grace > 0 else "generic"
+    if a.device == "cuda" and not a.worker:
+        a.reference = "launch"  # GPU kernels do not match the CPU reference bit for bit
     if a.worker:
         if not a.dir:
             p.error("--worker needs --dir")

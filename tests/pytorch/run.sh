@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The PyTorch suite, as tests/run runs it (one step, not per preset):  bash tests/pytorch/run.sh
+#
+# On the pinned torch (examples/pytorch/requirements.txt, in the environment tests/pytorch/
+# venv.sh makes) it builds the extension once into build/pytorch-ext, then runs each case below
+# one after another; each must end well (the driver prints "verdict: PASS", the other scripts
+# exit 0). A loopback etcd is started for the etcd:// case and stopped on exit. The last line
+# is "N passed, M failed". HOLDFAST_PYTORCH_ONLY=name,name runs only those cases.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+python=$(bash tests/pytorch/venv.sh) || { echo "tests/pytorch/run.sh: no torch environment" >&2; exit 1; }
+export PATH="$(dirname "$python"):$PATH"  # torchrun, and the venv's python first
+export HOLDFAST_TORCH_BUILD=$repo/build/pytorch-ext
+scratch=$(mktemp -d /tmp/holdfast-pytorch.XXXXXX)
+etcd_pid=
+cleanup() {
+  [ -n "$etcd_pid" ] && kill "$etcd_pid" 2>/dev/null && wait "$etcd_pid" 2>/dev/null
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+
+echo "== pytorch: $("$python" -c 'import torch, sys; print("torch", torch.__version__, "python", sys.version.split()[0])')"
+start=$SECONDS
+"$python" -c "import sys; sys.path.insert(0, 'examples/pytorch'); import holdfast_torch" ||
+  { echo "tests/pytorch/run.sh: the extension does not build" >&2; exit 1; }
+echo "== pytorch: extension ready in $((SECONDS - start)) s"
+
+free_port() { "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+start_etcd() {
+  [ -n "$etcd_pid" ] && return 0
+  local client peer
+  client=$(free_port)
+  peer=$(free_port)
+  etcd --data-dir "$scratch/etcd" --listen-client-urls "http://127.0.0.1:$client" \
+    --advertise-client-urls "http://127.0.0.1:$client" --listen-peer-urls "http://127.0.0.1:$peer" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "default=http://127.0.0.1:$peer" >"$scratch/etcd.log" 2>&1 &
+  etcd_pid=$!
+  etcd_url=etcd://127.0.0.1:$client
+  for _ in $(seq 100); do
+    curl -sf "http://127.0.0.1:$client/health" >/dev/null 2>&1 && return 0
+    "$python" -c "import socket; socket.create_connection(('127.0.0.1', $client), 0.2)" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "tests/pytorch/run.sh: etcd did not start" >&2
+  return 1
+}
+
+passed=0
+failed=0
+failures=()
+only=${HOLDFAST_PYTORCH_ONLY:-}
+case_() {  # NAME COMMAND...: runs one case, its output in $scratch/NAME.log (shown on failure)
+  local name=$1
+  shift
+  if [ -n "$only" ] && [[ ",$only," != *",$name,"* ]]; then return 0; fi
+  local t=$SECONDS
+  if timeout -k 10 600 "$@" >"$scratch/$name.log" 2>&1; then
+    passed=$((passed + 1))
+    echo "PASS $name ($((SECONDS - t)) s)"
+  else
+    failed=$((failed + 1))
+    failures+=("$name")
+    echo "FAIL $name ($((SECONDS - t)) s); its output:"
+    tail -n 60 "$scratch/$name.log" | sed 's/^/    /'
+  fi
+}
+ddp=("$python" examples/pytorch/preemptible_ddp.py)
+
+case_ ddp-default "${ddp[@]}" --dir "$scratch/default"
+case_ ddp-kill "${ddp[@]}" --dir "$scratch/kill" --kill
+case_ ddp-file "${ddp[@]}" --dir "$scratch/file" --kv="file://$scratch/kv-file"
+if [ -z "$only" ] || [[ ",$only," == *",ddp-etcd,"* ]]; then
+  start_etcd || { failed=$((failed + 1)); failures+=(etcd); }
+fi
+[ -n "$etcd_pid" ] && case_ ddp-etcd "${ddp[@]}" --dir "$scratch/etcd" --kv="$etcd_url"
+case_ ddp-grace "${ddp[@]}" --dir "$scratch/grace" --grace 3
+case_ ddp-torchrun-sigterm "${ddp[@]}" --dir "$scratch/torchrun-sigterm" --preempt torchrun --kv="file://$scratch/kv-relaunch"
+case_ ddp-torchrun-k8s-grace "${ddp[@]}" --dir "$scratch/torchrun-k8s" --preempt torchrun --grace 4 --steps 250 --kv="file://$scratch/kv-k8s"
+case_ readme-script "$python" tests/pytorch/readme_script_test.py --dir "$scratch/readme"
+for t in tests/pytorch/test_*.py; do
+  [ -e "$t" ] && case_ "$(basename "$t" .py)" "$python" "$t"
+done
+for t in tests/pytorch/test_*.sh; do
+  [ -e "$t" ] && case_ "$(basename "$t" .sh)" bash "$t"
+done
+
+echo "== pytorch: ${failures[*]:-all cases} $([ $failed -eq 0 ] && echo passed || echo failed) in $((SECONDS - start)) s"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
