@@ -1074,6 +1074,19 @@ TEST_CASE("threads: a store with c10d's operations only (no list) serves the agr
   }
 }
 
+TEST_CASE("threads: an any_kv holding in_process_kv agrees as the concrete type does") {
+  // in_process_kv has no watch: the handler over any_kv asks at run time and takes the sliced
+  // path (blocking gets), as over the concrete type, and agrees
+  kv_t counted(holdfast::in_process_kv({"any", 0}));
+  holdfast::any_kv kv(counted);
+  CHECK_FALSE(holdfast::kv_supports(kv, holdfast::kv_op::watch));
+  auto out = agree_over(kv);
+  CHECK(first_saves(out).size() == 1);
+  for (auto& o : out) CHECK(o.st.saves == 1);
+  CHECK(counted.counts().get > 0);  // the sliced path's gets, through the any_kv
+  CHECK(counted.counts().get_many == 0);
+}
+
 namespace {
 
 // A notice that can be given again: noticed_at() is the time the test last set (0: none), so a

@@ -9,7 +9,14 @@
 //       worker makes every survivor raise agreement_timeout naming it within ack_timeout x 1.1 +
 //       100 ms of the notice;
 //   (d) shutting down an idle handler is prompt (< 100 ms) with a 10 s watch_interval, with a
-//       notice that wakes the watcher and with one that cannot.
+//       notice that wakes the watcher and with one that cannot;
+//   (e) over a store that can wait only on named keys (support/key_wait_kv.hpp: a watch that
+//       follows one key), directly and in an any_kv, 4 threads agree on one step with no
+//       blocking get; with its get_many the claimant reads the acks in O(1) calls, and a dead
+//       worker's timeout names it within ack_timeout; an idle worker makes no store calls;
+//   (f) a store made from a URL (make_kv, an any_kv) keeps the watch: idle over etcd:// it sends
+//       nothing but probes and opens no connection; over file:// a claim wakes it through
+//       inotify well before its 10 s watch_interval.
 // Timing bounds: a RUN_SERIAL suite. Workers are threads; the notices are real signal_notices
 // (SIGUSR1, SIGUSR2: doctest installs no handler on them) raised in-process, or flag_notice.
 #include <doctest/doctest.h>
@@ -24,8 +31,10 @@
 #include <functional>
 #include <holdfast/agreement.hpp>
 #include <holdfast/handler.hpp>
+#include <holdfast/kv/any.hpp>
 #include <holdfast/kv/etcd.hpp>
 #include <holdfast/kv/filesystem.hpp>
+#include <holdfast/kv/url.hpp>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -37,6 +46,7 @@
 
 #include "support/etcd_server.hpp"
 #include "support/handler_harness.hpp"
+#include "support/key_wait_kv.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -538,4 +548,229 @@ TEST_CASE("wake (d): an idle handler shuts down within 100 ms despite a 10 s wat
   check_prompt_shutdown<quiet_config>("filesystem_kv, a notice that cannot wake",
                                       holdfast::filesystem_kv(root.path(), fresh_ns()));
   CHECK(holdfast_test::settled_thread_count(threads) == threads);  // every watcher joined
+}
+
+namespace {
+
+using counted_key_wait = holdfast::counting_kv<holdfast_test::key_wait_kv>;
+template <class Kv>
+using flag_handler =
+    holdfast::preemption_handler<flag_config, Kv, holdfast_test::memory_checkpoints>;
+
+// One handler for thread workers: task `task` of `n` in run `run`, noticed when `*flag` is set.
+template <class Kv>
+std::unique_ptr<flag_handler<Kv>> make_flag_handler(Kv kv, int task, int n, const char* run,
+                                                    std::atomic<bool>* flag, worker_state* st,
+                                                    holdfast::handler_options o = {}) {
+  return std::make_unique<flag_handler<Kv>>(
+      flag_config(holdfast_test::flag_notice(holdfast_test::flag_poll{flag}, 1ms),
+                  holdfast::no_exit{}),
+      std::move(kv), holdfast::cluster_info{task, n, run}, holdfast_test::memory_checkpoints{st},
+      o);
+}
+
+// (e) What a 4-worker job over a key-wait store did, from the notice on.
+struct key_wait_result {
+  std::vector<std::string> errors;        // per task ("" none, "timeout", "other ...")
+  std::vector<std::vector<int>> missing;  // a timeout's missing tasks, per task
+  std::vector<std::vector<std::int64_t>> saved;
+  std::vector<double> ended_ms;  // notice -> run() answered stopped or threw
+  holdfast::kv_counts ops;       // the job's store operations from the notice on
+};
+
+// 4 handlers over copies of `kv` (every call counted by `counted`, which `kv` holds), trained
+// by threads; task 0 is noticed once all ran 20 steps. `dead` (if >= 0) is shut down before
+// the notice: it trains on but never acks.
+template <class Kv>
+key_wait_result key_wait_job(Kv kv, const counted_key_wait& counted, int dead,
+                             milliseconds ack_timeout) {
+  constexpr int n = 4;
+  holdfast::handler_options o;
+  o.ack_timeout = ack_timeout;  // watch_interval: the default 100 ms
+  std::vector<std::unique_ptr<std::atomic<bool>>> flags;
+  std::vector<worker_state> st(n);
+  std::vector<std::unique_ptr<flag_handler<Kv>>> hs;
+  for (int t = 0; t < n; ++t) {
+    flags.push_back(std::make_unique<std::atomic<bool>>(false));
+    hs.push_back(make_flag_handler(kv, t, n, "kw", flags.back().get(), &st[std::size_t(t)], o));
+  }
+  if (dead >= 0) hs[std::size_t(dead)]->shutdown();
+  team tm(n);
+  for (int t = 0; t < n; ++t) tm.train(t, *hs[std::size_t(t)]);
+  REQUIRE(tm.wait_steps(20, 20s));
+  const holdfast::kv_counts before = counted.counts();
+  const auto notice_at = clk::now();
+  flags[0]->store(true);
+  const auto end = notice_at + 30s;
+  for (int t = 0; t < n; ++t)
+    while (t != dead && tm[t].progress.load() != std::numeric_limits<std::int64_t>::max() &&
+           clk::now() < end)
+      std::this_thread::sleep_for(1ms);
+  tm.finish();
+  key_wait_result r;
+  r.ops = counted.counts();
+  r.ops.get -= before.get;
+  r.ops.try_get -= before.try_get;
+  r.ops.get_many -= before.get_many;
+  r.ops.put -= before.put;
+  for (int t = 0; t < n; ++t) {
+    r.errors.push_back(tm[t].error);
+    r.missing.push_back(tm[t].missing);
+    r.saved.push_back(st[std::size_t(t)].saved_steps);
+    r.ended_ms.push_back(
+        std::chrono::duration<double, std::milli>(tm[t].ended - notice_at).count());
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("wake (e): over a store that waits on named keys, 4 threads agree on one step") {
+  for (bool batched : {false, true})
+    for (bool erased : {false, true}) {
+      const std::string label = std::string(batched ? "with get_many" : "without get_many") +
+                                (erased ? ", in an any_kv" : "");
+      INFO(label);
+      counted_key_wait counted(
+          holdfast_test::key_wait_kv(holdfast::in_process_kv(fresh_ns()), batched));
+      const key_wait_result r = erased ? key_wait_job(holdfast::any_kv(counted), counted, -1, 10s)
+                                       : key_wait_job(counted, counted, -1, 10s);
+      for (int t = 0; t < 4; ++t) {
+        CHECK(r.errors[std::size_t(t)] == "");
+        CHECK(r.saved[std::size_t(t)].size() == 1);
+        CHECK(r.saved[std::size_t(t)] == r.saved[0]);  // one agreed step
+      }
+      MESSAGE("key-wait store, " << label << ": " << r.ops.to_string() << " from the notice on");
+      CHECK(r.ops.get == 0);  // no blocking get: the watches (following keys) and get_many wait
+      CHECK(r.ops.put == 4);  // one ack each
+      CHECK(r.ops.try_get <= 8 * 4);
+      if (batched)
+        CHECK(r.ops.get_many <= 2);  // one batch for the N - 1 acks (a second if one was slow)
+      else
+        CHECK(r.ops.get_many == 0);  // the claimant's ack watch follows each ack key
+    }
+}
+
+TEST_CASE("wake (e): with get_many a dead worker's timeout names it within ack_timeout") {
+  constexpr milliseconds ack = 1000ms;
+  counted_key_wait counted(holdfast_test::key_wait_kv(holdfast::in_process_kv(fresh_ns()), true));
+  const key_wait_result r = key_wait_job(counted, counted, 2, ack);
+  const double bound = static_cast<double>(ack.count()) + 500;
+  for (int t : {0, 1, 3}) {
+    MESSAGE("key-wait store with get_many, task " << t << ": notice -> agreement_timeout in "
+                                                  << r.ended_ms[std::size_t(t)] << " ms");
+    CHECK(r.errors[std::size_t(t)] == "timeout");
+    CHECK(r.missing[std::size_t(t)] == std::vector<int>{2});
+    CHECK(r.ended_ms[std::size_t(t)] <= bound);
+    CHECK(r.saved[std::size_t(t)].empty());
+  }
+  CHECK(r.ops.get_many >= 1);
+  CHECK(r.ops.get_many <= 3);  // one slice to the deadline (+ one read at it), not a get per ack
+  CHECK(r.ops.get == 0);
+}
+
+TEST_CASE("wake (e): an idle worker over a store that waits on named keys makes no store calls") {
+  constexpr milliseconds interval = 100ms;
+  for (bool erased : {false, true}) {
+    const std::string label = erased ? "in an any_kv" : "direct";
+    INFO(label);
+    counted_key_wait counted(holdfast_test::key_wait_kv{holdfast::in_process_kv(fresh_ns())});
+    std::atomic<bool> flag{false};
+    worker_state st;
+    holdfast::handler_options o;
+    o.watch_interval = interval;
+    auto idle = [&](auto h) {
+      team tm(1);
+      tm.train(0, *h);
+      // the watcher looked at the claim and error keys once and again after its watch's first
+      // take, then sleeps
+      const auto looked = clk::now() + 10s;
+      while (counted.counts().try_get < 4 && clk::now() < looked) std::this_thread::sleep_for(1ms);
+      const holdfast::kv_counts before = counted.counts();
+      const auto t0 = clk::now();
+      std::this_thread::sleep_for(2s);
+      const double slices = ms_since(t0) / static_cast<double>(interval.count());
+      const holdfast::kv_counts after = counted.counts();
+      tm.finish();
+      MESSAGE("idle over a key-wait store, " << label << ": " << after.total() - before.total()
+                                             << " store calls in " << slices << " watch intervals");
+      CHECK(after.get == before.get);  // never the sliced path's blocking get
+      CHECK(static_cast<double>(after.total() - before.total()) < slices / 4);
+      CHECK(h->state() == agreement_state::idle);
+    };
+    if (erased)
+      idle(make_flag_handler(holdfast::any_kv(counted), 0, 2, "idle", &flag, &st, o));
+    else
+      idle(make_flag_handler(counted, 0, 2, "idle", &flag, &st, o));
+  }
+}
+
+TEST_CASE("wake (f): idle over make_kv(etcd://...) the handler keeps the watch: probes only") {
+  const holdfast::kv_namespace ns = fresh_ns();
+  const std::string url = "etcd://127.0.0.1:" + std::to_string(shared_etcd().port()) + "/wakeurl";
+  holdfast::any_kv kv = holdfast::make_kv(url, ns);  // its own client: its stats are this handler's
+  REQUIRE(kv.supports(holdfast::kv_op::watch));
+  std::atomic<bool> flag{false};
+  worker_state st;
+  auto h = make_flag_handler(kv, 0, 2, "url", &flag, &st);  // default options: 100 ms interval
+  team tm(1);
+  tm.train(0, *h);
+  const auto opened = clk::now() + 10s;  // the watcher opened its control watch
+  while (clk::now() < opened && kv.stats_as<holdfast::etcd_stats>().value().watch_opens == 0)
+    std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(300ms);
+  const holdfast::etcd_stats before = kv.stats_as<holdfast::etcd_stats>().value();
+  const auto t0 = clk::now();
+  std::this_thread::sleep_for(3s);
+  const double seconds = ms_since(t0) / 1000.0;
+  const holdfast::etcd_stats after = kv.stats_as<holdfast::etcd_stats>().value();
+  tm.finish();
+  const auto requests = after.requests - before.requests;
+  MESSAGE("make_kv(etcd://), idle: " << requests << " requests, "
+                                     << after.connections - before.connections << " connections in "
+                                     << seconds << " s");
+  CHECK(before.watch_opens >= 1);
+  CHECK(after.watch_opens == before.watch_opens);              // no range and watch per slice
+  CHECK(after.connections == before.connections);              // no new connection
+  CHECK(requests <= static_cast<std::uint64_t>(seconds) + 1);  // <= 1 per second, + 1
+  CHECK(after.probes - before.probes == requests);             // nothing but probes
+  CHECK(h->state() == agreement_state::idle);
+}
+
+TEST_CASE("wake (f): over make_kv(file://...) a claim wakes the idle handler through inotify") {
+  holdfast_test::temp_dir dir("wake-url");
+  const holdfast::kv_namespace ns = fresh_ns();
+  const std::string url = "file://" + dir.path();
+  holdfast::counting_kv<holdfast::any_kv> counted(holdfast::make_kv(url, ns));
+  std::atomic<bool> flag{false};
+  worker_state st;
+  holdfast::handler_options o;
+  o.watch_interval = 10s;  // the sliced wait would look once in 10 s
+  o.ack_timeout = 10s;
+  auto h = make_flag_handler(counted, 0, 2, "fsurl", &flag, &st, o);
+  team tm(1);
+  tm.train(0, *h);
+  // the watcher read the claim and error keys, opened its watch, read them again: it sleeps
+  const auto looked = clk::now() + 10s;
+  while (counted.counts().try_get < 4 && clk::now() < looked) std::this_thread::sleep_for(1ms);
+  CHECK_FALSE(left_idle(*h));
+  holdfast::agreement_value claim;
+  claim.what = holdfast::agreement_value::kind::claim;
+  claim.writer = 1;
+  claim.nonce = "0123456789abcdef";
+  holdfast::any_kv peer = holdfast::make_kv(url, ns);  // another worker's store
+  const auto t0 = clk::now();
+  REQUIRE(peer.insert("holdfast/fsurl/ctl/r0/claim", holdfast::format_agreement_value(claim)));
+  std::optional<double> woke_ms;
+  while (!woke_ms && clk::now() - t0 < 5s) {
+    if (left_idle(*h)) woke_ms = ms_since(t0);
+    std::this_thread::sleep_for(1ms);
+  }
+  MESSAGE("make_kv(file://): claim -> the idle handler left idle in " << woke_ms.value_or(-1)
+                                                                      << " ms");
+  REQUIRE(woke_ms);
+  CHECK(*woke_ms < 3000);            // well before the 10 s watch_interval
+  CHECK(counted.counts().get == 0);  // the watch woke it, not a blocking get
+  h->shutdown();  // its peer never acks: release the training thread before the 10 s timeout
+  tm.finish();
 }

@@ -6,14 +6,17 @@
 // watch resumes and delivers every later change exactly once, in order; a resume past a compaction
 // gives a new snapshot; watch() returns at once (not after request_timeout) whether the stream's
 // first message comes with the HTTP head or after it. The 3-member cases (a frozen member) are in
-// etcd_watch_cluster_test.cpp.
+// etcd_watch_cluster_test.cpp. An any_kv holding an etcd_kv (make_kv("etcd://...")) keeps the
+// watch and the client's stats.
 #include <doctest/doctest.h>
 #include <poll.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <holdfast/kv/any.hpp>
 #include <holdfast/kv/etcd.hpp>
+#include <holdfast/kv/url.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -168,6 +171,34 @@ TEST_CASE("etcd_kv watch: first take is a snapshot and a put wakes poll within 5
   }
   MESSAGE("worst wake latency: " << worst_us << " us after the put returned, "
                                  << worst_from_start_us << " us after it started");
+}
+
+TEST_CASE("etcd_kv watch: through an any_kv (make_kv) a snapshot, then a put wakes poll") {
+  holdfast_test::etcd_server server;
+  holdfast::any_kv kv =
+      holdfast::make_kv("etcd://127.0.0.1:" + std::to_string(server.port()) + "/holdfast", ns0);
+  etcd_kv writer(options_for({server.url()}), ns0);  // another client, same keys
+  writer.put("ctl/before", "old");
+  REQUIRE(kv.supports(holdfast::kv_op::watch));
+  holdfast::any_kv_watch w = kv.watch("ctl");
+  CHECK(w.fd() >= 0);
+  auto first = holdfast_test::follow_watch(w, 5000ms, until_key("ctl/before"));
+  REQUIRE(first.size() == 1);
+  CHECK(first[0].value == "old");
+  w.follow("ctl/k");  // etcd watches the whole prefix: ignored
+  const auto before = kv.stats_as<holdfast::etcd_stats>();
+  REQUIRE(before);
+  CHECK(before->watch_opens == 1);  // the erased watch is the client's own
+  writer.put("ctl/k", "v");
+  pollfd p{w.fd(), POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 5000) == 1);
+  auto events = holdfast_test::follow_watch(w, 5000ms, until_key("ctl/k"));
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].value == "v");
+  const auto after = kv.stats_as<holdfast::etcd_stats>();
+  REQUIRE(after);
+  CHECK(after->connections == before->connections);  // the stream, no new connection
+  CHECK(after->watch_opens == before->watch_opens);
 }
 
 TEST_CASE("etcd_kv watch: erase is nullopt, nested keys are seen, keys outside are not") {

@@ -1,6 +1,7 @@
 // filesystem_kv::watch: one inotify descriptor that wakes poll() on a put, insert or erase below
 // the prefix (from another thread or process, nested keys included), stays quiet when idle on a
-// local filesystem, re-checks on network stores, and falls back to polling without inotify.
+// local filesystem, re-checks on network stores, and falls back to polling without inotify; an
+// any_kv holding a filesystem_kv (make_kv("file://...")) keeps that watch.
 #include <doctest/doctest.h>
 #include <poll.h>
 #include <sys/mman.h>  // a shared page: when the child began writing
@@ -9,7 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <holdfast/kv/any.hpp>
 #include <holdfast/kv/filesystem.hpp>
+#include <holdfast/kv/url.hpp>
 #include <holdfast/testing/fault_io.hpp>
 #include <new>  // placement new into the shared page
 #include <string>
@@ -131,6 +134,30 @@ TEST_CASE("filesystem watch: a put by another thread wakes poll within 50 ms") {
   CHECK(took < 50ms);
   CHECK(take_within(w, 1000ms).resync);
   CHECK(w.take().empty());
+}
+
+TEST_CASE("filesystem watch: through an any_kv (make_kv) the same descriptor wakes poll") {
+  holdfast_test::temp_dir tmp("fsw");
+  holdfast::any_kv kv = holdfast::make_kv("file://" + tmp.path(), kv_namespace("run", "0"));
+  REQUIRE(kv.supports(holdfast::kv_op::watch));
+  holdfast::any_kv_watch w = kv.watch("run/ctl");
+  CHECK(w.fd() >= 0);
+  CHECK(w.buffered());
+  REQUIRE(w.take().resync);
+  CHECK_FALSE(w.buffered());
+  CHECK(w.due() == clock_type::time_point::max());  // a local filesystem: no re-check
+  w.follow("run/ctl/r0/claim");                     // filesystem watches need no follow: ignored
+  holdfast::any_kv_watch moved = std::move(w);      // the watch object moves
+  CHECK_FALSE(readable_within(moved, 50ms));        // idle: quiet
+  filesystem_kv other(tmp.path(), kv_namespace("run", "0"));  // another handle, same files
+  std::thread writer([&] { other.insert("run/ctl/r0/claim", "c"); });
+  const auto t0 = clock_type::now();
+  const bool woke = readable_within(moved, 5000ms);
+  writer.join();
+  CHECK(woke);
+  CHECK(clock_type::now() - t0 < 1000ms);
+  CHECK(take_within(moved, 1000ms).resync);
+  CHECK(kv.try_get("run/ctl/r0/claim") == std::optional<std::string>("c"));
 }
 
 TEST_CASE("filesystem watch: a put by a forked child wakes poll within 50 ms") {

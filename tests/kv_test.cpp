@@ -20,8 +20,10 @@
 #include <thread>
 #include <vector>
 
+#include "support/c10d_like_kv.hpp"
 #include "support/child.hpp"
 #include "support/etcd_server.hpp"
+#include "support/key_wait_kv.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -286,7 +288,8 @@ TEST_CASE_TEMPLATE_DEFINE("kv contract: counting_kv counts every call by kind", 
   CHECK(c[holdfast::kv_op::insert] == 2);
   CHECK(kv.count(holdfast::kv_op::try_get) == 2);
   CHECK(c.to_string() ==
-        "insert=2 put=1 try_get=2 get=1 list=1 erase=1 erase_prefix=1 failed=1 total=9");
+        "insert=2 put=1 try_get=2 get=1 list=1 erase=1 erase_prefix=1 get_many=0 failed=1 "
+        "total=9");
   auto copy = kv;  // copies share the counters
   copy.put("k2", "v");
   CHECK(kv.counts().put == 2);
@@ -504,6 +507,9 @@ TEST_CASE("kv_namespace: one segment per part, path() joins them") {
 
 TEST_CASE("kv_counts names every kind") {
   CHECK(std::string(holdfast::kv_op_name(holdfast::kv_op::erase_prefix)) == "erase_prefix");
+  CHECK(std::string(holdfast::kv_op_name(holdfast::kv_op::watch)) == "watch");
+  CHECK(std::string(holdfast::kv_op_name(holdfast::kv_op::get_many)) == "get_many");
+  CHECK(holdfast::kv_op_count == 9);
   holdfast::kv_counts c;
   c.get = 3;
   c.list = 1;
@@ -684,4 +690,105 @@ TEST_CASE("filesystem_kv sweep_stale_temps: the namespace directory and every pa
   CHECK(kv.sweep_stale_temps(0ms) == 4);
   CHECK(::access(staging.c_str(), F_OK) != 0);
   CHECK(kv.list("").size() == 2);
+}
+
+// ---- optional operations: kv_supports, get_many, a watch that follows one key ---------------
+
+TEST_CASE("kv_supports: the compile-time traits, or the store's own supports()") {
+  using holdfast::kv_op;
+  using holdfast::kv_supports;
+  holdfast::in_process_kv mem(ns0);
+  CHECK(kv_supports(mem, kv_op::list));
+  CHECK(kv_supports(mem, kv_op::erase_prefix));
+  CHECK_FALSE(kv_supports(mem, kv_op::watch));
+  CHECK_FALSE(kv_supports(mem, kv_op::get_many));
+  holdfast_test::c10d_like_kv small{holdfast::in_process_kv(ns0)};
+  CHECK(kv_supports(small, kv_op::get));
+  CHECK(kv_supports(small, kv_op::erase));
+  CHECK_FALSE(kv_supports(small, kv_op::list));
+  // a store that answers at run time is asked; counting_kv asks the store it wraps
+  holdfast_test::key_wait_kv batched(holdfast::in_process_kv(ns0), true);
+  holdfast_test::key_wait_kv single(holdfast::in_process_kv(ns0), false);
+  static_assert(holdfast::has_kv_get_many_v<holdfast_test::key_wait_kv>);
+  CHECK(kv_supports(batched, kv_op::get_many));
+  CHECK_FALSE(kv_supports(single, kv_op::get_many));
+  CHECK(kv_supports(single, kv_op::watch));
+  holdfast::counting_kv<holdfast_test::key_wait_kv> counted(single);
+  CHECK_FALSE(kv_supports(counted, kv_op::get_many));
+  CHECK(kv_supports(counted, kv_op::watch));
+  CHECK_FALSE(kv_supports(holdfast::counting_kv<holdfast::in_process_kv>(mem), kv_op::watch));
+  static_assert(holdfast::has_kv_get_many_v<holdfast::counting_kv<holdfast_test::key_wait_kv>>);
+  static_assert(!holdfast::has_kv_get_many_v<holdfast::counting_kv<holdfast::in_process_kv>>);
+  static_assert(!holdfast::has_kv_watch_v<holdfast::counting_kv<holdfast::in_process_kv>>);
+}
+
+TEST_CASE("get_many: the store's own where it has one, single gets elsewhere") {
+  using counted = holdfast::counting_kv<holdfast_test::key_wait_kv>;
+  for (bool batched : {true, false}) {
+    CAPTURE(batched);
+    counted kv(holdfast_test::key_wait_kv(holdfast::in_process_kv(ns0), batched));
+    kv.put("a/0", "x");
+    const std::vector<std::string> keys = {"a/0", "a/1", "a/2"};
+    // a timeout of 0: what is there now, in order
+    auto now = holdfast::get_many(kv, keys, 0ms);
+    CHECK(now == std::vector<std::optional<std::string>>{"x", std::nullopt, std::nullopt});
+    // the missing keys come from another thread while the call waits
+    std::thread writer([kv]() mutable {
+      std::this_thread::sleep_for(50ms);
+      kv.put("a/2", "z");
+      kv.put("a/1", "y");
+    });
+    const auto t0 = clk::now();
+    auto all = holdfast::get_many(kv, keys, 10s);
+    writer.join();
+    CHECK(all == std::vector<std::optional<std::string>>{"x", "y", "z"});
+    CHECK(ms_since(t0) < 5000);  // woke on the writes, not at the timeout
+    // a key that never comes: nullopt at the timeout
+    const auto t1 = clk::now();
+    auto partial = holdfast::get_many(kv, {"a/0", "never"}, 200ms);
+    CHECK(partial == std::vector<std::optional<std::string>>{"x", std::nullopt});
+    CHECK(ms_since(t1) >= 190);
+    const holdfast::kv_counts c = kv.counts();
+    if (batched) {
+      CHECK(c.get_many == 3);  // one call each: the store's own
+      CHECK(c.get + c.try_get == 0);
+    } else {
+      CHECK(c.get_many == 0);  // the fallback: single reads
+      CHECK(c.get + c.try_get == 3 + 3 + 2);
+    }
+  }
+  // a store without any get_many member: the fallback
+  holdfast::in_process_kv mem(ns0);
+  mem.put("k", "v");
+  CHECK(holdfast::get_many(mem, {"k", "missing"}, 10ms) ==
+        std::vector<std::optional<std::string>>{"v", std::nullopt});
+}
+
+TEST_CASE("a watch that follows one key: wakes once it exists, take() asks for a re-read") {
+  holdfast_test::key_wait_kv kv{holdfast::in_process_kv(ns0)};
+  auto w = kv.watch("ctl");
+  static_assert(holdfast::has_kv_watch_v<holdfast_test::key_wait_kv>);
+  static_assert(holdfast::has_kv_watch_follow_v<holdfast_test::key_wait_kv::watcher>);
+  static_assert(!holdfast::has_kv_watch_follow_v<holdfast::filesystem_kv::watcher>);
+  CHECK(w.buffered());
+  CHECK(w.take().resync);  // the first take
+  CHECK(w.take().empty());
+  w.follow("ctl/claim");
+  auto readable = [&](int ms) {
+    pollfd p{w.fd(), POLLIN, 0};
+    return ::poll(&p, 1, ms) == 1;
+  };
+  kv.put("ctl/other", "1");  // not followed: quiet
+  CHECK_FALSE(readable(50));
+  std::thread writer([kv]() mutable {
+    std::this_thread::sleep_for(20ms);
+    kv.insert("ctl/claim", "c");
+  });
+  CHECK(readable(10000));
+  writer.join();
+  CHECK(w.take().resync);
+  CHECK_FALSE(readable(0));  // one wake-up per follow
+  w.follow("ctl/claim");     // exists already: at once
+  CHECK(readable(0));
+  CHECK(w.take().resync);
 }

@@ -1,16 +1,20 @@
 // kv/url.hpp and kv/any.hpp: the store URL grammar (every accepted form and the refusals, each
 // naming the offset), make_kv over a real directory and a real etcd, and any_kv's forwarding,
-// including the optional operations of a store that has only c10d's four.
+// including the optional operations of a store that has only c10d's four, the watch (and a
+// watch that follows one key), get_many and the held store's stats.
 #include <doctest/doctest.h>
+#include <poll.h>
 
 #include <holdfast/kv/any.hpp>
 #include <holdfast/kv/in_process.hpp>
 #include <holdfast/kv/url.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/c10d_like_kv.hpp"
 #include "support/etcd_server.hpp"
+#include "support/key_wait_kv.hpp"
 #include "support/temp_dir.hpp"
 
 using holdfast::kv_url;
@@ -213,6 +217,20 @@ TEST_CASE("make_kv: a directory and a real etcd behind one any_kv type") {
   o.endpoints = {server.url()};
   o.prefix = "urltest";
   CHECK(holdfast::etcd_kv(o, {"run", 3}).try_get("k") == "v");  // the URL's prefix was used
+
+  // both keep their watch; only etcd has stats, counted by the client the any_kv holds
+  CHECK(f.supports(holdfast::kv_op::watch));
+  CHECK(e.supports(holdfast::kv_op::watch));
+  CHECK_FALSE(f.supports(holdfast::kv_op::get_many));
+  CHECK_FALSE(f.stats_as<holdfast::etcd_stats>());
+  const auto before = e.stats_as<holdfast::etcd_stats>();
+  REQUIRE(before);
+  CHECK(before->requests >= 2);  // the insert and the get, at least
+  e.try_get("k");
+  const auto after = e.stats_as<holdfast::etcd_stats>();
+  REQUIRE(after);
+  CHECK(after->requests == before->requests + 1);
+  CHECK_FALSE(e.stats_as<int>());  // not its type
 }
 
 TEST_CASE("any_kv: forwards the four operations — optional ones only where the store has them") {
@@ -239,4 +257,50 @@ TEST_CASE("any_kv: forwards the four operations — optional ones only where the
   }
   holdfast::any_kv copy = small;  // copies share the store
   CHECK(copy.try_get("k") == "v");
+}
+
+TEST_CASE("any_kv: watch, get_many and stats only where the held store has them") {
+  holdfast::any_kv small(holdfast_test::c10d_like_kv{holdfast::in_process_kv({"r", 0})});
+  CHECK_FALSE(small.supports(holdfast::kv_op::watch));
+  CHECK_FALSE(small.supports(holdfast::kv_op::get_many));
+  CHECK_FALSE(holdfast::kv_supports(small, holdfast::kv_op::watch));
+  CHECK_FALSE(small.stats_as<holdfast::etcd_stats>());
+  for (auto call : {+[](holdfast::any_kv& kv) { kv.watch("ctl"); },
+                    +[](holdfast::any_kv& kv) { kv.get_many({"ctl/a"}, 0ms); }}) {
+    try {
+      holdfast::any_kv copy = small;
+      call(copy);
+      FAIL("no ENOTSUP");
+    } catch (const holdfast::error& e) {
+      CHECK(e.errnum() == ENOTSUP);
+      CHECK(e.path().rfind("ctl", 0) == 0);  // the prefix, or the first key
+    }
+  }
+  // the free get_many falls back to single reads
+  small.put("a", "1");
+  CHECK(holdfast::get_many(small, {"a", "b"}, 0ms) ==
+        std::vector<std::optional<std::string>>{"1", std::nullopt});
+
+  // a store that waits on named keys and reads them in batches: every member forwarded
+  holdfast_test::key_wait_kv store{holdfast::in_process_kv({"r", 1})};
+  holdfast::counting_kv<holdfast_test::key_wait_kv> counted(store);
+  holdfast::any_kv any(counted);
+  CHECK(any.supports(holdfast::kv_op::watch));
+  CHECK(any.supports(holdfast::kv_op::get_many));
+  CHECK(holdfast::get_many(any, {"a", "b"}, 0ms) ==
+        std::vector<std::optional<std::string>>{std::nullopt, std::nullopt});
+  CHECK(counted.counts().get_many == 1);  // the store's own, through any_kv and counting_kv
+  holdfast::any_kv_watch w = any.watch("ctl");
+  CHECK(w.take().resync);
+  w.follow("ctl/claim");  // forwarded: the store wakes fd() once the key exists
+  holdfast::any_kv_watch moved = std::move(w);
+  std::thread writer([any]() mutable { any.insert("ctl/claim", "c"); });
+  pollfd p{moved.fd(), POLLIN, 0};
+  CHECK(::poll(&p, 1, 10000) == 1);
+  writer.join();
+  CHECK(moved.take().resync);
+  // a held store that says no at run time
+  holdfast::any_kv single(holdfast_test::key_wait_kv(holdfast::in_process_kv({"r", 2}), false));
+  CHECK_FALSE(single.supports(holdfast::kv_op::get_many));
+  CHECK(single.supports(holdfast::kv_op::watch));
 }

@@ -36,18 +36,27 @@
 //     step boundary at the latest and waits only until the outcome is known. The destructor
 //     stops and joins the watcher; destruction is safe in every state.
 //   - Event-driven waiting: the watcher sleeps in one poll() on a waker (an eventfd) and on the
-//     store's control watch (kv.hpp, "Waiting on a store": etcd_kv, filesystem_kv), with no
-//     time slicing. Notice sources with set_waker (signal_notice from its signal handler, the
-//     polled, file and cloud notices from their threads) wake it the moment they notice; a stop
-//     and the training thread use the same waker. The watch brings the control keys' changes
-//     (etcd: the values themselves, from one long-lived stream; filesystem: inotify on one
-//     descriptor), so an idle worker sends no request but the watch's health probes (etcd: one
-//     per max(1 s, request_timeout / 2)). The claimant collects the acks through a second watch,
-//     on the round's acks, opened at its first ack wait and closed once the watcher is idle
-//     again (after the outcome is recorded: closing an inotify descriptor can take the kernel
-//     tens of milliseconds). handler_options::watch_interval remains the fallback:
-//     the slice of a blocking get for stores without a watch (in_process_kv, any_kv, c10d-like
-//     stores), and the longest sleep when a notice source cannot wake.
+//     store's control watch (kv.hpp, "Waiting on a store": etcd_kv, filesystem_kv, and an any_kv
+//     holding one, e.g. from make_kv), with no time slicing. Whether the store is waited on is
+//     asked once, at construction: kv_supports(kv, kv_op::watch). Notice sources with set_waker
+//     (signal_notice from its signal handler, the polled, file and cloud notices from their
+//     threads) wake it the moment they notice; a stop and the training thread use the same waker.
+//     The watch brings the control keys' changes (etcd: the values themselves, from one long-lived
+//     stream; filesystem: inotify on one descriptor), so an idle worker sends no request but the
+//     watch's health probes (etcd: one per max(1 s, request_timeout / 2)). The claimant collects
+//     the acks through a second watch, on the round's acks, opened at its first ack wait and closed
+//     once the watcher is idle again (after the outcome is recorded: closing an inotify descriptor
+//     can take the kernel tens of milliseconds). A watch that can wait only on named keys (one with
+//     follow(key): a c10d-like store's wait) is told before every sleep which key matters: the
+//     claim (or final claim, or the error key when no trigger can come) while idle, the outcome key
+//     while waiting for it, the awaited ack and the outcome key while collecting; each wake-up is a
+//     resync, after which the followed keys are read again. A store with a native get_many
+//     (kv_supports(kv, kv_op::get_many)) has the claimant read the acks in batches instead of
+//     through the ack watch: one get_many over every ack not read yet, in slices of
+//     min(time left, max(watch_interval, 1 s)), the outcome key read between slices.
+//     handler_options::watch_interval remains the fallback: the slice of a blocking get for
+//     stores without a watch (in_process_kv, c10d-like stores, an any_kv holding one), and the
+//     longest sleep when a notice source cannot wake.
 //   - One recorded decision per round (agreement.hpp): every worker that acts follows the
 //     outcome recorded in the round's outcome key — all save at its step, or all throw
 //     holdfast::agreement_timeout naming the same missing tasks — including a worker paused past
@@ -62,13 +71,13 @@
 //   - Per agreement the job makes O(N) store operations in all (agreement.hpp): each worker a
 //     constant number (its ack put and erase; over etcd nothing to wait, the watch brings the
 //     outcome), the claimant one ack watch (etcd: its snapshot and events bring the acks;
-//     filesystem: one read per ack, on its wake-ups), or over a store without a watch one
-//     blocking get per other worker's ack. Each round's keys are erased once
-//     acted on (single-key erases, where the store has erase): 1,000 rounds leave as many keys
-//     as one. Scale (benchmarks/scale_bench.cpp): per worker and agreement about 2 requests and
-//     2 watch events, whatever N (256 workers on one etcd: notice -> all saved in ~0.1 s, the
-//     claimant's ack watch bringing the N acks as events). Over a store without a watch the
-//     claimant's N - 1 reads are sequential, about N store round trips: the simulation models
+//     filesystem: one read per ack, on its wake-ups), over a store with get_many O(1) batched
+//     reads, or over a store with neither one blocking get per other worker's ack. Each round's
+//     keys are erased once acted on (single-key erases, where the store has erase): 1,000 rounds
+//     leave as many keys as one. Scale (benchmarks/scale_bench.cpp): per worker and agreement about
+//     2 requests and 2 watch events, whatever N (256 workers on one etcd: notice -> all saved in
+//     ~0.1 s, the claimant's ack watch bringing the N acks as events). Over a store without a watch
+//     the claimant's N - 1 reads are sequential, about N store round trips: the simulation models
 //     that worst case (10,000 workers at 0.5 ms a request: ~6 s, well inside the 3-minute
 //     ack_timeout; ~4 requests per worker). A 10,000-worker job needs
 //     from etcd ~10,000 long-lived watch streams (one per worker, each idle but for a probe
@@ -94,6 +103,10 @@
 //   - Over a store without a watch, or with a notice source that cannot wake, a notice or a
 //     claim is seen within one watch interval (default 100 ms), and an idle worker makes a
 //     blocking get per interval.
+//   - Over a store whose watch follows named keys, an error written alone is seen only through
+//     the key followed then; a failing worker also writes aborts into the claim and outcome
+//     keys (agreement.hpp), which are followed. With batched acks a shutdown during the
+//     claimant's collection waits for the current slice (up to max(watch_interval, 1 s)).
 //   - ack_timeout need not exceed the longest step: the watcher acks while a step runs.
 //   - One writer per checkpoint directory (checkpoint_manager holds a writer lock): in a
 //     multi-worker job each task writes its own directory (both examples do: run "worker-<t>" in
@@ -138,7 +151,6 @@
 #include "detail/waker.hpp"
 #include "error.hpp"
 #include "kv.hpp"
-#include "kv/any.hpp"  // any_kv: asked at run time whether it can list
 #include "termination.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -157,7 +169,8 @@ struct handler_options {
   std::chrono::milliseconds ack_timeout{std::chrono::minutes(3)};
   /// The fallback slice: how long one blocking get lasts over a store that cannot be waited on
   /// (no watch()), and the longest sleep when a notice source cannot wake the watcher. Stores
-  /// with a watch and waking notices do not use it.
+  /// with a watch and waking notices do not use it. A claimant reading acks with get_many reads
+  /// in slices of max(watch_interval, 1 s).
   std::chrono::milliseconds watch_interval{100};
   /// Grace path: the final claim is made this much earlier than the measured rule asks, so the
   /// final save ends before the deadline despite scheduling stalls the measurements missed.
@@ -318,6 +331,8 @@ class preemption_handler {
                      handler_options options = {})
       : config_(std::move(config)),
         kv_(std::move(kv)),
+        evented_(has_kv_watch_v<Kv> && kv_supports(kv_, kv_op::watch)),
+        batched_acks_(kv_supports(kv_, kv_op::get_many)),
         cluster_(std::move(cluster)),
         checkpointer_(std::move(checkpointer)),
         options_(options),
@@ -436,8 +451,9 @@ class preemption_handler {
 
   // A watch on the keys below `prefix` and the values it brought (see await_watches).
   struct followed {
+    using watch_type = typename watch_of<Kv>::type;
     std::string prefix;
-    std::optional<typename watch_of<Kv>::type> watch;
+    std::optional<watch_type> watch;
     std::map<std::string, std::optional<std::string>> seen;
     std::set<std::string> stale;  // keys a lost insert proved present, not yet read
     bool complete = false;        // `seen` holds every key (the watch's snapshot)
@@ -454,6 +470,14 @@ class preemption_handler {
     void close() {
       watch.reset();
       forget(false);
+    }
+    // The key whose appearance matters now: a watch that waits on named keys wakes on it.
+    void follow(const std::string& key) {
+      if constexpr (has_kv_watch_follow_v<watch_type>) {
+        if (watch) watch->follow(key);
+      } else {
+        static_cast<void>(key);
+      }
     }
     void forget(bool now_complete) {
       seen.clear();
@@ -555,9 +579,9 @@ class preemption_handler {
         // + one watch interval where the watcher may be in a blocking get when the final claim
         // is due (a store without a watch); with a watch, the waker wakes it at once
         machine_.note_overhead(overhead_ +
-                               (evented ? typename Clock::duration{}
-                                        : std::chrono::duration_cast<typename Clock::duration>(
-                                              options_.watch_interval)));
+                               (evented_ ? typename Clock::duration{}
+                                         : std::chrono::duration_cast<typename Clock::duration>(
+                                               options_.watch_interval)));
         held = false;
         stamped_ = false;
         st = run_status::saved;
@@ -737,7 +761,7 @@ class preemption_handler {
       switch (in.kind) {
         case op::insert: {
           bool created = insert_once(key, in.value, until);
-          if constexpr (evented) {  // what this worker knows now; a lost insert: read it again
+          if (evented_) {  // what this worker knows now; a lost insert: read it again
             if (created) {
               ctl_.seen[key] = in.value;
             } else {  // it exists, and its event may not have come yet: read it
@@ -808,22 +832,14 @@ class preemption_handler {
   void erase_quietly(const std::string& key) noexcept {
     if constexpr (has_kv_erase_v<Kv>) {
       try {
-        if constexpr (std::is_same_v<Kv, any_kv>) {
-          if (!kv_.supports(kv_op::erase)) return;
-        }
-        kv_.erase(key);
+        if (kv_supports(kv_, kv_op::erase)) kv_.erase(key);
       } catch (...) {
       }
     } else {
       (void)key;
     }
   }
-  bool can_list() const {
-    if constexpr (std::is_same_v<Kv, any_kv>)
-      return kv_.supports(kv_op::list);
-    else
-      return true;
-  }
+  bool can_list() const { return kv_supports(kv_, kv_op::list); }
 
   // Calls `fn` until it returns, retrying transient store errors (is_transient_kv_error) with
   // backoff (5 ms, doubling up to 200 ms) until `deadline`; then, or for any other error, the
@@ -860,39 +876,26 @@ class preemption_handler {
         deadline);
   }
 
-  // A blocking get until `deadline`, in slices so a shutdown is never held up longer than one;
-  // transient store errors are retried until the deadline. With `also` (a key name), each slice
-  // that ends empty-handed also reads `also`: when it holds a value, that is stored in
-  // `also_value` and the wait ends.
+  // Waits until `key` holds a value or `deadline` passes; transient store errors are retried
+  // until the deadline. With `also` (a key name: the claimant waiting for an ack also looks at
+  // the round's outcome), the wait ends early when `also` holds a value, stored in `also_value`.
+  // The claimant's acks come in batches where the store has a native get_many, else through a
+  // watch on the round's acks where the store is evented, else from blocking gets; a control key
+  // comes with the control watch where the store is evented.
   std::optional<std::string> wait_for_key(const std::string& key, time_point deadline,
                                           const std::string& also,
                                           std::optional<std::string>& also_value) {
-    if constexpr (evented) {
-      // A control key comes with the control watch; an ack the claimant collects, with a
-      // watch on the round's acks (opened at its first ack wait, closed once the watcher is
-      // idle): no request while waiting, however many acks are late.
-      const bool control = ctl_.covers(key);
-      if (control || !also.empty()) {
-        if (!control) {
-          const std::string prefix = key.substr(0, key.rfind('/'));
-          if (acks_.prefix != prefix || !acks_.watch)
-            retrying([&] { acks_.open(kv_, prefix); }, deadline);
-        }
-        followed& f = control ? ctl_ : acks_;
-        retrying([&] { await_watches(Clock::now()); }, deadline);  // what arrived already
-        for (;;) {
-          auto v = retrying([&] { return value_of(f, key); }, deadline);
-          if (v || stop_.load()) return v;
-          if (!control) {
-            also_value = retrying([&] { return value_of(ctl_, also); }, deadline);
-            if (also_value) return std::nullopt;
-          }
-          if (Clock::now() >= deadline)  // the last word is the store's, not the watch's
-            return retrying([&] { return kv_.try_get(key); }, deadline);
-          retrying([&] { await_watches(deadline); }, deadline);
-        }
-      }
-    }
+    if (!also.empty() && batched_acks_) return collect_ack(key, deadline, also, also_value);
+    if (evented_ && (ctl_.covers(key) || !also.empty()))
+      return watch_for_key(key, deadline, also, also_value);
+    return get_in_slices(key, deadline, also, also_value);
+  }
+
+  // wait_for_key with blocking gets of one watch_interval each, so a shutdown is never held up
+  // longer than one; each slice that ends empty-handed also reads `also`.
+  std::optional<std::string> get_in_slices(const std::string& key, time_point deadline,
+                                           const std::string& also,
+                                           std::optional<std::string>& also_value) {
     for (;;) {
       auto left = std::max<typename Clock::duration>(deadline - Clock::now(), {});
       auto slice = std::min<std::chrono::milliseconds>(
@@ -906,6 +909,94 @@ class preemption_handler {
     }
   }
 
+  // wait_for_key on the watches: a control key comes with the control watch; an ack the
+  // claimant collects, with a watch on the round's acks (opened at its first ack wait, closed
+  // once the watcher is idle): no request while waiting, however many acks are late. Before
+  // each sleep the watches follow the keys waited for (a store that waits on named keys).
+  std::optional<std::string> watch_for_key(const std::string& key, time_point deadline,
+                                           const std::string& also,
+                                           std::optional<std::string>& also_value) {
+    if constexpr (can_watch) {
+      const bool control = ctl_.covers(key);
+      if (!control) {
+        const std::string prefix = key.substr(0, key.rfind('/'));
+        if (acks_.prefix != prefix || !acks_.watch)
+          retrying([&] { acks_.open(kv_, prefix); }, deadline);
+      }
+      followed& f = control ? ctl_ : acks_;
+      retrying([&] { await_watches(Clock::now()); }, deadline);  // what arrived already
+      for (;;) {
+        auto v = retrying([&] { return value_of(f, key); }, deadline);
+        if (v || stop_.load()) return v;
+        if (!control) {
+          also_value = retrying([&] { return value_of(ctl_, also); }, deadline);
+          if (also_value) return std::nullopt;
+        }
+        if (Clock::now() >= deadline)  // the last word is the store's, not the watch's
+          return retrying([&] { return kv_.try_get(key); }, deadline);
+        f.follow(key);
+        if (!control) ctl_.follow(also);
+        retrying([&] { await_watches(deadline); }, deadline);
+      }
+    }
+    return std::nullopt;
+  }
+
+  // ---- the claimant's acks in batches (a store with a native get_many) -----------------------
+  //
+  // The machine asks for the acks one task at a time (a wait each, until the round's deadline).
+  // A store that reads many keys in one wait answers them together: one get_many over every ack
+  // of the round not read yet, in slices of min(time left, max(watch_interval, 1 s)), between
+  // which the outcome key is read (a peer may have recorded the outcome, or aborted). What a
+  // batch read serves the round's later waits. An ack not read by a batch that ended at or past
+  // the deadline is missing, as a blocking get's would be.
+
+  struct ack_batch {
+    std::string prefix;                          // ".../ack/r<N>/": the round and the phase
+    std::map<std::string, std::string> present;  // the acks read so far
+    bool final = false;  // a batch ended at or past the deadline: what it lacked is missing
+  };
+
+  std::optional<std::string> collect_ack(const std::string& key, time_point deadline,
+                                         const std::string& also,
+                                         std::optional<std::string>& also_value) {
+    const std::string prefix = key.substr(0, key.rfind('/') + 1);
+    if (acks_read_.prefix != prefix) acks_read_ = ack_batch{prefix, {}, false};
+    for (;;) {
+      if (auto it = acks_read_.present.find(key); it != acks_read_.present.end()) return it->second;
+      if (acks_read_.final || stop_.load()) return std::nullopt;
+      read_acks(deadline);
+      if (acks_read_.present.count(key) || acks_read_.final) continue;
+      also_value = retrying([&] { return kv_.try_get(also); }, deadline);
+      if (also_value) return std::nullopt;
+    }
+  }
+
+  // One get_many over the round's acks not read yet, for one slice (at most until `deadline`).
+  void read_acks(time_point deadline) {
+    std::vector<std::string> keys;
+    for (int t = 0; t < cluster_.num_tasks; ++t) {
+      std::string k = acks_read_.prefix + std::to_string(t);
+      if (!acks_read_.present.count(k)) keys.push_back(std::move(k));
+    }
+    using ms = std::chrono::milliseconds;
+    const ms left =
+        std::chrono::ceil<ms>(std::max<typename Clock::duration>(deadline - Clock::now(), {}));
+    const ms slice = std::min(left, std::max<ms>(options_.watch_interval, std::chrono::seconds(1)));
+    auto values = retrying([&] { return holdfast::get_many(kv_, keys, slice); }, deadline);
+    for (std::size_t i = 0; i < keys.size() && i < values.size(); ++i)
+      if (values[i]) acks_read_.present.emplace(keys[i], std::move(*values[i]));
+    if (Clock::now() >= deadline) acks_read_.final = true;
+  }
+
+  // ---- waiting for a trigger ------------------------------------------------------------------
+
+  // What a wait for a trigger saw.
+  struct trigger_seen {
+    std::optional<std::string> value;  // the trigger key's value (a claim or final claim)
+    std::optional<std::string> error;  // the error key's payload
+  };
+
   // Blocks for one slice on the key that can start or end an agreement now (a claim, a final
   // claim, or the error key), and feeds what it saw to the machine.
   void wait_for_trigger(std::unique_lock<std::mutex>& lock) {
@@ -916,50 +1007,79 @@ class preemption_handler {
       key = agreement_key_name(scope_, *trigger, round);
     else if (!error_seen_)
       key = error_key_;
-    std::optional<std::string> v;
-    std::optional<std::string> error_payload;
-    if constexpr (evented) {
+    trigger_seen seen;
+    if (evented_) {
       const bool watch_error = !error_seen_;
       lock.unlock();
-      // Idle: the round's acks are collected. Closing an inotify descriptor can take the
-      // kernel tens of milliseconds, so it is done here, not before the outcome is recorded.
-      acks_.close();
-      auto look = [&] {
-        if (!key.empty()) v = value_of(ctl_, key);
-        if (watch_error && !v) error_payload = value_of(ctl_, error_key_);
-        return v || error_payload;
-      };
-      if (!look()) {
-        await_watches(time_point::max());
-        look();
-      }
-      if (v && !trigger) error_payload = std::exchange(v, std::nullopt);
-      if (v && trigger && is_abort(*v))
-        error_payload = value_of(ctl_, error_key_).value_or(std::string());
+      seen = watch_for_trigger(key, trigger.has_value(), watch_error);
     } else {
       if (key.empty()) {
         watch_cv_.wait_for(lock, options_.watch_interval);
         return;
       }
       lock.unlock();
-      v = kv_.get(key, options_.watch_interval);
-      if (v && !trigger) error_payload = v;
-      if (v && trigger && is_abort(*v))
-        error_payload = kv_.try_get(error_key_).value_or(std::string());
+      seen = get_trigger(key, trigger.has_value());
     }
     lock.lock();
-    if (error_payload) {
+    if (seen.error) {
       error_seen_ = true;
-      machine_.on_error_seen(*error_payload);
-    } else if (v && *trigger == agreement_key::claim) {
+      machine_.on_error_seen(*seen.error);
+    } else if (seen.value && *trigger == agreement_key::claim) {
       machine_.on_claim_seen(round);
-    } else if (v && *trigger == agreement_key::final_claim) {
+    } else if (seen.value && *trigger == agreement_key::final_claim) {
       machine_.on_final_seen(round);
     }
-    if (v || error_payload) {
+    if (seen.value || seen.error) {
       raise_attention_locked();
       train_cv_.notify_all();
     }
+  }
+
+  // What `v`, the value of the key waited for, means: the error payload when that key is the
+  // error key (no `trigger`), or when it is an abort (then `read_error` reads the error key);
+  // else the trigger's value.
+  template <class ReadError>
+  static trigger_seen classify_trigger(std::optional<std::string> v, bool trigger,
+                                       ReadError read_error) {
+    trigger_seen seen;
+    if (v && !trigger)
+      seen.error = std::move(v);
+    else if (v && is_abort(*v))
+      seen.error = read_error().value_or(std::string());
+    else
+      seen.value = std::move(v);
+    return seen;
+  }
+
+  // The trigger wait over a store without a watch: one blocking get of one watch_interval.
+  trigger_seen get_trigger(const std::string& key, bool trigger) {
+    return classify_trigger(kv_.get(key, options_.watch_interval), trigger,
+                            [&] { return kv_.try_get(error_key_); });
+  }
+
+  // The trigger wait on the control watch: what the watch knows of `key` (and of the error key
+  // while `watch_error`), else one sleep in await_watches, following `key`, and a look again.
+  trigger_seen watch_for_trigger(const std::string& key, bool trigger, bool watch_error) {
+    if constexpr (can_watch) {
+      // Idle: the round's acks are collected. Closing an inotify descriptor can take the
+      // kernel tens of milliseconds, so it is done here, not before the outcome is recorded.
+      acks_.close();
+      std::optional<std::string> v, error_payload;
+      auto look = [&] {
+        if (!key.empty()) v = value_of(ctl_, key);
+        if (watch_error && !v) error_payload = value_of(ctl_, error_key_);
+        return v || error_payload;
+      };
+      if (!look()) {
+        open_control();
+        if (!key.empty()) ctl_.follow(key);
+        await_watches(time_point::max());
+        look();
+      }
+      if (error_payload) return trigger_seen{std::nullopt, std::move(error_payload)};
+      return classify_trigger(std::move(v), trigger, [&] { return value_of(ctl_, error_key_); });
+    }
+    return {};
   }
 
   // ---- the watches (stores that can be waited on: has_kv_watch_v) ----------------------------
@@ -968,9 +1088,12 @@ class preemption_handler {
   // while it collects them. Each `followed` holds the values its watch brought (nullopt: erased
   // or read absent); a key not among them is read once with try_get, unless the watch gave a
   // complete snapshot (etcd): then it is absent, no read. A resync (a store that only knows
-  // something changed, a resumed watch that may have missed events) forgets them.
+  // something changed, a watch that follows named keys, a resumed watch that may have missed
+  // events) forgets them, so each is read again. Whether the store is waited on is asked once,
+  // at construction (evented_: kv_supports(kv, kv_op::watch), so an any_kv holding an etcd_kv
+  // is); the code exists only where the type has a watch (can_watch).
 
-  static constexpr bool evented = has_kv_watch_v<Kv>;
+  static constexpr bool can_watch = has_kv_watch_v<Kv>;
 
   std::optional<std::string> value_of(followed& f, const std::string& key) {
     if (auto it = f.seen.find(key); it != f.seen.end()) return it->second;
@@ -981,12 +1104,19 @@ class preemption_handler {
     return v;
   }
 
+  // Opens the control watch (ctl/) unless it is open.
+  void open_control() {
+    if constexpr (can_watch) {
+      if (!ctl_.watch) ctl_.open(kv_, ctl_.prefix);
+    }
+  }
+
   // Sleeps in one poll() on the waker and the open watches until one is readable, a watch's
   // due time, or `until` (Clock::now() to only take what is there); when the notices cannot
   // wake the waker, at most one watch_interval. Then takes the watches' changes.
   void await_watches(time_point until) {
-    if constexpr (evented) {
-      if (!ctl_.watch) ctl_.open(kv_, ctl_.prefix);
+    if constexpr (can_watch) {
+      open_control();
       followed* open[2] = {&ctl_, acks_.watch ? &acks_ : nullptr};
       const int watches = open[1] ? 2 : 1;
       bool buffered = false;
@@ -1116,6 +1246,8 @@ class preemption_handler {
 
   Config config_;
   Kv kv_;
+  const bool evented_;       // waits on the store's watches (see await_watches)
+  const bool batched_acks_;  // the claimant reads the acks with get_many (see collect_ack)
   cluster_info cluster_;
   Checkpointer checkpointer_;
   handler_options options_;
@@ -1143,6 +1275,7 @@ class preemption_handler {
   detail::waker waker_;  // notices, stop requests and the training thread wake the watcher
   followed ctl_;         // ctl/, for the watcher's life (watcher thread only)
   followed acks_;        // the claimant's: one round's acks while it collects (watcher thread only)
+  ack_batch acks_read_;  // the claimant's acks read by get_many (watcher thread only)
   std::thread watcher_;
 };
 

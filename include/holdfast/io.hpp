@@ -35,6 +35,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "detail/detect.hpp"  // detail::detect: the policy traits
 #include "error.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -136,11 +137,6 @@ struct posix_io {
 };
 
 namespace detail {
-template <template <class> class Probe, class T, class = void>
-struct detect : std::false_type {};
-template <template <class> class Probe, class T>
-struct detect<Probe, T, std::void_t<Probe<T>>> : std::true_type {};
-
 template <class T>
 using io_open = decltype(T::open("", 0, mode_t{}));
 template <class T>

@@ -5,14 +5,19 @@
 // listing by directory prefix and deletion. Three backends implement it: `in_process_kv`
 // (threads of one process), `filesystem_kv` (a shared directory) and `etcd_kv` (etcd v3).
 // The handler itself needs only four of the operations (a coordination store: insert, put,
-// try_get, get — what PyTorch's c10d store has); listing is used where a store offers it.
-// `any_kv` (kv/any.hpp) holds any of them behind one type; `make_kv` (kv/url.hpp) opens one
-// from a URL.
+// try_get, get — what PyTorch's c10d store has); listing, erasing, waiting on a store (watch)
+// and a batched get (get_many) are used where a store offers them. `any_kv` (kv/any.hpp) holds
+// any of them behind one type; `make_kv` (kv/url.hpp) opens one from a URL.
 //
 // Guarantees:
 //   - `kv_store<T>` (C++20) and `is_kv_store_v<T>` / `check_kv_store<T>()` (C++17) check the
 //     seven operations; check_kv_store's static_asserts name the first missing member.
 //     `check_coordination_store<T>()` checks the four the handler needs.
+//   - `kv_supports(kv, op)` says at run time whether a store has an operation: a store with a
+//     `supports(kv_op)` member (any_kv, counting_kv) is asked; any other is answered from the
+//     compile-time traits (has_kv_list_v, has_kv_watch_v, has_kv_get_many_v, ...).
+//   - `get_many(kv, keys, timeout)` reads several keys in one wait: the store's own get_many
+//     where kv_supports says it has one, else one get per key (try_get once the timeout passed).
 //   - Keys are `/`-separated paths of non-empty segments. A key that is empty, has an empty
 //     segment (a leading, trailing or doubled `/`), a `.` or `..` segment, or a NUL byte is
 //     rejected with holdfast::error(EINVAL, op, key, why) before any I/O.
@@ -24,12 +29,14 @@
 //     strictly below `prefix + "/"` (so "acks" covers "acks/0" but neither "acks" itself nor
 //     "acks2/0"); an empty prefix covers the whole namespace. A trailing `/` is accepted.
 //     Results are sorted by key, bytewise (unsigned), like etcd.
-//   - `counting_kv<Kv>` counts the operations of any backend per kind, thread-safely.
+//   - `counting_kv<Kv>` counts the operations of any backend per kind, thread-safely (get_many
+//     included; watches are not store operations and are not counted).
 // Caveats:
 //   - Values are opaque bytes (they may contain NUL); keys are compared bytewise, not
 //     normalized beyond the checks above.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -43,8 +50,8 @@
 #include <utility>
 #include <vector>
 
+#include "detail/detect.hpp"  // detail::detect: the contract's traits
 #include "error.hpp"
-#include "io.hpp"  // detail::detect
 
 HOLDFAST_NAMESPACE_BEGIN
 
@@ -192,10 +199,25 @@ class kv_namespace {
 //   kv_changes take();           what changed since the last take(); never blocks on the
 //                                store's data, only on its own probe or reconnect, each bounded
 //                                by the store's request timeout
+//   void follow(const std::string& key);  OPTIONAL (has_kv_watch_follow_v): the key whose
+//                                appearance matters to the caller now. A store that can only
+//                                wait on named keys (PyTorch's c10d store: wait(keys, timeout))
+//                                wakes fd() once that key exists (at once when it exists
+//                                already); a later follow() replaces it, and after that one
+//                                wake-up the watch stays quiet until the next follow(). Its
+//                                take() reports resync (the caller re-reads with try_get).
+//                                Stores that watch the whole prefix need not have it: a
+//                                caller calls it where it exists, before every blocking wait.
 // The first take() after watch() reports resync (the caller reads what it needs once), or,
 // from a store that can list the prefix as it starts the watch (etcd_kv), complete: a snapshot
 // of every key, so the caller needs no read at all. A watch is used by one thread at a time;
 // the store may be used by others meanwhile.
+//
+// A batched get (optional, has_kv_get_many_v): `std::vector<std::optional<std::string>>
+// get_many(const std::vector<std::string>& keys, std::chrono::milliseconds timeout)` waits up
+// to `timeout` until every key exists and returns each key's value in order (nullopt for a key
+// still missing at the timeout); a timeout of 0 is a batched try_get. The free get_many() below
+// uses it where a store has it, and single gets elsewhere.
 
 /// One change seen by a watch: the key (full, as passed to the store) and its new value, or
 /// nullopt when it was erased.
@@ -217,6 +239,34 @@ struct kv_changes {
   /// Nothing happened.
   bool empty() const noexcept { return events.empty() && !resync && !complete; }
 };
+
+// ---------------------------------------------------------------------------------------------
+// The operations, by name.
+
+/// The operations of the contract: the seven data operations of a kv_store, then the optional
+/// watch (waiting on a store) and batched get. counting_kv counts them by kind (watch aside);
+/// kv_supports and any_kv::supports answer for each.
+enum class kv_op : unsigned {
+  insert,
+  put,
+  try_get,
+  get,
+  list,
+  erase,
+  erase_prefix,
+  watch,
+  get_many
+};
+
+/// How many kinds kv_op has.
+inline constexpr unsigned kv_op_count = static_cast<unsigned>(kv_op::get_many) + 1;
+
+/// The name of a kv_op ("insert", "try_get", ...).
+constexpr const char* kv_op_name(kv_op op) noexcept {
+  constexpr const char* names[kv_op_count] = {
+      "insert", "put", "try_get", "get", "list", "erase", "erase_prefix", "watch", "get_many"};
+  return names[static_cast<unsigned>(op)];
+}
 
 // ---------------------------------------------------------------------------------------------
 // The contract, checked at compile time.
@@ -254,6 +304,16 @@ struct has_kv_watch : std::false_type {};
 template <class T>
 struct has_kv_watch<T, std::enable_if_t<detect<kv_watch_members, kv_watch_t<T>>::value>>
     : std::true_type {};
+template <class W>
+using kv_watch_follow = decltype(std::declval<W&>().follow(std::declval<const std::string&>()));
+template <class T>
+using kv_get_many =
+    std::enable_if_t<std::is_convertible_v<decltype(std::declval<T&>().get_many(
+                                               std::declval<const std::vector<std::string>&>(),
+                                               std::chrono::milliseconds{})),
+                                           std::vector<std::optional<std::string>>>>;
+template <class T>
+using kv_supports_member = decltype(bool(std::declval<const T&>().supports(kv_op::list)));
 template <class T>
 using kv_erase = decltype(std::declval<T&>().erase(std::declval<const std::string&>()));
 template <class T>
@@ -281,6 +341,15 @@ inline constexpr bool has_kv_erase_v = detail::detect<detail::kv_erase, T>::valu
 /// and take() (see "Waiting on a store" above).
 template <class T>
 inline constexpr bool has_kv_watch_v = detail::has_kv_watch<T>::value;
+
+/// True when watch object W may be told which key matters now (`follow(key)`, see "Waiting on
+/// a store"): a store that waits on named keys only.
+template <class W>
+inline constexpr bool has_kv_watch_follow_v = detail::detect<detail::kv_watch_follow, W>::value;
+
+/// True when T has a batched get: get_many(keys, timeout) (see "Waiting on a store").
+template <class T>
+inline constexpr bool has_kv_get_many_v = detail::detect<detail::kv_get_many, T>::value;
 
 /// True when T has every kv_store operation with the expected signature.
 template <class T>
@@ -326,18 +395,68 @@ template <class T>
 concept kv_store = is_kv_store_v<T>;
 #endif
 
+/// Whether T has operation `op` at compile time (its member exists with the expected signature).
+template <class T>
+constexpr bool kv_has_op(kv_op op) noexcept {
+  using namespace detail;
+  switch (op) {
+    case kv_op::insert:
+      return detect<kv_insert, T>::value;
+    case kv_op::put:
+      return detect<kv_put, T>::value;
+    case kv_op::try_get:
+      return detect<kv_try_get, T>::value;
+    case kv_op::get:
+      return detect<kv_get, T>::value;
+    case kv_op::list:
+      return has_kv_list_v<T>;
+    case kv_op::erase:
+      return has_kv_erase_v<T>;
+    case kv_op::erase_prefix:
+      return detect<kv_erase_prefix, T>::value;
+    case kv_op::watch:
+      return has_kv_watch_v<T>;
+    case kv_op::get_many:
+      return has_kv_get_many_v<T>;
+  }
+  return false;
+}
+
+/// Whether `kv` can do `op` now: T has the member (kv_has_op) and, when T answers at run time
+/// (a `bool supports(kv_op) const` member: any_kv, counting_kv), it says yes.
+template <class Kv>
+bool kv_supports(const Kv& kv, kv_op op) noexcept {
+  if constexpr (detail::detect<detail::kv_supports_member, Kv>::value) {
+    return kv_has_op<Kv>(op) && kv.supports(op);
+  } else {
+    static_cast<void>(kv);
+    return kv_has_op<Kv>(op);
+  }
+}
+
+/// Reads `keys` in one wait: each key's value in order, waiting up to `timeout` until every key
+/// exists (nullopt for a key still missing then; a timeout of 0 reads without waiting). Uses
+/// the store's own get_many where kv_supports(kv, kv_op::get_many), else one blocking get per
+/// key within the common deadline (try_get once it passed). Store errors propagate.
+template <class Kv>
+std::vector<std::optional<std::string>> get_many(Kv& kv, const std::vector<std::string>& keys,
+                                                 std::chrono::milliseconds timeout) {
+  if constexpr (has_kv_get_many_v<Kv>) {
+    if (kv_supports(kv, kv_op::get_many)) return kv.get_many(keys, timeout);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<std::optional<std::string>> out;
+  out.reserve(keys.size());
+  for (const auto& key : keys) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(std::max(
+        deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero()));
+    out.push_back(left.count() > 0 ? kv.get(key, left) : kv.try_get(key));
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // counting_kv
-
-/// The kinds of operation counting_kv counts.
-enum class kv_op : unsigned { insert, put, try_get, get, list, erase, erase_prefix };
-
-/// The name of a kv_op ("insert", "try_get", ...).
-constexpr const char* kv_op_name(kv_op op) noexcept {
-  constexpr const char* names[] = {"insert", "put",   "try_get",     "get",
-                                   "list",   "erase", "erase_prefix"};
-  return names[static_cast<unsigned>(op)];
-}
 
 /// A snapshot of counting_kv's counters, one field per kind of operation.
 struct kv_counts {
@@ -348,6 +467,7 @@ struct kv_counts {
   std::uint64_t list = 0;          ///< list calls
   std::uint64_t erase = 0;         ///< erase calls
   std::uint64_t erase_prefix = 0;  ///< erase_prefix calls
+  std::uint64_t get_many = 0;      ///< batched get calls
   std::uint64_t failed = 0;        ///< calls of any kind that threw
 
   /// The counter of one kind.
@@ -367,23 +487,27 @@ struct kv_counts {
         return erase;
       case kv_op::erase_prefix:
         return erase_prefix;
+      case kv_op::get_many:
+        return get_many;
+      case kv_op::watch:  // not a store operation: never counted
+        break;
     }
     return 0;
   }
   /// Every call, of every kind (`failed` is already included in the kinds).
-  std::uint64_t total() const noexcept {
-    return insert + put + try_get + get + list + erase + erase_prefix;
-  }
-  /// Reads: try_get + get + list.
-  std::uint64_t reads() const noexcept { return try_get + get + list; }
+  std::uint64_t total() const noexcept { return reads() + writes(); }
+  /// Reads: try_get + get + list + get_many.
+  std::uint64_t reads() const noexcept { return try_get + get + list + get_many; }
   /// Writes: insert + put + erase + erase_prefix.
   std::uint64_t writes() const noexcept { return insert + put + erase + erase_prefix; }
-  /// "insert=2 put=0 try_get=1 get=3 list=0 erase=0 erase_prefix=0 failed=0 total=6".
+  /// "insert=2 put=0 try_get=1 get=3 list=0 erase=0 erase_prefix=0 get_many=0 failed=0
+  /// total=6": every counted kind (all but watch).
   std::string to_string() const {
     std::string s;
-    for (unsigned i = 0; i <= static_cast<unsigned>(kv_op::erase_prefix); ++i) {
+    for (unsigned i = 0; i < kv_op_count; ++i) {
       auto op = static_cast<kv_op>(i);
-      s += std::string(kv_op_name(op)) + "=" + std::to_string((*this)[op]) + " ";
+      if (op != kv_op::watch)
+        s += std::string(kv_op_name(op)) + "=" + std::to_string((*this)[op]) + " ";
     }
     return s + "failed=" + std::to_string(failed) + " total=" + std::to_string(total());
   }
@@ -391,7 +515,7 @@ struct kv_counts {
   friend bool operator==(const kv_counts& a, const kv_counts& b) {
     return a.insert == b.insert && a.put == b.put && a.try_get == b.try_get && a.get == b.get &&
            a.list == b.list && a.erase == b.erase && a.erase_prefix == b.erase_prefix &&
-           a.failed == b.failed;
+           a.get_many == b.get_many && a.failed == b.failed;
   }
   /// Some counter differs.
   friend bool operator!=(const kv_counts& a, const kv_counts& b) { return !(a == b); }
@@ -440,6 +564,13 @@ class counting_kv {
     return call(kv_op::erase_prefix, [&] { return inner_.erase_prefix(prefix); });
   }
 
+  /// Counts then forwards, where the wrapped store has a batched get (has_kv_get_many_v).
+  template <class K = Kv, class = std::enable_if_t<has_kv_get_many_v<K>>>
+  std::vector<std::optional<std::string>> get_many(const std::vector<std::string>& keys,
+                                                   std::chrono::milliseconds timeout) {
+    return call(kv_op::get_many, [&] { return inner_.get_many(keys, timeout); });
+  }
+
   /// Forwards watch(prefix) where the wrapped store can be waited on (has_kv_watch_v), so that
   /// wrapping a store never changes the path the handler takes. A watch is not counted: its
   /// take() calls are not store operations (the store's own stats() counts its requests).
@@ -447,6 +578,8 @@ class counting_kv {
   auto watch(const std::string& prefix) {
     return inner_.watch(prefix);
   }
+  /// What the wrapped store can do (kv_supports: an any_kv inside is asked).
+  bool supports(kv_op op) const noexcept { return kv_supports(inner_, op); }
   /// Forwards the wrapped store's own stats() (etcd_kv: the HTTP requests it sent), if it has it.
   template <class K = Kv>
   auto stats() const -> decltype(std::declval<const K&>().stats()) {
@@ -463,6 +596,7 @@ class counting_kv {
     c.list = load(kv_op::list);
     c.erase = load(kv_op::erase);
     c.erase_prefix = load(kv_op::erase_prefix);
+    c.get_many = load(kv_op::get_many);
     c.failed = counters_->failed.load(std::memory_order_relaxed);
     return c;
   }
@@ -480,7 +614,7 @@ class counting_kv {
 
  private:
   struct counters {
-    std::atomic<std::uint64_t> by_kind[7] = {};
+    std::atomic<std::uint64_t> by_kind[kv_op_count] = {};  // indexed by kv_op
     std::atomic<std::uint64_t> failed{0};
   };
 
