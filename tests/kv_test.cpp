@@ -12,9 +12,11 @@
 #include <chrono>
 #include <fstream>
 #include <holdfast/kv.hpp>
+#include <holdfast/kv/any.hpp>
 #include <holdfast/kv/etcd.hpp>
 #include <holdfast/kv/filesystem.hpp>
 #include <holdfast/kv/in_process.hpp>
+#include <holdfast/kv/incarnation.hpp>
 #include <holdfast/testing/fault_io.hpp>
 #include <string>
 #include <thread>
@@ -263,6 +265,36 @@ TEST_CASE_TEMPLATE_DEFINE("kv contract: concurrent inserts of one key, exactly o
   CHECK(kv.list("race").size() == 10);
 }
 
+TEST_CASE_TEMPLATE_DEFINE("kv contract: take_incarnation hands each launch a new number", B,
+                          kv_incarnation) {
+  // Invariant: no two takers ever hold the same number, concurrent or later (a relaunch), and
+  // numbers only grow; through any_kv as through the concrete store.
+  B backend;
+  const kv_namespace ns = holdfast::incarnation_namespace("run-7");
+  constexpr int kThreads = 4;
+  std::vector<std::uint64_t> got(kThreads);
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i)
+    threads.emplace_back([&, i] {
+      auto kv = backend.make(ns);
+      while (!go) std::this_thread::yield();
+      got[static_cast<std::size_t>(i)] =
+          holdfast::take_incarnation(kv, "taker-" + std::to_string(i));
+    });
+  go = true;
+  for (auto& t : threads) t.join();
+  std::sort(got.begin(), got.end());
+  CHECK(std::adjacent_find(got.begin(), got.end()) == got.end());
+  holdfast::any_kv later(backend.make(ns));  // a relaunch, with empty memory
+  const std::uint64_t next = holdfast::take_incarnation(later, "relaunch");
+  CHECK(next > got.back());
+  auto kv = backend.make(ns);
+  CHECK(kv.try_get("launch/" + std::to_string(next)) == std::optional<std::string>("relaunch"));
+  auto other = backend.make(holdfast::incarnation_namespace("run-8"));  // its own counter
+  CHECK(holdfast::take_incarnation(other, "x") == 0);
+}
+
 TEST_CASE_TEMPLATE_DEFINE("kv contract: counting_kv counts every call by kind", B, kv_counting) {
   B backend;
   holdfast::counting_kv<decltype(backend.make(ns0))> kv(backend.make(ns0));
@@ -420,6 +452,7 @@ TEST_CASE_TEMPLATE_INVOKE(kv_namespaces, in_process_backend, filesystem_backend,
                           network_filesystem_backend, etcd_backend);
 TEST_CASE_TEMPLATE_INVOKE(kv_insert_race, in_process_backend, filesystem_backend,
                           network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_INVOKE(kv_incarnation, in_process_backend, filesystem_backend, etcd_backend);
 TEST_CASE_TEMPLATE_INVOKE(kv_counting, in_process_backend, filesystem_backend,
                           network_filesystem_backend, etcd_backend);
 

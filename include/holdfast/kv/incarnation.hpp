@@ -38,11 +38,6 @@
 
 HOLDFAST_NAMESPACE_BEGIN
 
-namespace detail {
-template <class T>
-using kv_supports_op = decltype(bool(std::declval<const T&>().supports(kv_op::list)));
-}  // namespace detail
-
 /// The namespace take_incarnation keeps its records in for `run_id`: (run_id, "launches"). No
 /// job namespace collides with it (theirs have numeric incarnations).
 inline kv_namespace incarnation_namespace(std::string run_id) {
@@ -58,10 +53,7 @@ std::uint64_t take_incarnation(Kv& kv, std::string_view taker, unsigned max_trie
   static_assert(check_coordination_store<Kv>());
   std::uint64_t next = 0;
   if constexpr (has_kv_list_v<Kv>) {
-    bool can_list = true;  // any_kv answers at run time
-    if constexpr (detail::detect<detail::kv_supports_op, Kv>::value)
-      can_list = kv.supports(kv_op::list);
-    if (can_list) {
+    if (kv_supports(kv, kv_op::list)) {  // any_kv answers at run time
       for (const auto& entry : kv.list("launch")) {
         const std::string n = entry.first.substr(entry.first.rfind('/') + 1);
         if (!n.empty() && n.size() < 20 &&
