@@ -7,25 +7,33 @@
 //                      throws instead of exiting, so Python sees holdfast.Preempted (a
 //                      SystemExit carrying the preset's exit code) and runs its finally blocks.
 //   torch_kv           a holdfast coordination store over c10d::Store (the job's own TCPStore
-//                      or PrefixStore); file:// and etcd:// URLs go through holdfast::make_kv.
+//                      or PrefixStore), waited on without polling: its watch is a helper
+//                      thread blocked in c10d's wait on a clone of the store (an idle worker
+//                      sends two requests per 30 s slice), and the claimant collects the acks
+//                      with one wait + multiGet (get_many). file:// and etcd:// URLs go through
+//                      holdfast::make_kv.
 //   CheckpointManager  holdfast::checkpoint_manager with Python save/restore callables, and the
 //                      members the handler's restore agreement uses (all_steps, restore_step,
 //                      pin, wait_until_finished).
 //   Cache              holdfast::multiprocess_file_cache: get(i) -> bytes | None, put(i, bytes).
+//   _TorchKV           torch_kv and its watch (_TorchWatch) as they are, for the tests and the
+//                      benchmark (tests/pytorch/test_torch_store.py, torch_store_bench.py).
 //
 // The GIL: released while holdfast blocks or does I/O (the agreement, store calls, a save's
 // fsyncs, a cache put, the restore agreement at construction), taken back for every Python
 // callback (the step function, the save and restore callables). The handler's watcher thread
-// never touches Python.
+// and torch_kv's watch threads never touch Python (unless the store is a Python Store subclass).
 #include <Python.h>
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -34,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include <holdfast/detail/waker.hpp>  // the eventfd a torch_watch rings
 #include <holdfast/holdfast.hpp>
 
 namespace py = pybind11;
@@ -42,34 +51,207 @@ using namespace std::chrono_literals;
 namespace holdfast_torch {
 
 // ---------------------------------------------------------------------------------------------
-// torch_kv: the coordination store the handler needs (insert, put, try_get, get; erase) on a
-// c10d::Store.
+// torch_kv: the coordination store the handler needs (insert, put, try_get, get; erase), a
+// batched get and a watch, on a c10d::Store.
+//
+// What torch 2.15's TCPStore does, measured (libuv and classic servers alike):
+//   - A wait(keys, timeout) that times out sends CANCEL_WAIT and reads the server's answer (and
+//     a STOP_WAITING that crossed it) before it throws DistStoreError: no late reply is left on
+//     the socket (200 timed-out waits, each followed by the key's set from another client and
+//     get/check/add/compareSet/multiGet on the same client: no misread). Torch 1.13 left one
+//     there, which is why this file used to poll check() instead.
+//   - wait() and multiGet() hold the client's lock while they block: a blocking wait on the
+//     job's own client would stall every other user of it (the process group, the handler's
+//     puts). So every blocking wait here runs on a clone() of the store (its own connection).
+//   - A wait cannot be interrupted: it returns when the keys exist, the connection fails, or
+//     its timeout passes. Each timed-out wait costs two requests (WAIT, CANCEL_WAIT) and logs
+//     two c10d warnings ("waitForInput ... timed out").
+//   - Each new connection costs a reverse DNS lookup of the peer's address on both ends (c10d
+//     names its sockets in messages; ::ffff:127.0.0.1 is not in /etc/hosts): where the
+//     resolver drops a query, a connect takes 5 s (one in ten on this machine). So torch_kv
+//     makes its two clones at construction, none while an agreement is under way.
+//   - The classic (non-libuv) server does not wake waiters on compareSet, only on set, add,
+//     append and multiSet; the libuv server wakes them on all of these, and on every
+//     compareSet of the key, even one that writes nothing (so try_get is never a compareSet).
+
+/// The value a watch's thread read for the key it followed, for the next try_get of that key:
+/// taken by it, dropped by the watch's next follow(). So the read after a wake-up costs the
+/// waiting thread one request on its own connection, not the caller three on the job's.
+class torch_handoff {
+ public:
+  void offer(std::string key, std::string value) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    key_ = std::move(key);
+    value_ = std::move(value);
+  }
+  std::optional<std::string> take(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (key_.empty() || key_ != key) return std::nullopt;
+    key_.clear();
+    return std::move(value_);
+  }
+  void drop(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (key_ == key) key_.clear();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::string key_;  // a full c10d key; empty: nothing offered
+  std::string value_;
+};
+
+/// A watch's state, shared by the torch_watch and its helper thread, which may outlive it.
+struct torch_watch_state {
+  std::shared_ptr<torch_handoff> handoff;  // torch_kv's: where the thread leaves what it read
+  std::mutex mutex;
+  std::condition_variable cv;    // follow() and the watch's end wake the thread
+  holdfast::detail::waker bell;  // the watch's fd(): signalled when the followed key exists
+  std::string followed;          // the full c10d key to wait for; empty: none yet
+  std::uint64_t generation = 0;  // counts follow() calls that changed or re-armed it
+  std::uint64_t rung = 0;        // the generation whose key was seen (the bell rung)
+  std::string waiting_on;        // the key of the wait in progress; empty: none
+  bool failing = false;          // the last wait failed (the watch falls back to polling)
+  bool stop = false;             // the watch is gone: exit after the current wait
+};
+
+/// The watch of torch_kv::watch (kv.hpp, "Waiting on a store"; see torch_kv).
+class torch_watch {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  torch_watch(std::shared_ptr<torch_watch_state> s, std::string key_prefix, std::string prefix,
+              std::chrono::milliseconds poll)
+      : s_(std::move(s)),
+        key_prefix_(std::move(key_prefix)),
+        prefix_(std::move(prefix)),
+        poll_(poll),
+        last_take_(clock::now()) {}
+  torch_watch(torch_watch&&) noexcept = default;
+  torch_watch& operator=(torch_watch&& o) noexcept {
+    if (this != &o) {
+      end();
+      s_ = std::move(o.s_);
+      key_prefix_ = std::move(o.key_prefix_);
+      prefix_ = std::move(o.prefix_);
+      poll_ = o.poll_;
+      first_ = o.first_;
+      last_take_ = o.last_take_;
+    }
+    return *this;
+  }
+  /// Tells the thread to exit; it does so after its current wait (at most one slice), alone.
+  ~torch_watch() { end(); }
+
+  /// An eventfd, readable once the followed key exists (or the thread's wait failed).
+  int fd() const noexcept { return s_->bell.fd(); }
+  /// True until the first take(), whose resync is known already.
+  bool buffered() const noexcept { return first_; }
+  /// Now before the first take(); time_point::max() while the thread waits for the followed
+  /// key; the last take() plus the poll interval while it cannot (its wait failed, or it is
+  /// still in a wait for a key that follow() replaced, which lasts at most one slice).
+  clock::time_point due() const noexcept {
+    if (first_) return last_take_;  // the watch's creation
+    std::lock_guard<std::mutex> lock(s_->mutex);
+    const bool stale = !s_->waiting_on.empty() && s_->waiting_on != s_->followed;
+    return s_->failing || stale ? last_take_ + poll_ : clock::time_point::max();
+  }
+  /// Never blocks: resync on the first take, when the bell rang, and when due() has passed
+  /// (the caller re-reads the followed key with try_get); never events.
+  holdfast::kv_changes take() {
+    holdfast::kv_changes c;
+    c.resync = std::exchange(first_, false);
+    if (s_->bell.drain()) c.resync = true;
+    const auto now = clock::now();
+    if (now >= due()) c.resync = true;
+    last_take_ = now;
+    return c;
+  }
+  /// The key (below the watched prefix) to wait for now; the bell rings once it exists (at once
+  /// when it exists already), then the watch is quiet until the next follow().
+  void follow(const std::string& key) {
+    holdfast::validate_key(key, "torch store watch");
+    if (key.compare(0, prefix_.size(), prefix_) != 0)
+      throw holdfast::error(EINVAL, "torch store watch", key, "not below the watched prefix");
+    std::string full = key_prefix_ + key;
+    {
+      std::lock_guard<std::mutex> lock(s_->mutex);
+      if (full == s_->followed && s_->rung != s_->generation) return;  // being waited for
+      s_->handoff->drop(s_->followed);  // what the last wake-up read: not for this wait
+      s_->followed = std::move(full);
+      ++s_->generation;
+    }
+    s_->cv.notify_all();
+  }
+
+ private:
+  void end() noexcept {
+    if (!s_) return;
+    {
+      std::lock_guard<std::mutex> lock(s_->mutex);
+      s_->stop = true;
+    }
+    s_->cv.notify_all();
+  }
+
+  std::shared_ptr<torch_watch_state> s_;
+  std::string key_prefix_;  // torch_kv's namespace ("holdfast-kv/<run>/<restart>/")
+  std::string prefix_;      // the watched prefix, as the caller names keys
+  std::chrono::milliseconds poll_;
+  bool first_ = true;
+  clock::time_point last_take_;
+};
 
 /// A holdfast coordination store over a c10d store, keys under "holdfast-kv/<run>/<restart>/".
 ///
 /// - insert: compareSet(key, "", value); created iff the answer is our value (holdfast's values
-///   name their writer, so an equal value is ours).
-/// - get(key, timeout) polls check() every poll interval until the key exists or the timeout
-///   passes. It does NOT use c10d's wait(keys, timeout): on torch 1.13's TCPStore a wait that
-///   times out can leave the server's late reply on the socket, where the next request reads it
-///   as its own answer.
+///   name their writer, so an equal value is ours). A created key is then set() to the same
+///   value once more, which wakes waiters on servers that do not wake them on compareSet.
+/// - try_get: check, then get (three requests on a TCPStore: CHECK, then WAIT and GET), unless
+///   a watch's thread has just read the key (below). Not one compareSet(key, x, x), which
+///   answers a missing key's x on every c10d store: the libuv server wakes the key's waiters
+///   on it, key or not (a spurious wake of every watch on it). put: set. erase: deleteKey.
+/// - get(key, timeout) and get_many(keys, timeout): wait(keys, timeout) on a clone of the store,
+///   then get / one multiGet there; at a get_many's timeout each key is checked alone and the
+///   present ones read with one multiGet (nullopt names exactly the missing ones).
+/// - watch(prefix): a helper thread on a clone of its own (the first watch's made at
+///   construction) blocks in wait({followed key}, slice); when the key exists it reads the
+///   value (one compareSet, safe on a present key) for the caller's next try_get of it, then
+///   rings the watch's eventfd; follow(key) hands it the next key. An idle watch costs two
+///   requests (WAIT, CANCEL_WAIT) per slice (default 30 s). The thread cannot be interrupted
+///   inside c10d's wait, so a watch's end does not join it: the thread owns its state and its
+///   clone (shared_ptr, intrusive_ptr) and exits by itself after its current wait, at most one
+///   slice later.
+/// - A store without clone() (a Python Store subclass that does not implement it) has no
+///   watch (supports(kv_op::watch) is false: the handler waits in slices of get), and its get
+///   and get_many poll check() every poll interval on the store itself.
 /// - Failures of the store (c10::Error, socket errors) become holdfast::error(ECONNRESET), which
 ///   the handler retries as transient until the round's deadline.
 class torch_kv {
  public:
+  /// `poll`: the check() interval where there is no clone, and a watch's fallback poll;
+  /// `slice`: the longest single wait of a watch's thread.
   torch_kv(c10::intrusive_ptr<c10d::Store> store, const holdfast::kv_namespace& ns,
-           std::chrono::milliseconds poll = 10ms)
+           std::chrono::milliseconds poll = 10ms, std::chrono::milliseconds slice = 30s)
       : store_(std::move(store)),
         prefix_("holdfast-kv/" + ns.path() + "/"),
-        poll_(std::max(poll, std::chrono::milliseconds(1))) {
+        poll_(std::max(poll, std::chrono::milliseconds(1))),
+        slice_(std::max(slice, std::chrono::milliseconds(1))) {
     if (!store_) throw holdfast::error(EINVAL, "torch store", "", "no store");
+    blocking_ = try_clone(store_);
+    if (blocking_) spare_->client = try_clone(store_);
   }
 
   /// Insert-once: true when this call created the key.
   bool insert(const std::string& key, std::string_view value) {
     const std::string k = full(key, "torch store insert");
     const std::vector<std::uint8_t> v = to_bytes(value);
-    return guarded("compareSet", key, [&] { return store_->compareSet(k, {}, v); }) == v;
+    if (guarded("compareSet", key, [&] { return store_->compareSet(k, {}, v); }) != v) return false;
+    guarded("set", key, [&] {  // the same value again: wakes waiters of any server
+      store_->set(k, v);
+      return 0;
+    });
+    return true;
   }
   /// Sets the key.
   void put(const std::string& key, std::string_view value) {
@@ -80,20 +262,34 @@ class torch_kv {
       return 0;
     });
   }
-  /// The value, or nothing when the key does not exist (check, then get).
+  /// The value, or nothing when the key does not exist: check, then get; or what a watch's
+  /// thread read for this key at its last wake-up, if no follow() came since (torch_handoff).
   std::optional<std::string> try_get(const std::string& key) {
-    return lookup(full(key, "torch store try_get"), key);
+    const std::string k = full(key, "torch store try_get");
+    if (auto v = handoff_->take(k)) return v;  // a watch's thread just read it
+    if (!guarded("check", key, [&] { return store_->check({k}); })) return std::nullopt;
+    return text(guarded("get", key, [&] { return store_->get(k); }));
   }
-  /// Waits up to `timeout` for the key (polling check()); nothing when it never appeared.
+  /// Waits up to `timeout` for the key; nothing when it did not appear.
   std::optional<std::string> get(const std::string& key, std::chrono::milliseconds timeout) {
-    const std::string k = full(key, "torch store get");
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      if (auto v = lookup(k, key)) return v;
-      const auto left = deadline - std::chrono::steady_clock::now();
-      if (left <= std::chrono::steady_clock::duration::zero()) return std::nullopt;
-      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(poll_, left));
+    auto v = get_many({key}, timeout);
+    return std::move(v.front());
+  }
+  /// Waits up to `timeout` until every key exists; each key's value in order, nullopt for the
+  /// keys still missing then. A timeout of 0 reads what exists now.
+  std::vector<std::optional<std::string>> get_many(const std::vector<std::string>& keys,
+                                                   std::chrono::milliseconds timeout) {
+    std::vector<std::string> ks;
+    ks.reserve(keys.size());
+    for (const auto& key : keys) ks.push_back(full(key, "torch store get"));
+    if (ks.empty()) return {};
+    const std::string& name = keys.front();
+    if (!blocking_) {  // check() every poll interval, on the store itself
+      const bool all = poll_all(ks, timeout, name);
+      return read_present(*store_, keys, ks, all);
     }
+    const bool all = wait_all(*blocking_, ks, timeout, name);
+    return read_present(*blocking_, keys, ks, all);
   }
   /// Deletes the key; true when it existed.
   bool erase(const std::string& key) {
@@ -101,14 +297,164 @@ class torch_kv {
     return guarded("deleteKey", key, [&] { return store_->deleteKey(k); });
   }
 
+  /// Follows keys below `prefix` (see the class comment and kv.hpp, "Waiting on a store").
+  torch_watch watch(const std::string& prefix) {
+    if (!blocking_)
+      throw holdfast::error(ENOTSUP, "torch store watch", prefix, "the store has no clone()");
+    std::string p = prefix;
+    if (!p.empty() && p.back() != '/') p += '/';
+    auto state = std::make_shared<torch_watch_state>();
+    state->handoff = handoff_;
+    c10::intrusive_ptr<c10d::Store> client;
+    {
+      std::lock_guard<std::mutex> lock(spare_->mutex);
+      client = std::move(spare_->client);
+    }
+    std::thread(follow_keys, state, std::move(client), store_, slice_).detach();
+    return torch_watch(std::move(state), prefix_, std::move(p), poll_);
+  }
+
+  /// Every operation, but watch only where the store can be cloned.
+  bool supports(holdfast::kv_op op) const noexcept {
+    return op != holdfast::kv_op::watch || blocking_;
+  }
+
  private:
+  using clock = std::chrono::steady_clock;
+
   std::string full(const std::string& key, const char* op) const {
     holdfast::validate_key(key, op);
     return prefix_ + key;
   }
-  std::optional<std::string> lookup(const std::string& k, const std::string& key) {
-    if (!guarded("check", key, [&] { return store_->check({k}); })) return std::nullopt;
-    auto v = guarded("get", key, [&] { return store_->get(k); });
+
+  // A clone of `store` (its own connection), or nothing when the store has no clone().
+  static c10::intrusive_ptr<c10d::Store> try_clone(const c10::intrusive_ptr<c10d::Store>& store) {
+    try {
+      return store->clone();
+    } catch (const std::exception&) {  // NotImplementedError, pybind11's "pure virtual"
+      return {};
+    }
+  }
+
+  // get_many's answer where `all` says whether every key exists: one multiGet of the keys
+  // that do (each checked alone unless `all`), nullopt for the others.
+  static std::vector<std::optional<std::string>> read_present(c10d::Store& s,
+                                                              const std::vector<std::string>& keys,
+                                                              const std::vector<std::string>& ks,
+                                                              bool all) {
+    std::vector<std::size_t> at;
+    std::vector<std::string> read;
+    for (std::size_t i = 0; i < ks.size(); ++i) {
+      if (!all && !guarded("check", keys[i], [&] { return s.check({ks[i]}); })) continue;
+      at.push_back(i);
+      read.push_back(ks[i]);
+    }
+    std::vector<std::vector<std::uint8_t>> values;
+    if (!read.empty()) values = guarded("multiGet", keys.front(), [&] { return s.multiGet(read); });
+    return fill(keys.size(), at, values, keys.front());
+  }
+
+  // n answers: values[j] for key at[j], nullopt for the others.
+  static std::vector<std::optional<std::string>> fill(
+      std::size_t n, const std::vector<std::size_t>& at,
+      const std::vector<std::vector<std::uint8_t>>& values, const std::string& name) {
+    if (values.size() != at.size())
+      throw holdfast::error(EPROTO, "torch store multiGet", name, "wrong number of values");
+    std::vector<std::optional<std::string>> out(n);
+    for (std::size_t j = 0; j < at.size(); ++j) out[at[j]] = text(values[j]);
+    return out;
+  }
+
+  // wait(keys, timeout) on `s`: false when it timed out (DistStoreError once the timeout
+  // passed); any other failure, or a DistStoreError before the timeout, throws.
+  static bool wait_all(c10d::Store& s, const std::vector<std::string>& keys,
+                       std::chrono::milliseconds timeout, const std::string& name) {
+    if (timeout <= std::chrono::milliseconds::zero())
+      return guarded("check", name, [&] { return s.check(keys); });
+    const auto start = clock::now();
+    return guarded("wait", name, [&] {
+      try {
+        s.wait(keys, timeout);
+        return true;
+      } catch (const c10::DistStoreError&) {
+        if (clock::now() - start < timeout) throw;
+        return false;
+      }
+    });
+  }
+
+  // Whether every key exists within `timeout`, for a store without a clone: check() every poll
+  // interval on the store itself.
+  bool poll_all(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+                const std::string& name) const {
+    const auto deadline = clock::now() + timeout;
+    for (;;) {
+      if (guarded("check", name, [&] { return store_->check(keys); })) return true;
+      const auto left = deadline - clock::now();
+      if (left <= clock::duration::zero()) return false;
+      std::this_thread::sleep_for(std::min<clock::duration>(poll_, left));
+    }
+  }
+
+  // The watch's helper thread: waits in slices for the followed key on `client` (a clone of
+  // `source`, made now if null or after a failure), rings the bell when the key exists or a
+  // wait fails (the caller then finds out with try_get), and exits when the watch is gone.
+  // Never throws.
+  static void follow_keys(std::shared_ptr<torch_watch_state> s,
+                          c10::intrusive_ptr<c10d::Store> client,
+                          c10::intrusive_ptr<c10d::Store> source,
+                          std::chrono::milliseconds slice) noexcept {
+    std::unique_lock<std::mutex> lock(s->mutex);
+    for (;;) {
+      s->cv.wait(lock,
+                 [&] { return s->stop || (!s->followed.empty() && s->rung != s->generation); });
+      if (s->stop) return;
+      const std::string key = s->followed;
+      const std::uint64_t generation = s->generation;
+      s->waiting_on = key;
+      lock.unlock();
+      enum { present, timed_out, failed } result = failed;
+      std::optional<std::string> value;
+      const auto start = clock::now();
+      try {
+        if (!client) client = source->clone();
+        client->wait({key}, slice);
+        result = present;
+        value = read_present_key(*client, key);
+      } catch (const c10::DistStoreError&) {  // the slice passed (or a store error: below)
+        result = clock::now() - start >= slice ? timed_out : failed;
+      } catch (...) {
+      }
+      if (result == failed) client.reset();  // a fresh connection next time
+      lock.lock();
+      s->waiting_on.clear();
+      s->failing = result == failed;
+      if (result == present && generation == s->generation) {
+        s->rung = generation;
+        if (value) s->handoff->offer(key, std::move(*value));
+      }
+      if (result != timed_out) s->bell.notify();
+      if (result == failed)  // the caller polls meanwhile (due())
+        s->cv.wait_for(lock, std::chrono::seconds(1), [&] { return s->stop; });
+    }
+  }
+
+  // The value of `key`, which exists, in one request: compareSet(key, x, x) answers the value
+  // and writes nothing, x being a value holdfast never stores (NUL bytes); nothing when the
+  // answer is x (the key erased since, or holding x) or the request failed: the caller reads.
+  // Not for a key that may be missing: the libuv server wakes the key's waiters on any
+  // compareSet.
+  static std::optional<std::string> read_present_key(c10d::Store& s, const std::string& key) {
+    static const std::vector<std::uint8_t> x = to_bytes(std::string_view("\0holdfast\0", 10));
+    try {
+      auto v = s.compareSet(key, x, x);
+      if (v != x) return text(v);
+    } catch (const std::exception&) {  // the next wait finds out whether the store failed
+    }
+    return std::nullopt;
+  }
+
+  static std::string text(const std::vector<std::uint8_t>& v) {
     return std::string(v.begin(), v.end());
   }
   static std::vector<std::uint8_t> to_bytes(std::string_view s) {
@@ -128,9 +474,54 @@ class torch_kv {
     }
   }
 
-  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Store> store_;     // the job's own client: the quick operations
+  c10::intrusive_ptr<c10d::Store> blocking_;  // a clone: get and get_many wait here (or null)
+  struct spare_clone {
+    std::mutex mutex;
+    c10::intrusive_ptr<c10d::Store> client;  // the first watch's connection
+  };
+  std::shared_ptr<spare_clone> spare_ = std::make_shared<spare_clone>();  // copies share it
+  std::shared_ptr<torch_handoff> handoff_ = std::make_shared<torch_handoff>();
   std::string prefix_;
   std::chrono::milliseconds poll_;
+  std::chrono::milliseconds slice_;
+};
+
+/// torch_kv for Python (the extension's _TorchKV, for tests and benchmarks): every blocking
+/// call releases the GIL.
+class py_torch_kv {
+ public:
+  py_torch_kv(c10::intrusive_ptr<c10d::Store> store, const std::string& run_id,
+              std::uint64_t restart, double poll, double slice)
+      : kv_(std::move(store), holdfast::kv_namespace(run_id, restart), seconds(poll),
+            seconds(slice)) {}
+  torch_kv& kv() noexcept { return kv_; }
+  static std::chrono::milliseconds seconds(double s) {
+    return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
+  }
+
+ private:
+  torch_kv kv_;
+};
+
+/// A torch_watch for Python (_TorchWatch); close() ends it.
+class py_torch_watch {
+ public:
+  explicit py_torch_watch(torch_watch w) : w_(std::move(w)) {}
+  torch_watch& live() {
+    if (!w_) throw holdfast::error(EBADF, "torch store watch", "", "closed");
+    return *w_;
+  }
+  /// Seconds until due(), 0 when past, None for never.
+  std::optional<double> due_in() {
+    const auto due = live().due();
+    if (due == torch_watch::clock::time_point::max()) return std::nullopt;
+    return std::max(0.0, std::chrono::duration<double>(due - torch_watch::clock::now()).count());
+  }
+  void close() { w_.reset(); }
+
+ private:
+  std::optional<torch_watch> w_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -400,11 +791,11 @@ class py_handler {
       return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
     };
     const holdfast::kv_namespace ns(run_id, restart);
-    std::optional<holdfast::any_kv> kv;
+    c10::intrusive_ptr<c10d::Store> job_store;
     if (store == "torch") {
       if (!torch_store || !*torch_store)
         throw std::invalid_argument("holdfast: store='torch' needs a torch_store");
-      kv.emplace(torch_kv(std::move(*torch_store), ns, ms(store_poll)));
+      job_store = std::move(*torch_store);
     }
     holdfast::handler_options o;
     o.ack_timeout = ms(ack_timeout);
@@ -413,7 +804,11 @@ class py_handler {
     holdfast::cluster_info cluster{task, num_tasks, run_id};
     py_checkpointer ckpt = checkpoints.checkpointer();
     py::gil_scoped_release nogil;  // the restore agreement waits for every task
-    if (!kv) kv.emplace(holdfast::make_kv(store, ns));
+    std::optional<holdfast::any_kv> kv;
+    if (job_store)  // torch_kv connects a clone of the store: not with the GIL held
+      kv.emplace(torch_kv(std::move(job_store), ns, ms(store_poll)));
+    else
+      kv.emplace(holdfast::make_kv(store, ns));
     h_ = make_handler(preset, grace, notice_file, std::move(*kv), std::move(cluster),
                       std::move(ckpt), o);
   }
@@ -796,6 +1191,56 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            })
       .def_property_readonly(
           "directory", [](ht::py_checkpoint_manager& self) { return self.manager().directory(); });
+
+  py::class_<ht::py_torch_kv>(m, "_TorchKV", "torch_kv on a c10d store (tests, benchmarks)")
+      .def(py::init<c10::intrusive_ptr<c10d::Store>, const std::string&, std::uint64_t, double,
+                    double>(),
+           py::arg("store"), py::arg("run_id"), py::arg("restart") = 0, py::arg("poll") = 0.01,
+           py::arg("slice") = 30.0, py::call_guard<py::gil_scoped_release>())
+      .def("insert",
+           [](ht::py_torch_kv& self, const std::string& key, const std::string& value) {
+             py::gil_scoped_release nogil;
+             return self.kv().insert(key, value);
+           })
+      .def("put",
+           [](ht::py_torch_kv& self, const std::string& key, const std::string& value) {
+             py::gil_scoped_release nogil;
+             self.kv().put(key, value);
+           })
+      .def("try_get",
+           [](ht::py_torch_kv& self, const std::string& key) {
+             py::gil_scoped_release nogil;
+             return self.kv().try_get(key);
+           })
+      .def("get",
+           [](ht::py_torch_kv& self, const std::string& key, double timeout) {
+             py::gil_scoped_release nogil;
+             return self.kv().get(key, ht::py_torch_kv::seconds(timeout));
+           })
+      .def("get_many",
+           [](ht::py_torch_kv& self, const std::vector<std::string>& keys, double timeout) {
+             py::gil_scoped_release nogil;
+             return self.kv().get_many(keys, ht::py_torch_kv::seconds(timeout));
+           })
+      .def("erase",
+           [](ht::py_torch_kv& self, const std::string& key) {
+             py::gil_scoped_release nogil;
+             return self.kv().erase(key);
+           })
+      .def_property_readonly(
+          "can_watch",
+          [](ht::py_torch_kv& self) { return self.kv().supports(holdfast::kv_op::watch); })
+      .def("watch", [](ht::py_torch_kv& self, const std::string& prefix) {
+        return ht::py_torch_watch(self.kv().watch(prefix));
+      });
+  py::class_<ht::py_torch_watch>(m, "_TorchWatch")
+      .def("fd", [](ht::py_torch_watch& self) { return self.live().fd(); })
+      .def("buffered", [](ht::py_torch_watch& self) { return self.live().buffered(); })
+      .def("due_in", &ht::py_torch_watch::due_in)
+      .def("take", [](ht::py_torch_watch& self) { return self.live().take().resync; })
+      .def("follow",
+           [](ht::py_torch_watch& self, const std::string& key) { self.live().follow(key); })
+      .def("close", &ht::py_torch_watch::close);
 
   py::class_<ht::py_handler>(m, "Handler")
       .def(py::init<const std::string&, const std::string&,

@@ -1,0 +1,447 @@
+"""torch_kv (examples/pytorch/holdfast_torch.cpp), the Handler's store over PyTorch's TCPStore:
+its operations, its watch (a helper thread blocked in c10d's wait on a clone of the store), its
+batched get, and the Handler over it in real worker processes against a real TCPStore server.
+
+    /path/to/venv/bin/python tests/pytorch/test_torch_store.py [name ...]
+
+Exits non-zero when a case fails; the last line is "N passed, M failed". Timing bounds are as
+loose as the behaviour they tell apart allows on a loaded 2-core machine.
+"""
+
+import datetime
+import os
+import select
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_store_support as sup  # noqa: E402
+
+hf = sup.load_holdfast()
+ext = hf.load_extension()
+import torch.distributed as dist  # noqa: E402
+
+CASES = []
+
+
+def case(fn):
+    CASES.append(fn)
+    return fn
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def readable(fd, timeout):
+    r, _, _ = select.select([fd], [], [], timeout)
+    return bool(r)
+
+
+class Run:
+    """A scratch directory and worker processes, stopped at the end."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="holdfast-torch-store-")
+        self.workers = []
+
+    def start(self, port, n, run_id, mode="train", tasks=None, num_tasks=None, **cfg):
+        ws = []
+        for t in (range(n) if tasks is None else tasks):
+            w = sup.Worker(dict(cfg, port=port, task=t, num_tasks=num_tasks or n, run_id=run_id,
+                                dir=self.dir, mode=mode))
+            ws.append(w)
+        self.workers += ws
+        for w in ws:
+            w.expect("loaded", timeout=120)
+        return ws
+
+    def go(self):
+        for w in self.workers:
+            w.send("go")
+
+    def start_steps(self, delay=0.05):
+        start = time.monotonic_ns() + int(delay * 1e9)
+        for w in self.workers:
+            w.send(f"start {start}")
+        return start
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for w in self.workers:
+            w.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ---- the finding the code relies on -----------------------------------------------------------
+
+
+@case
+def timed_out_wait_leaves_no_late_reply():
+    """torch 2.x: a wait that timed out, then the key set by another client: the next requests on
+    the same client read their own answers (torch 1.13 left the late reply on the socket)."""
+    for libuv in (True, False):
+        server = sup.start_server(use_libuv=libuv)
+        a = sup.connect(server.port, use_libuv=libuv)
+        b = sup.connect(server.port, use_libuv=libuv)
+        for i in range(10):
+            k = f"late/{i}"
+            try:
+                a.wait([k], datetime.timedelta(milliseconds=50))
+                raise AssertionError("wait on a missing key returned")
+            except dist.DistStoreError:
+                pass
+            b.set(k, "late")
+            b.set(f"other/{i}", f"v{i}")
+            time.sleep(0.005)
+            check(a.get(f"other/{i}") == f"v{i}".encode(), f"libuv={libuv}: get misread")
+            check(not a.check([f"never/{i}"]), f"libuv={libuv}: check misread")
+            check(a.add(f"n/{i}", 7) == 7, f"libuv={libuv}: add misread")
+            check(a.compare_set(f"cs/{i}", "", "x") == b"x", f"libuv={libuv}: compareSet misread")
+            check(a.multi_get([k]) == [b"late"], f"libuv={libuv}: multiGet misread")
+
+
+# ---- torch_kv itself ------------------------------------------------------------------------
+
+
+@case
+def operations():
+    server = sup.start_server()
+    kv = ext._TorchKV(sup.connect(server.port), "ops", 0)
+    check(kv.can_watch, "a TCPStore can be cloned: watch supported")
+    check(kv.insert("a/b", "one") and not kv.insert("a/b", "two"), "insert-once")
+    check(kv.try_get("a/b") == "one" and kv.try_get("a/c") is None, "try_get")
+    kv.put("a/c", "three")
+    check(kv.get("a/c", 1.0) == "three", "get of a present key")
+    t0 = time.monotonic()
+    check(kv.get("a/missing", 0.3) is None, "get of a missing key")
+    waited = time.monotonic() - t0
+    check(0.25 <= waited < 2.0, f"get waited {waited:.3f} s for a 0.3 s timeout")
+    other = sup.connect(server.port)
+    threading.Timer(0.2, lambda: other.set("holdfast-kv/ops/0/a/late", "late")).start()
+    t0 = time.monotonic()
+    check(kv.get("a/late", 5.0) == "late", "get of a key set while it waits")
+    check(time.monotonic() - t0 < 2.0, "get woke when the key was set")
+    check(kv.erase("a/c") and not kv.erase("a/c") and kv.try_get("a/c") is None, "erase")
+    try:
+        kv.put("a//b", "x")
+        raise AssertionError("an invalid key was accepted")
+    except hf.Error as e:
+        check(e.errno == 22, f"EINVAL for an invalid key, got {e.errno}")
+
+
+@case
+def get_many_names_exactly_the_missing_keys():
+    server = sup.start_server()
+    kv = ext._TorchKV(sup.connect(server.port), "many", 0)
+    for t in (0, 1, 3):
+        kv.put(f"ack/{t}", f"a{t}")
+    keys = [f"ack/{t}" for t in range(5)]
+    check(kv.get_many(keys, 0) == ["a0", "a1", None, "a3", None], "timeout 0: what exists now")
+    t0 = time.monotonic()
+    got = kv.get_many(keys, 0.3)
+    check(got == ["a0", "a1", None, "a3", None], f"after the timeout: {got}")
+    check(0.25 <= time.monotonic() - t0 < 2.0, "waited for the timeout")
+    other = sup.connect(server.port)
+    threading.Timer(0.1, lambda: other.set("holdfast-kv/many/0/ack/2", "a2")).start()
+    threading.Timer(0.2, lambda: other.set("holdfast-kv/many/0/ack/4", "a4")).start()
+    t0 = time.monotonic()
+    got = kv.get_many(keys, 10.0)
+    check(got == ["a0", "a1", "a2", "a3", "a4"], f"all present: {got}")
+    check(time.monotonic() - t0 < 3.0, "returned once the last key appeared")
+    check(kv.get_many([], 1.0) == [], "no keys")
+
+
+@case
+def watch_rings_once_the_followed_key_exists():
+    server = sup.start_server()
+    kv = ext._TorchKV(sup.connect(server.port), "w", 0, 0.01, 0.3)  # 0.3 s slices
+    other = sup.connect(server.port)
+    w = kv.watch("ctl")
+    check(w.buffered() and w.take(), "the first take reports resync")
+    check(w.due_in() is None, "nothing due while nothing is followed")
+    w.follow("ctl/r0/claim")
+    check(not readable(w.fd(), 1.0), "quiet while the key is missing (over several slices)")
+    check(w.due_in() is None, "nothing due while the thread waits for the followed key")
+    t0 = time.monotonic()
+    other.set("holdfast-kv/w/0/ctl/r0/claim", "c")
+    check(readable(w.fd(), 5.0), "readable once the key exists")
+    woke = time.monotonic() - t0
+    check(w.take() and not w.take(), "one resync per ring")
+    check(kv.try_get("ctl/r0/claim") == "c", "the woken key reads back (the watch's read)")
+    check(not readable(w.fd(), 0.3), "quiet after the ring until the next follow")
+    w.follow("ctl/r0/claim")
+    check(readable(w.fd(), 5.0) and w.take(), "following a present key rings at once")
+    # what the watch read is for the next try_get of that key only until the next follow()
+    other.delete_key("holdfast-kv/w/0/ctl/r0/claim")
+    w.follow("ctl/r0/step")
+    check(kv.try_get("ctl/r0/claim") is None, "a follow() drops what the last wake-up read")
+    # insert (compareSet) wakes it too, on the libuv server and the classic one
+    for libuv in (True, False):
+        s2 = sup.start_server(use_libuv=libuv)
+        kv2 = ext._TorchKV(sup.connect(s2.port, use_libuv=libuv), "w", 0, 0.01, 30.0)
+        writer = ext._TorchKV(sup.connect(s2.port, use_libuv=libuv), "w", 0)
+        w2 = kv2.watch("ctl")
+        w2.take()
+        w2.follow("ctl/r1/claim")
+        time.sleep(0.2)  # the thread is in its wait
+        check(writer.insert("ctl/r1/claim", "c"), "inserted")
+        check(readable(w2.fd(), 5.0), f"an insert woke the watch (libuv={libuv})")
+        w2.close()
+    print(f"    woke {woke * 1e3:.1f} ms after the set")
+
+
+@case
+def watch_polls_while_its_thread_waits_for_a_replaced_key():
+    server = sup.start_server()
+    kv = ext._TorchKV(sup.connect(server.port), "s", 0, 0.01, 1.0)
+    w = kv.watch("ctl")
+    w.take()
+    w.follow("ctl/a")
+    time.sleep(0.1)
+    w.follow("ctl/b")  # the thread is still in its wait for ctl/a (up to 1 s)
+    due = w.due_in()
+    check(due is not None and due <= 0.05, f"due while the thread cannot wait for ctl/b: {due}")
+    check(w.take(), "resync when due")
+    sup.connect(server.port).set("holdfast-kv/s/0/ctl/b", "b")
+    check(readable(w.fd(), 3.0), "the thread takes ctl/b after its slice and rings")
+    check(w.due_in() is None, "quiet again once it waits for the followed key")
+
+
+@case
+def idle_watch_costs_two_requests_per_slice_and_closes_at_once():
+    server = sup.start_server()
+    proxy = sup.CountingProxy(server.port)
+    checks, wait = proxy.calibrate()
+    check(checks == 20 and wait == 2, f"calibration: 20 checks counted {checks}, a timed-out "
+          f"wait {wait} (expected 2)")
+    kv = ext._TorchKV(sup.connect(proxy.port), "idle", 0, 0.01, 0.25)
+    w = kv.watch("ctl")
+    w.take()
+    w.follow("ctl/r0/claim")
+    time.sleep(0.3)
+    r0, _ = proxy.counts()
+    time.sleep(2.0)
+    r1, _ = proxy.counts()
+    slices = 2.0 / 0.25
+    check(2 * slices - 4 <= r1 - r0 <= 2 * slices + 4,
+          f"{r1 - r0} requests in 2 s of 0.25 s slices (expected about {2 * slices:.0f})")
+    t0 = time.monotonic()
+    w.close()
+    check(time.monotonic() - t0 < 0.05, "closing a watch does not wait for its thread")
+
+
+@case
+def store_without_clone_has_no_watch_but_gets():
+    server = sup.start_server()
+    inner = sup.connect(server.port)
+
+    class NoClone(dist.Store):  # clone() not implemented: torch's pure virtual
+        def set(self, k, v):
+            inner.set(k, v)
+
+        def get(self, k):
+            return inner.get(k)
+
+        def check(self, keys):
+            return inner.check(keys)
+
+        def compare_set(self, k, expected, desired):
+            return inner.compare_set(k, expected, desired)
+
+        def delete_key(self, k):
+            return inner.delete_key(k)
+
+        def wait(self, keys, timeout=None):
+            return inner.wait(keys, timeout) if timeout else inner.wait(keys)
+
+        def multi_get(self, keys):
+            return inner.multi_get(keys)
+
+    store = NoClone()  # kept: torch's trampoline needs its Python object alive
+    kv = ext._TorchKV(store, "nc", 0)
+    check(not kv.can_watch, "no clone(): no watch")
+    kv.put("k/1", "v")
+    check(kv.get_many(["k/1", "k/2"], 0.2) == ["v", None], "get_many by polling check()")
+    check(kv.get("k/1", 0.1) == "v", "get by polling check()")
+    check(kv.try_get("k/1") == "v" and kv.try_get("k/2") is None, "try_get: check, then get")
+
+
+@case
+def try_get_answers_through_prefix_and_hash_stores_and_wakes_no_watch():
+    server = sup.start_server()
+    stores = {"tcp": sup.connect(server.port),
+              "prefix": dist.PrefixStore("a", dist.PrefixStore("b", sup.connect(server.port))),
+              "hash": dist.HashStore()}
+    for name, store in stores.items():
+        kv = ext._TorchKV(store, "tg", 0)
+        kv.put("x/1", "one")
+        kv.put("x/empty", "")
+        check(kv.try_get("x/1") == "one", f"{name}: a present key")
+        check(kv.try_get("x/empty") == "", f"{name}: an empty value")
+        check(kv.try_get("x/2") is None, f"{name}: a missing key")
+        check(kv.try_get("x/2") is None and kv.insert("x/2", "two"),
+              f"{name}: try_get wrote nothing")
+    # a try_get of a missing key must not wake a watch following it (the libuv server wakes a
+    # key's waiters on any compareSet of it, so try_get must not be one)
+    kv = ext._TorchKV(stores["tcp"], "tg", 0)
+    w = kv.watch("ctl")
+    w.take()
+    w.follow("ctl/k")
+    time.sleep(0.1)
+    for _ in range(3):
+        check(kv.try_get("ctl/k") is None, "missing")
+    check(not readable(w.fd(), 0.3), "a try_get woke the watch")
+
+
+# ---- the Handler over the store, in worker processes ------------------------------------------
+
+
+@case
+def idle_handlers_send_at_most_one_request_per_second():
+    server = sup.start_server()
+    proxy = sup.CountingProxy(server.port)
+    checks, wait = proxy.calibrate()
+    check(checks == 20 and wait == 2, f"calibration: {checks} for 20 checks, {wait} for a wait")
+    with Run() as run:
+        ws = run.start(proxy.port, 4, "idle", step=0.01, watch_stop=True)
+        run.go()
+        for w in ws:
+            w.expect("ready", timeout=60)
+        run.start_steps()
+        time.sleep(1.0)  # settle: the watchers start their waits
+        r0, b0 = proxy.counts()
+        window = 32.0  # more than one 30 s slice of every watch: its WAIT and CANCEL_WAIT
+        time.sleep(window)
+        r1, b1 = proxy.counts()
+        with open(os.path.join(run.dir, "stop"), "w"):
+            pass
+        rate = (r1 - r0) / (4 * window)
+        print(f"    idle: {r1 - r0} requests ({b1 - b0} bytes) from 4 workers in {window:.0f} s: "
+              f"{rate:.3f} requests per worker-second")
+        check(rate <= 1.0, f"{rate:.3f} requests per worker-second (bound 1)")
+
+
+@case
+def notice_reaches_the_claim_and_all_save_at_one_step():
+    server = sup.start_server()
+    observer = sup.connect(server.port)
+    latencies = []
+    runs = 5
+    with Run() as run:
+        ws = run.start(server.port, 4, "notice", reps=runs, step=0.005)
+        for rep in range(runs):
+            run.go()
+            for w in ws:
+                w.expect("ready", timeout=60)
+            run.start_steps()
+            time.sleep(0.3)
+            noticed = ws[rep % 4]
+            key = sup.claim_key(f"notice-{rep}")
+            t0 = time.monotonic_ns()
+            noticed.signal(signal.SIGTERM)
+            observer.wait([key], datetime.timedelta(seconds=10))
+            latencies.append((time.monotonic_ns() - t0) / 1e6)
+            saved = [w.expect("saved", timeout=30) for w in ws]
+            steps = {e["step"] for e in saved}
+            check(len(steps) == 1 and None not in steps, f"run {rep}: saved at steps {steps}")
+    median = statistics.median(latencies)
+    print(f"    notice -> claim in the store: median {median:.1f} ms, runs "
+          f"{', '.join(f'{x:.1f}' for x in latencies)} ms")
+    check(median <= 50, f"notice -> claim median {median:.1f} ms (bound 50)")
+
+
+@case
+def close_while_idle_takes_under_a_second():
+    server = sup.start_server()
+    with Run() as run:
+        ws = run.start(server.port, 2, "close", mode="close", idle=1.5, step=0.01)
+        run.go()
+        for w in ws:
+            w.expect("ready", timeout=60)
+        for w in ws:
+            e = w.expect("closed", timeout=30)
+            print(f"    task {w.task}: close() took {e['close_s'] * 1e3:.1f} ms")
+            check(e["close_s"] <= 1.0, f"close() took {e['close_s']:.3f} s")
+        for w in ws:  # and the process ends although a watch thread may still be in its wait
+            w.expect("done", timeout=10)
+            t0 = time.monotonic()
+            check(w.proc.wait(timeout=10) == 0, "the worker exited cleanly")
+            check(time.monotonic() - t0 < 5, "the worker exited promptly")
+
+
+@case
+def a_killed_worker_is_named_by_the_survivors():
+    server = sup.start_server()
+    ack_timeout = 3.0
+    with Run() as run:
+        ws = run.start(server.port, 4, "dead", ack_timeout=ack_timeout, step=0.005)
+        run.go()
+        for w in ws:
+            w.expect("ready", timeout=60)
+        run.start_steps()
+        time.sleep(0.3)
+        ws[3].proc.kill()
+        ws[3].proc.wait()
+        t0 = time.monotonic_ns()
+        ws[0].signal(signal.SIGTERM)
+        for w in ws[:3]:
+            e = w.expect("timeout", "saved", timeout=30)
+            check(e["ev"] == "timeout", f"task {w.task}: {e}")
+            check(e["missing"] == [3], f"task {w.task} names {e['missing']}, not [3]")
+            took = (e["t"] - t0) / 1e9
+            print(f"    task {w.task}: AgreementTimeout naming [3] after {took:.2f} s")
+            check(took <= ack_timeout + 2.0, f"task {w.task}: {took:.2f} s after the notice")
+
+
+@case
+def a_worker_that_never_starts_is_named_at_the_restore_agreement():
+    server = sup.start_server()
+    ack_timeout = 3.0
+    with Run() as run:
+        ws = run.start(server.port, 3, "absent", tasks=[0, 1, 2], num_tasks=4,
+                       ack_timeout=ack_timeout)
+        t0 = time.monotonic_ns()
+        run.go()
+        for w in ws:
+            e = w.expect("timeout", "ready", timeout=30)
+            check(e["ev"] == "timeout", f"task {w.task}: {e}")
+            check(e["missing"] == [3], f"task {w.task} names {e['missing']}, not [3]")
+            took = (e["t"] - t0) / 1e9
+            check(took <= ack_timeout + 3.0, f"task {w.task}: {took:.2f} s after the start")
+
+
+def main(argv):
+    chosen = [c for c in CASES if not argv or c.__name__ in argv]
+    passed = failed = 0
+    for c in chosen:
+        t0 = time.monotonic()
+        try:
+            c()
+            passed += 1
+            print(f"PASS {c.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {c.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
+            traceback.print_exc()
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Without the interpreter's teardown: the watch threads of the cases above may still be in
+    # a wait on the servers this process hosts, and c10d would log each one's broken connection
+    # after the summary line.
+    os._exit(code)

@@ -1,0 +1,324 @@
+"""Shared by tests/pytorch/test_torch_store.py and benchmarks/torch_store_bench.py: a TCPStore
+server, a counting TCP proxy in front of it, and worker processes that run the extension's
+Handler over that store (store="torch").
+
+Run as a script, this file is a worker: `python torch_store_support.py worker '<json config>'`.
+A worker reports on stdout, one JSON object a line ({"ev": ...}); the parent steers it with
+lines on its stdin (no store traffic of its own, so the proxy counts only the handler's; a
+worker blocked reading stdin costs no CPU). Times are time.monotonic_ns() (CLOCK_MONOTONIC,
+the same in every process).
+"""
+
+import datetime
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+_extension_file = None
+
+
+def load_holdfast():
+    """The holdfast_torch module (builds the extension on first use); the workers started
+    after it import the same built file."""
+    global _extension_file
+    sys.path.insert(0, os.path.join(REPO, "examples", "pytorch"))
+    import holdfast_torch
+    _extension_file = holdfast_torch.load_extension().__file__
+    return holdfast_torch
+
+
+def start_server(use_libuv=True):
+    """A TCPStore server on a free loopback port (its port: .port)."""
+    import torch.distributed as dist
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         use_libuv=use_libuv, timeout=datetime.timedelta(seconds=60))
+
+
+def connect(port, timeout=60, use_libuv=True):
+    """A TCPStore client of the server (or proxy) on `port`."""
+    import torch.distributed as dist
+    return dist.TCPStore("127.0.0.1", port, is_master=False, use_libuv=use_libuv,
+                         timeout=datetime.timedelta(seconds=timeout))
+
+
+def claim_key(run_id, restart=0, round_=0):
+    """Where torch_kv keeps the claim of `round_` (its prefix, then the handler's key)."""
+    return f"holdfast-kv/{run_id}/{restart}/holdfast/{run_id}/ctl/r{round_}/claim"
+
+
+class CountingProxy:
+    """A TCP proxy in front of a TCPStore server that counts what clients send it.
+
+    Each request of c10d's TCPStore client is one send() (its SendBuffer flushes once), so
+    with requests spaced in time each read on the proxy's client side is one request:
+    `requests` counts those reads (calibrate() checks the assumption), `bytes` the bytes.
+    """
+
+    def __init__(self, upstream_port):
+        self.upstream = upstream_port
+        self.requests = 0
+        self.bytes = 0
+        self._lock = threading.Lock()
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(256)
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def counts(self):
+        with self._lock:
+            return self.requests, self.bytes
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            for s in (client, server):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src, dst, count):
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                if count:
+                    with self._lock:
+                        self.requests += 1
+                        self.bytes += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def calibrate(self):
+        """Checks that spaced requests count one each: 20 check() calls, then a wait that
+        times out (WAIT and CANCEL_WAIT). Returns (counted checks, counted for the wait)."""
+        c = connect(self.port)
+        time.sleep(0.1)
+        r0, _ = self.counts()
+        for i in range(20):
+            c.check([f"calibrate/{i}"])
+            time.sleep(0.005)
+        time.sleep(0.05)
+        r1, _ = self.counts()
+        try:
+            c.wait(["calibrate/missing"], datetime.timedelta(milliseconds=100))
+        except Exception:  # torch.distributed.DistStoreError: the timeout
+            pass
+        time.sleep(0.05)
+        r2, _ = self.counts()
+        del c
+        return r1 - r0, r2 - r1
+
+
+# ---- worker processes -----------------------------------------------------------------------
+
+
+class Worker:
+    """A worker process (this file as a script) and the events it printed."""
+
+    def __init__(self, config):
+        self.config = config
+        self.task = config.get("task", 0)
+        env = dict(os.environ)
+        if _extension_file:  # the parent's build, imported as is (no build check per worker)
+            env["HOLDFAST_TORCH_EXTENSION"] = _extension_file
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "worker", json.dumps(config)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env)
+        self.events = queue.Queue()
+        self.stderr = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                self.events.put(json.loads(line))
+            except ValueError:
+                self.stderr.append(line)
+        self.events.put({"ev": "eof"})
+
+    def _read_err(self):
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+
+    def expect(self, *kinds, timeout=60.0):
+        """The next event of one of `kinds` (others are skipped); raises on EOF or timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"task {self.task}: no {kinds} within {timeout} s; "
+                                   f"stderr: {''.join(self.stderr)[-2000:]}")
+            try:
+                e = self.events.get(timeout=left)
+            except queue.Empty:
+                continue
+            if e["ev"] in kinds:
+                return e
+            if e["ev"] in ("eof", "error"):
+                raise RuntimeError(f"task {self.task}: {e} before {kinds}; "
+                                   f"stderr: {''.join(self.stderr)[-2000:]}")
+
+    def send(self, line):
+        """Writes one line to the worker's stdin (go, start <ns>, stop)."""
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def signal(self, sig):
+        try:
+            self.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def _command(expected):
+    """The next line of stdin, split; its first word must be `expected`."""
+    words = sys.stdin.readline().split()
+    if not words or words[0] != expected:
+        raise RuntimeError(f"expected '{expected}' on stdin, got {words}")
+    return words
+
+
+def _emit(**event):
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def _report(cfg, **event):
+    """Emits the event, with cfg["quiet"] only once "report" comes on stdin: the parent's
+    reader threads then stay asleep while the other workers are still on their way."""
+    if cfg.get("quiet"):
+        _command("report")
+    _emit(**event)
+
+
+def _worker(cfg):
+    """One worker: for each rep, waits for "go" on stdin, builds a Handler over the store at
+    cfg["port"] (store="torch"), reports ready, then, by cfg["mode"]:
+      train: waits for "start <ns>" on stdin, then steps of cfg["step"] s on a grid shared by
+             all workers from that time, until Preempted (reports saved: step, t),
+             AgreementTimeout (reports timeout: missing, t) or, with cfg["watch_stop"], until
+             the file <dir>/stop exists;
+      close: idles cfg["idle"] s in steps, then reports how long close() took;
+      bare:  no handler (the baseline broadcast): task 0 waits for SIGTERM and sets the key
+             bare/<rep>; the others block in wait([bare/<rep>]) on their own client; each
+             reports the time (saved: t).
+    With cfg["quiet"], saved is reported when "report" comes on stdin (see _report).
+    """
+    mode = cfg.get("mode", "train")
+    task, num_tasks, d = cfg["task"], cfg["num_tasks"], cfg["dir"]
+    if mode == "bare" and task == 0:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    hf = None if mode == "bare" else load_holdfast()
+    import torch.distributed as dist  # noqa: F401  (loaded before "loaded")
+    store = connect(cfg["port"])
+    _emit(ev="loaded")
+    previous = None
+    for rep in range(cfg.get("reps", 1)):
+        _command("go")
+        if previous is not None:
+            previous.close()
+            previous = None
+        if mode == "bare":
+            key = f"bare/{cfg['run_id']}/{rep}"
+            if task == 0:
+                _emit(ev="ready", rep=rep)
+                signal.sigwait({signal.SIGTERM})
+                store.set(key, "stop")
+            else:
+                _emit(ev="ready", rep=rep)
+                store.wait([key], datetime.timedelta(seconds=60))
+            _report(cfg, ev="saved", rep=rep, task=task, t=time.monotonic_ns())
+            continue
+        saved = {}
+
+        def save(directory, step):
+            saved.setdefault("t", time.monotonic_ns())
+            saved.setdefault("step", step)
+            with open(os.path.join(directory, "state"), "w") as f:
+                f.write(str(step))
+
+        def restore(directory, step):
+            pass
+
+        ckpt = hf.CheckpointManager(os.path.join(d, f"ckpt-{rep}", f"rank-{task}"),
+                                    save=save, restore=restore)
+        try:
+            h = hf.Handler(preset="generic", store="torch", torch_store=store, task=task,
+                           num_tasks=num_tasks, run_id=f"{cfg['run_id']}-{rep}", restart=0,
+                           checkpoints=ckpt, ack_timeout=cfg.get("ack_timeout", 30.0))
+        except hf.AgreementTimeout as e:
+            _emit(ev="timeout", rep=rep, where="restore", missing=list(e.missing_tasks),
+                  t=time.monotonic_ns())
+            continue
+        _emit(ev="ready", rep=rep)
+        previous = h
+        step = cfg.get("step", 0.001)
+        if mode == "close":
+            end = time.monotonic() + cfg.get("idle", 1.0)
+            while time.monotonic() < end:
+                h.run(time.sleep, step)
+            t0 = time.monotonic()
+            h.close()
+            _emit(ev="closed", rep=rep, close_s=time.monotonic() - t0)
+            previous = None
+            continue
+        start = int(_command("start")[1])
+        stop = os.path.join(d, "stop")
+        step_ns = int(step * 1e9)
+        step_end = start
+        try:
+            while True:
+                step_end += step_ns
+                h.run(lambda: time.sleep(max(0, step_end - time.monotonic_ns()) / 1e9))
+                if cfg.get("watch_stop") and os.path.exists(stop):
+                    break
+        except hf.Preempted:
+            _report(cfg, ev="saved", rep=rep, task=task, step=saved.get("step"), t=saved.get("t"))
+        except hf.AgreementTimeout as e:
+            _emit(ev="timeout", rep=rep, where="round", missing=list(e.missing_tasks),
+                  t=time.monotonic_ns())
+    if previous is not None:
+        previous.close()
+    _emit(ev="done")
+    if cfg.get("pause"):
+        while True:
+            time.sleep(3600)
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "worker":
+    try:
+        _worker(json.loads(sys.argv[2]))
+    except Exception as e:  # reported to the parent, which fails the case
+        import traceback
+        _emit(ev="error", error=f"{type(e).__name__}: {e}", trace=traceback.format_exc())
+        sys.exit(1)
