@@ -12,6 +12,7 @@ checks it); with more, DDP's all-reduce may sum in another order after a restart
 import argparse
 import hashlib
 import os
+import signal
 import time
 
 import torch
@@ -59,12 +60,17 @@ def train_step(step):
 
 ckpt = holdfast.CheckpointManager(os.path.join(a.dir, "ckpt", f"rank-{rank}"),
                                   save=save, restore=restore)
-with holdfast.Handler(preset=a.preset, store=a.store, checkpoints=ckpt,
-                      notice_file=a.notice_file, grace=a.grace) as h:
-    if h.restored_step is not None:
-        print(f"rank {rank}: restored step {h.restored_step}", flush=True)
-    while h.total_run_calls < a.steps:
-        h.run(train_step, h.total_run_calls)  # raises holdfast.Preempted after the agreed save
+try:
+    with holdfast.Handler(preset=a.preset, store=a.store, checkpoints=ckpt,
+                          notice_file=a.notice_file, grace=a.grace) as h:
+        if h.restored_step is not None:
+            print(f"rank {rank}: restored step {h.restored_step}", flush=True)
+        while h.total_run_calls < a.steps:
+            h.run(train_step, h.total_run_calls)  # raises holdfast.Preempted after the save
+except holdfast.Preempted:
+    # Saved. torchrun SIGTERMs the ranks still running once one exits: leave with our code.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise
 
 if rank == 0:
     digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in model.state_dict().values()))
