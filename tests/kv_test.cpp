@@ -215,7 +215,7 @@ TEST_CASE_TEMPLATE_DEFINE("kv contract: invalid keys are rejected with the key n
     CHECK(error_from([&] { kv.erase(key); }).errnum() == EINVAL);
   }
   CHECK(std::string(error_from([&] { kv.insert(std::string("a\0b", 3), "v"); }).what())
-            .find("a\\0b") != std::string::npos);
+            .find("a\\x00b") != std::string::npos);
   const std::string bad_prefixes[] = {"/", "//", "a//", "../x", std::string("\0", 1)};
   for (const auto& prefix : bad_prefixes) {
     CAPTURE(prefix);

@@ -458,7 +458,7 @@ inline void checkpoint_check_prefix(std::string_view prefix) {
     for (char c : prefix)
       if (c == '/' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == ' ')
         why = "contains '/', a space or a control character";
-  if (why) throw error(EINVAL, "step_prefix", store_printable(prefix), why);
+  if (why) throw error(EINVAL, "step_prefix", printable(prefix), why);
 }
 
 // Decimal digits, leading zeros allowed, at most 18 significant: the value.
@@ -541,8 +541,7 @@ inline checkpoint_pointer parse_checkpoint_pointer(std::string_view text, const 
     text.remove_prefix(nl + 1);
     if (!header) {
       if (line != "holdfast-checkpoints 1")
-        fail("expected 'holdfast-checkpoints 1', found '" + store_printable(line.substr(0, 64)) +
-             "'");
+        fail("expected 'holdfast-checkpoints 1', found '" + printable(line.substr(0, 64)) + "'");
       header = true;
       continue;
     }
@@ -551,10 +550,10 @@ inline checkpoint_pointer parse_checkpoint_pointer(std::string_view text, const 
     std::string_view value =
         space == std::string_view::npos ? std::string_view() : line.substr(space + 1);
     if (key != "latest" && key != "keep" && key != "delete")
-      fail("unknown key '" + store_printable(key.substr(0, 64)) + "'");
+      fail("unknown key '" + printable(key.substr(0, 64)) + "'");
     if (!checkpoint_step_of(value, prefix))
-      fail("expected a checkpoint name '" + store_printable(prefix) + "<N>', found '" +
-           store_printable(value.substr(0, 64)) + "'");
+      fail("expected a checkpoint name '" + printable(prefix) + "<N>', found '" +
+           printable(value.substr(0, 64)) + "'");
     if (key == "latest") {
       if (!p.latest.empty()) fail("a second 'latest'");
       if (!p.keep.empty()) fail("'latest' after 'keep'");
@@ -645,7 +644,7 @@ inline std::pair<long, std::string> checkpoint_parse_holder(std::string_view tex
       auto n = checkpoint_number(line.substr(4));
       pid = n ? static_cast<long>(*n) : 0;
     } else if (line.substr(0, 5) == "host ") {
-      host = store_printable(line.substr(5, 255));
+      host = printable(line.substr(5, 255));
     }
   }
   return {pid, host};

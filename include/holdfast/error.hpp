@@ -4,6 +4,9 @@
 //   - Every failure of an operating-system call surfaces as holdfast::error (a std::system_error
 //     in the generic category) carrying the operation ("fsync"), the path or key it acted on, and
 //     errno. what() reads "fsync '/ckpt/step-10': Input/output error".
+//   - what() shows the path and the detail through detail::printable: a newline or ESC in a key,
+//     a path or a peer's reply reaches a message as \x0a or \x1b, never raw. path() keeps the
+//     bytes as given.
 //   - Bad input (a malformed file, a corrupt cache, an invalid key) also derives from
 //     holdfast::error, so one catch clause sees every holdfast failure.
 //   - Expected outcomes (a filled slot, an existing key, a timeout) are values, never exceptions.
@@ -18,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/ascii.hpp"  // printable: what() escapes control bytes
 #include "version.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -45,8 +49,8 @@ class error : public std::system_error {
   static std::string describe(const std::string& op, const std::string& path,
                               const std::string& detail) {
     std::string s = op;
-    if (!path.empty()) s += " '" + path + "'";
-    if (!detail.empty()) s += " (" + detail + ")";
+    if (!path.empty()) s += " '" + detail::printable(path) + "'";
+    if (!detail.empty()) s += " (" + detail::printable(detail) + ")";
     return s;
   }
 

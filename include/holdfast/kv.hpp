@@ -50,6 +50,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/ascii.hpp"   // printable: keys in messages
 #include "detail/detect.hpp"  // detail::detect: the contract's traits
 #include "error.hpp"
 
@@ -76,24 +77,12 @@ inline std::string key_problem(std::string_view key) {
   }
 }
 
-/// Display form of a key for messages: NUL bytes shown as \0.
-inline std::string printable_key(std::string_view key) {
-  std::string out;
-  for (char c : key) {
-    if (c == '\0')
-      out += "\\0";
-    else
-      out += c;
-  }
-  return out;
-}
-
 }  // namespace detail
 
 /// Throws holdfast::error(EINVAL, op, key, why) unless `key` is a valid key.
 inline void validate_key(std::string_view key, const char* op = "kv key") {
   std::string why = detail::key_problem(key);
-  if (!why.empty()) throw error(EINVAL, op, detail::printable_key(key), "invalid key: " + why);
+  if (!why.empty()) throw error(EINVAL, op, detail::printable(key), "invalid key: " + why);
 }
 
 /// True when `key` is a valid key.
@@ -138,8 +127,7 @@ inline std::string normalize_prefix(std::string_view prefix, const char* op = "k
   std::string_view p = prefix;
   if (p.back() == '/') p.remove_suffix(1);
   std::string why = detail::key_problem(p);
-  if (!why.empty())
-    throw error(EINVAL, op, detail::printable_key(prefix), "invalid prefix: " + why);
+  if (!why.empty()) throw error(EINVAL, op, detail::printable(prefix), "invalid prefix: " + why);
   return std::string(p);
 }
 
@@ -176,7 +164,7 @@ class kv_namespace {
     std::string why = detail::key_problem(part);
     if (why.empty() && part.find('/') != std::string::npos) why = "contains '/'";
     if (!why.empty())
-      throw error(EINVAL, "kv namespace", detail::printable_key(part),
+      throw error(EINVAL, "kv namespace", detail::printable(part),
                   std::string("invalid ") + what + ": " + why);
   }
 

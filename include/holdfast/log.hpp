@@ -8,6 +8,8 @@
 // Guarantees:
 //   - log_fn is the one sink type every component takes (an option or a set_log()); an empty
 //     log_fn means the default, log_to_stderr.
+//   - detail::log_line hands a sink the line through detail::printable: a key, a path or a
+//     peer's text with a newline or ESC in it cannot forge a second line or drive a terminal.
 //   - log_to_stderr writes "holdfast: <line>\n" with one fprintf (one write for short lines), so
 //     lines of concurrent threads do not interleave mid-line; it never throws.
 // Caveats:
@@ -20,6 +22,7 @@
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
+#include "detail/ascii.hpp"  // printable: one line per report
 #include "version.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -35,13 +38,13 @@ inline void log_to_stderr(std::string_view line) noexcept {
 namespace detail {
 /// Sends `line` to `log`, or to log_to_stderr when `log` is empty; never throws.
 inline void log_line(const log_fn& log, std::string_view line) noexcept {
-  if (!log) {
-    log_to_stderr(line);
-    return;
-  }
   try {
-    log(line);
-  } catch (...) {  // a throwing sink must not turn a report into a failure
+    const std::string shown = printable(line);
+    if (log)
+      log(shown);
+    else
+      log_to_stderr(shown);
+  } catch (...) {  // a throwing sink (or no memory) must not turn a report into a failure
   }
 }
 }  // namespace detail

@@ -77,6 +77,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/ascii.hpp"  // printable: paths in messages
 #include "error.hpp"
 #include "io.hpp"
 
@@ -169,23 +170,6 @@ inline constexpr bool is_durability_policy_v =
 
 inline constexpr unsigned rename_noreplace = 1u;  // RENAME_NOREPLACE
 inline constexpr unsigned rename_exchange = 2u;   // RENAME_EXCHANGE
-
-/// A path as shown in a message: NUL and other control bytes become \xNN.
-inline std::string printable(std::string_view s) {
-  static const char hex[] = "0123456789abcdef";
-  std::string out;
-  for (char c : s) {
-    auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) {
-      out += "\\x";
-      out += hex[u >> 4];
-      out += hex[u & 15];
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 /// {directory, name} of a path; the directory is "." for a bare name.
 inline std::pair<std::string, std::string> split_path(const std::string& path) {

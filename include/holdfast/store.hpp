@@ -109,6 +109,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/ascii.hpp"  // printable, hex_digit: the manifest's escapes
 #include "error.hpp"
 #include "io.hpp"
 #include "publish.hpp"
@@ -141,11 +142,8 @@ struct store_url {
 };
 
 namespace detail {
-// Shows an id or URL in a message: NUL and control bytes become \xNN.
-inline std::string store_printable(std::string_view s) { return printable(s); }
-
 [[noreturn]] inline void store_bad_url(std::string_view url, const std::string& why) {
-  throw error(EINVAL, "store url", store_printable(url), why);
+  throw error(EINVAL, "store url", printable(url), why);
 }
 
 inline bool store_starts_with(std::string_view s, std::string_view p) {
@@ -251,7 +249,7 @@ inline store_url parse_store_url(std::string_view url) {
     return u;
   }
   if (!scheme.empty())
-    detail::store_bad_url(url, "unknown URL scheme '" + detail::store_printable(scheme) +
+    detail::store_bad_url(url, "unknown URL scheme '" + detail::printable(scheme) +
                                    "://' (supported: file://, hdfs://, dbfs:/, /dbfs/, a path)");
   store_url u;
   u.path = std::string(url);
@@ -275,7 +273,7 @@ inline void store_check_name(std::string_view what, std::string_view name) {
     why = "contains '..'";
   else if (name == ".")
     why = "is '.'";
-  if (why) throw error(EINVAL, std::string(what), store_printable(name), why);
+  if (why) throw error(EINVAL, std::string(what), printable(name), why);
 }
 }  // namespace detail
 
@@ -652,9 +650,7 @@ inline sync_manifest parse_sync_manifest(std::string_view text, const std::strin
         ++i;
         continue;
       }
-      auto hexval = [](char c) {
-        return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      };
+      auto hexval = [](char c) { return detail::hex_digit(c, detail::hex_case::lower); };
       if (i + 3 >= rest.size() || rest[i + 1] != 'x' || hexval(rest[i + 2]) < 0 ||
           hexval(rest[i + 3]) < 0)
         fail("bad escape in the path");
@@ -662,11 +658,11 @@ inline sync_manifest parse_sync_manifest(std::string_view text, const std::strin
       i += 3;
     }
     if (const char* why = detail::manifest_path_problem(rel))
-      fail(std::string(why) + " '" + detail::store_printable(rel) + "'");
+      fail(std::string(why) + " '" + detail::printable(rel) + "'");
     if (m.files.empty() || std::prev(m.files.end())->first < rel)  // in order, as written
       m.files.emplace_hint(m.files.end(), std::move(rel), std::move(e));
     else if (!m.files.try_emplace(rel, std::move(e)).second)
-      fail("duplicate path '" + detail::store_printable(rel) + "'");
+      fail("duplicate path '" + detail::printable(rel) + "'");
     ++count;
   }
   if (line_no == 0) throw format_error(path, "line 1: empty file (truncated)");
@@ -874,7 +870,7 @@ class basic_store {
     std::string root = url.path;
     if (url.scheme == store_scheme::hdfs) {
       if (options.hdfs_mount.empty())
-        throw error(EINVAL, "store url", detail::store_printable(prefix),
+        throw error(EINVAL, "store url", detail::printable(prefix),
                     "hdfs:// needs store_options::hdfs_mount, the local mount point of the HDFS "
                     "FUSE or NFS gateway");
       root = options.hdfs_mount;
@@ -1013,7 +1009,7 @@ class basic_store {
   sync_result sync(std::string_view run_id, const std::string& local_dir,
                    const sync_options& options = {}) {
     if (local_dir.find('\0') != std::string::npos)
-      throw error(EINVAL, "sync", detail::store_printable(local_dir),
+      throw error(EINVAL, "sync", detail::printable(local_dir),
                   "the local directory's path contains NUL");
     // Racy-git's rule: a file whose mtime is within a clock tick of the scan may be written
     // again with the same mtime, so it is copied again at the next sync. Taken before anything

@@ -45,7 +45,7 @@ void http_url(std::string_view in, bool allow_https) {
 std::vector<std::string> secrets_of(std::string_view url) {
   std::vector<std::string> out;
   auto unique = [&](std::string_view s) {
-    // '*' (the redaction), '\\' and control bytes (printable_key's escapes) could spell the
+    // '*' (the redaction), '\\' and control bytes (detail::printable's escapes) could spell the
     // secret from other text: such secrets are not checked.
     for (char c : s)
       if (c == '*' || c == '\\' || static_cast<unsigned char>(c) < 0x20) return;

@@ -71,7 +71,7 @@
 
 #include "../error.hpp"
 #include "../io.hpp"
-#include "ascii.hpp"  // ascii_iequal: header names
+#include "ascii.hpp"  // ascii_iequal, hex_digit: header names, chunk sizes
 
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
@@ -285,10 +285,7 @@ class http_body_decoder {
     std::size_t i = 0;
     for (; i < line_.size(); ++i) {
       char c = line_[i];
-      int digit = c >= '0' && c <= '9'   ? c - '0'
-                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                  : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                         : -1;
+      int digit = hex_digit(c);
       if (digit < 0) break;
       if (size > (UINT64_MAX >> 4)) bad("chunk size overflows");
       size = size * 16 + static_cast<std::uint64_t>(digit);

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "ascii.hpp"  // hex_digit: \u escapes
 
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
@@ -539,15 +540,9 @@ class parser {
     std::uint32_t v = 0;
     for (int k = 0; k < 4; ++k, ++i_) {
       char c = t_[i_];
-      v <<= 4;
-      if (c >= '0' && c <= '9')
-        v |= static_cast<std::uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        v |= static_cast<std::uint32_t>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        v |= static_cast<std::uint32_t>(c - 'A' + 10);
-      else
-        fail("expected a hex digit in \\u escape, found " + describe(c));
+      int digit = hex_digit(c);
+      if (digit < 0) fail("expected a hex digit in \\u escape, found " + describe(c));
+      v = v << 4 | static_cast<std::uint32_t>(digit);
     }
     return v;
   }

@@ -82,6 +82,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/ascii.hpp"  // hex_digit: escaped file names
 #include "../error.hpp"
 #include "../io.hpp"
 #include "../kv.hpp"
@@ -115,11 +116,7 @@ inline std::string fs_escape(std::string_view key) {
 
 /// The key a file name stands for, or std::nullopt when the name is not fs_escape's output.
 inline std::optional<std::string> fs_unescape(std::string_view name) {
-  auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
+  auto digit = [](char c) { return hex_digit(c, hex_case::upper); };
   std::string out;
   out.reserve(name.size());
   for (std::size_t i = 0; i < name.size(); ++i) {

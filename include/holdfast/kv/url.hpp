@@ -45,7 +45,8 @@
 #include <utility>
 #include <vector>
 
-#include "../detail/http.hpp"  // http_endpoint, parse_endpoint_url, tls_options
+#include "../detail/ascii.hpp"  // hex_digit, printable: %XX and redacted URLs
+#include "../detail/http.hpp"   // http_endpoint, parse_endpoint_url, tls_options
 #include "../kv.hpp"
 #include "any.hpp"
 #include "etcd.hpp"
@@ -109,7 +110,7 @@ inline std::string kv_url_redacted(std::string_view url) {
     }
   }
   const std::size_t q = url.find('?', auth_end);
-  if (q == std::string_view::npos) return printable_key(out + std::string(url.substr(from)));
+  if (q == std::string_view::npos) return printable(out + std::string(url.substr(from)));
   out += url.substr(from, q + 1 - from);
   std::string_view query = url.substr(q + 1);
   while (true) {
@@ -126,7 +127,7 @@ inline std::string kv_url_redacted(std::string_view url) {
     out += '&';
     query.remove_prefix(amp + 1);
   }
-  return printable_key(out);
+  return printable(out);
 }
 
 // One "host[:port]" of an etcd URL, as an http:// (or https://) endpoint URL (port 2379 when
@@ -163,12 +164,7 @@ inline std::string kv_url_member(std::string_view member, const std::string& url
 
 // %XX-decodes a query value; false on a malformed escape or a NUL.
 inline bool kv_url_decode(std::string_view in, std::string& out) {
-  auto hex = [](char c) {
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-  };
+  auto hex = [](char c) { return hex_digit(c); };
   out.clear();
   for (std::size_t i = 0; i < in.size(); ++i) {
     if (in[i] != '%') {
