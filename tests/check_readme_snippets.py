@@ -36,8 +36,13 @@ Pages: README.md, examples/pytorch/README.md and docs/*.md.
    pages or blocks is noticed).
 
     check_readme_snippets.py ROOT [MIN_BLOCKS]
+    check_readme_snippets.py --self-test
 
-Exit 1 names each problem as `page:line: ...`.
+Exit 1 names each problem as `page:line: ...`. --self-test builds a small repository in a
+temporary directory and checks that each rule above catches what it must (an untied block, a
+tie to an unused file, a missing region, a changed block) and accepts a glob-matched file, a
+script named by tests/run, a named region with a nested one, and a CMakeLists.txt named by its
+directory.
 """
 import fnmatch
 import os
@@ -46,10 +51,9 @@ import re
 import sys
 import textwrap
 
-root = pathlib.Path(sys.argv[1]).resolve()
-pages = [root / "README.md", root / "examples" / "pytorch" / "README.md"]
-pages += sorted((root / "docs").glob("*.md"))
+import tempfile
 
+root = pathlib.Path(".")  # set by check()
 fence = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 marker = re.compile(r"^<!-- snippet: (\S+?)(?:#([\w.-]+))? -->\s*$")
 any_marker = re.compile(r"^\s*(?://|#) \[/?snippet(?: [\w.-]+)?\]\s*$")
@@ -196,46 +200,100 @@ def used_files(candidates):
     return used
 
 
-found = 0
-bad = []
-ties = []  # (page, line, path)
-for page in pages:
-    if not page.exists():
-        continue
-    rel = page.relative_to(root)
-    for line, before, block in blocks(page):
-        found += 1
-        m = marker.match(before)
-        if not m:
-            bad.append(f"{rel}:{line}: a fenced block without a `<!-- snippet: PATH[#NAME] -->` "
-                       f"line right before it (tie it to a file the build or the tests run, or "
-                       f"make it prose)")
+def check(repo, expected):
+    """Checks the pages of `repo`; returns (blocks found, blocks tied, problems)."""
+    global root
+    root = pathlib.Path(repo).resolve()
+    pages = [root / "README.md", root / "examples" / "pytorch" / "README.md"]
+    pages += sorted((root / "docs").glob("*.md"))
+    found = 0
+    bad = []
+    ties = []  # (page, line, path)
+    for page in pages:
+        if not page.exists():
             continue
-        path, name = m.group(1), m.group(2)
-        target = root / path
-        if not target.is_file():
-            bad.append(f"{rel}:{line}: {path} does not exist")
-            continue
-        want = region(target.read_text(), name)
-        if want is None:
-            bad.append(f"{rel}:{line}: {path} has no region `[snippet {name}]`")
-            continue
-        if normal(block) != normal(want):
-            bad.append(f"{rel}:{line}: the block differs from {path}"
-                       f"{'#' + name if name else ''}")
-        ties.append((rel, line, target.resolve()))
+        rel = page.relative_to(root)
+        for line, before, block in blocks(page):
+            found += 1
+            m = marker.match(before)
+            if not m:
+                bad.append(f"{rel}:{line}: a fenced block without a `<!-- snippet: PATH[#NAME] -->` "
+                           f"line right before it (tie it to a file the build or the tests run, or "
+                           f"make it prose)")
+                continue
+            path, name = m.group(1), m.group(2)
+            target = root / path
+            if not target.is_file():
+                bad.append(f"{rel}:{line}: {path} does not exist")
+                continue
+            want = region(target.read_text(), name)
+            if want is None:
+                bad.append(f"{rel}:{line}: {path} has no region `[snippet {name}]`")
+                continue
+            if normal(block) != normal(want):
+                bad.append(f"{rel}:{line}: the block differs from {path}"
+                           f"{'#' + name if name else ''}")
+            ties.append((rel, line, target.resolve()))
+    used = used_files({t for _, _, t in ties})
+    for rel, line, target in ties:
+        if target not in used:
+            bad.append(f"{rel}:{line}: {target.relative_to(root)} is not used by the build or the "
+                       f"tests (no CMakeLists.txt, tests/run, tests/pytorch/run.sh or script they "
+                       f"run names it, and no CMake glob matches it)")
+    if found < expected:
+        bad.append(f"{found} blocks in the pages, expected at least {expected}")
+    return found, len(ties), bad
 
-used = used_files({t for _, _, t in ties})
-for rel, line, target in ties:
-    if target not in used:
-        bad.append(f"{rel}:{line}: {target.relative_to(root)} is not used by the build or the "
-                   f"tests (no CMakeLists.txt, tests/run, tests/pytorch/run.sh or script they "
-                   f"run names it, and no CMake glob matches it)")
 
-expected = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-if found < expected:
-    bad.append(f"{found} blocks in the pages, expected at least {expected}")
-for b in bad:
-    print("readme snippets:", b)
-print(f"readme snippets: {found} blocks, {len(ties)} tied, {len(bad)} problems")
-sys.exit(1 if bad else 0)
+def self_test():
+    files = {
+        "CMakeLists.txt": 'file(GLOB _t CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/ex/tour_*.cpp")\n'
+                          "foreach(_k IN ITEMS one)\n  add_test(NAME c COMMAND x -S sub/${_k})\n"
+                          "endforeach()\n",
+        "sub/one/CMakeLists.txt": "# [snippet use]\nfind_package(x)\n# [/snippet use]\n",
+        "tests/run": "#!/bin/sh\nbash tools/go.sh\n",
+        "tools/go.sh": "# [snippet]\necho go\n# [/snippet]\n",
+        "ex/tour_a.cpp": "int main() {\n  // [snippet all]\n  int a = 1;\n  // [snippet part]\n"
+                         "  a += 1;\n  // [/snippet part]\n  return a - 2;\n  // [/snippet all]\n}\n",
+        "ex/dead.cpp": "int main() {}\n",
+    }
+    good = ("<!-- snippet: ex/tour_a.cpp#all -->\n```cpp\nint a = 1;\na += 1;\nreturn a - 2;\n```\n\n"
+            "<!-- snippet: ex/tour_a.cpp#part -->\n```cpp\na += 1;\n```\n\n"
+            "<!-- snippet: tools/go.sh -->\n```sh\necho go\n```\n\n"
+            "<!-- snippet: sub/one/CMakeLists.txt#use -->\n```cmake\nfind_package(x)\n```\n")
+    bad_page = ("```text\nuntied\n```\n\n<!-- snippet: ex/dead.cpp -->\n```cpp\nint main() {}\n```\n\n"
+                "<!-- snippet: ex/tour_a.cpp#none -->\n```cpp\nx\n```\n\n"
+                "<!-- snippet: ex/tour_a.cpp#part -->\n```cpp\na += 2;\n```\n")
+    expect_bad = ["docs/bad.md:1: a fenced block without", "docs/bad.md:6: ex/dead.cpp is not used",
+                  "docs/bad.md:11: ex/tour_a.cpp has no region", "docs/bad.md:16: the block differs"]
+    failures = []
+    with tempfile.TemporaryDirectory() as d:
+        for name, text in files.items():
+            (pathlib.Path(d) / name).parent.mkdir(parents=True, exist_ok=True)
+            (pathlib.Path(d) / name).write_text(text)
+        (pathlib.Path(d) / "README.md").write_text(good)
+        found, tied, bad = check(d, 4)
+        if bad or (found, tied) != (4, 4):
+            failures.append(f"the good page: {found} blocks, {tied} tied, problems {bad}")
+        (pathlib.Path(d) / "docs").mkdir()
+        (pathlib.Path(d) / "docs" / "bad.md").write_text(bad_page)
+        found, tied, bad = check(d, 99)
+        for want in expect_bad + ["blocks in the pages, expected at least 99"]:
+            if not any(want in b for b in bad):
+                failures.append(f"not reported: {want!r} (reported: {bad})")
+        if len(bad) != len(expect_bad) + 1:
+            failures.append(f"{len(bad)} problems reported, expected {len(expect_bad) + 1}: {bad}")
+    for f in failures:
+        print("readme snippets self-test:", f)
+    print(f"readme snippets self-test: {'FAILED' if failures else 'passed'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--self-test"]:
+        sys.exit(self_test())
+    found, tied, bad = check(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    for b in bad:
+        print("readme snippets:", b)
+    print(f"readme snippets: {found} blocks, {tied} tied, {len(bad)} problems")
+    sys.exit(1 if bad else 0)
