@@ -66,6 +66,7 @@ case_() {  # NAME COMMAND...: runs one case, its output in $scratch/NAME.log (sh
     tail -n 60 "$scratch/$name.log" | sed 's/^/    /'
   fi
 }
+# [snippet cases]
 ddp=("$python" examples/pytorch/preemptible_ddp.py)
 
 case_ ddp-default "${ddp[@]}" --dir "$scratch/default"
@@ -78,6 +79,7 @@ fi
 case_ ddp-grace "${ddp[@]}" --dir "$scratch/grace" --grace 3
 case_ ddp-torchrun-sigterm "${ddp[@]}" --dir "$scratch/torchrun-sigterm" --preempt torchrun --kv="file://$scratch/kv-relaunch"
 case_ ddp-torchrun-k8s-grace "${ddp[@]}" --dir "$scratch/torchrun-k8s" --preempt torchrun --grace 4 --steps 250 --kv="file://$scratch/kv-k8s"
+# [/snippet cases]
 case_ readme-script "$python" tests/pytorch/readme_script_test.py --dir "$scratch/readme"
 for t in tests/pytorch/test_*.py; do
   [ -e "$t" ] && case_ "$(basename "$t" .py)" "$python" "$t"

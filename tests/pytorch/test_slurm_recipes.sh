@@ -104,6 +104,7 @@ check $(( rc != 0 || ${#ref} != 64 )) "train.sbatch, no signal: exit $rc, sha256
 
 t=$SECONDS
 run=$scratch/a
+# [snippet usr1]
 HOLDFAST_RUN_DIR=$run HOLDFAST_GRACE=0 MASTER_PORT=$(free_port) \
   bash examples/pytorch/slurm/train.sbatch >"$scratch/a1.log" 2>&1 &
 sh=$!
@@ -113,6 +114,7 @@ check $? "train.sbatch: both workers reached the handler's first step ($((SECOND
 sleep 1  # some steps in
 t=$SECONDS
 kill -USR1 "$sh"  # --signal=B:USR1@N: the batch shell only
+# [/snippet usr1]
 wait_for 60 gone "$sh"
 wait "$sh"
 rc=$?
