@@ -39,7 +39,7 @@
 #include "bench.hpp"
 #ifdef HOLDFAST_BENCH_TLS
 #include "../examples/tls/openssl_transport.hpp"
-#include "../tests/support/tls_certs.hpp"
+#include "../tests/support/tls_etcd.hpp"
 #endif
 
 namespace {
@@ -453,20 +453,12 @@ std::vector<bench::registrar> etcd_registrars = etcd_cases();
 
 using tls_transport = holdfast_tls::openssl_transport<>;
 
-holdfast_test::tls_certs& bench_certs() {
-  static holdfast_test::tls_certs c;
-  return c;
-}
 holdfast_test::etcd_server& tls_etcd() {
-  static holdfast_test::etcd_server s(holdfast_test::etcd_tls_spec{
-      bench_certs().server_cert, bench_certs().server_key, "", false, 0});
+  static holdfast_test::etcd_server s(
+      holdfast_test::tls_member(holdfast_test::shared_certs().server_cert));
   return s;
 }
-holdfast::tls_options bench_tls() {
-  holdfast::tls_options t;
-  t.ca_file = bench_certs().ca;
-  return t;
-}
+holdfast::tls_options bench_tls() { return holdfast_test::trusting_ca(); }
 holdfast::basic_etcd_kv<holdfast::posix_io, tls_transport>& tls_store() {
   static holdfast::basic_etcd_kv<holdfast::posix_io, tls_transport> kv = [] {
     holdfast::etcd_options o;

@@ -19,13 +19,19 @@
 #include <utility>
 #include <vector>
 
-#include "support/etcd_cluster.hpp"
+#include "support/elapsed.hpp"
+#include "support/etcd_client.hpp"
+#include "support/etcd_cluster_case.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::etcd_kv;
 using holdfast::etcd_options;
 using holdfast::kv_namespace;
 using clk = std::chrono::steady_clock;
+using holdfast_test::frozen_member;
+using holdfast_test::ms_since;
+using holdfast_test::shared_cluster;
+using holdfast_test::with_retries;
 using std::chrono::milliseconds;
 
 namespace {
@@ -36,58 +42,20 @@ constexpr milliseconds request_timeout{1000};
 constexpr long long first_call_ms = 2 * request_timeout.count() + 500;
 constexpr long long skipped_ms = 300;  // a call that skips the suspect pays no timeout
 
-holdfast_test::etcd_cluster& cluster() {
-  static holdfast_test::etcd_cluster c;  // one per test binary: starting three members takes ~1 s
-  return c;
-}
-
-long long ms_since(clk::time_point t0) {
-  return std::chrono::duration_cast<milliseconds>(clk::now() - t0).count();
-}
-
 // The members' URLs, starting with member `first` and going round.
 std::vector<std::string> urls_from(int first) {
-  std::vector<std::string> urls = cluster().urls();
+  std::vector<std::string> urls = shared_cluster().urls();
   std::rotate(urls.begin(), urls.begin() + first, urls.end());
   return urls;
 }
 
 etcd_options options_for(std::vector<std::string> endpoints, milliseconds suspect_for = 10s) {
-  etcd_options o;
-  o.endpoints = std::move(endpoints);
-  o.request_timeout = request_timeout;
-  o.connect_timeout = 500ms;
+  etcd_options o = holdfast_test::etcd_client_options(std::move(endpoints), request_timeout);
   o.suspect_for = suspect_for;
   return o;
 }
 
-// A fresh namespace per test case, so reruns and earlier cases never collide.
-kv_namespace fresh_ns() {
-  static std::uint64_t n = 0;
-  return kv_namespace("cluster", ++n);
-}
-
-// Freezes a member for a scope (thawing it even when a check throws) and, afterwards, waits
-// until the cluster is healthy again for the next case.
-struct frozen {
-  int member;
-  explicit frozen(int i) : member(i) { cluster().freeze(i); }
-  frozen(const frozen&) = delete;
-  frozen& operator=(const frozen&) = delete;
-  ~frozen() {
-    try {
-      thaw();
-    } catch (const std::exception& e) {
-      FAIL_CHECK(e.what());  // the cluster did not recover: later cases will fail too
-    }
-  }
-  void thaw() {
-    if (member < 0) return;
-    cluster().thaw(member);
-    member = -1;
-    cluster().wait_healthy(30s);
-  }
-};
+kv_namespace fresh_ns() { return holdfast_test::fresh_cluster_ns("cluster"); }
 
 // Runs `op` twice on a client that has not met the frozen member yet: the first call within
 // first_call_ms (it pays the timeout), the second, which skips the suspect, within skipped_ms.
@@ -100,20 +68,6 @@ void check_first_and_next(const std::string& name, etcd_kv& kv,
   t0 = clk::now();
   op(kv);
   CHECK(ms_since(t0) < skipped_ms);
-}
-
-// Calls `op` until it returns without a transient error, at most until 10 s have passed.
-template <class Op>
-auto with_retries(Op op) {
-  const auto give_up = clk::now() + 10s;
-  for (;;) {
-    try {
-      return op();
-    } catch (const std::exception& e) {
-      if (!holdfast::is_transient_kv_error(e) || clk::now() > give_up) throw;
-      std::this_thread::sleep_for(20ms);
-    }
-  }
 }
 
 // Inserts under the handler's contract: after a transient failure the key is read back first,
@@ -132,7 +86,7 @@ bool insert_with_retries(etcd_kv& kv, const std::string& key, const std::string&
 }  // namespace
 
 TEST_CASE("etcd_cluster fixture: one leader, a put on one member is read on every member") {
-  auto& c = cluster();
+  auto& c = shared_cluster();
   REQUIRE(c.size() == 3);
   c.wait_healthy(30s);
   const int leader = c.leader();
@@ -145,7 +99,7 @@ TEST_CASE("etcd_cluster fixture: one leader, a put on one member is read on ever
 }
 
 TEST_CASE("etcd_kv on a cluster: a frozen first endpoint costs one timeout, then is skipped") {
-  auto& c = cluster();
+  auto& c = shared_cluster();
   c.wait_healthy(30s);
   const int first = (c.leader() + 1) % c.size();  // a follower: no election muddles the timing
   const kv_namespace ns = fresh_ns();
@@ -153,7 +107,7 @@ TEST_CASE("etcd_kv on a cluster: a frozen first endpoint costs one timeout, then
   etcd_kv healthy(options_for({urls[1], urls[2]}), ns);
   healthy.put("k", "v");
   healthy.put("dir/a", "1");
-  frozen f(first);
+  frozen_member f(first);
   auto fresh = [&] { return etcd_kv(options_for(urls), ns); };
 
   SUBCASE("reads fail over") {
@@ -223,10 +177,10 @@ TEST_CASE("etcd_kv on a cluster: a frozen first endpoint costs one timeout, then
     f.thaw();
     std::this_thread::sleep_for(1500ms);  // its suspicion runs out
     {
-      frozen g(other);  // the current endpoint hangs: the leader serves
+      frozen_member g(other);  // the current endpoint hangs: the leader serves
       CHECK(kv.try_get("k") == std::optional<std::string>("v"));
     }
-    frozen l(leader);  // now the leader hangs: next round is `first`, healthy again
+    frozen_member l(leader);  // now the leader hangs: next round is `first`, healthy again
     auto t0 = clk::now();
     CHECK(kv.try_get("k") == std::optional<std::string>("v"));
     CHECK(ms_since(t0) < 3 * request_timeout.count() + 500);  // + an election under way
@@ -234,7 +188,7 @@ TEST_CASE("etcd_kv on a cluster: a frozen first endpoint costs one timeout, then
 }
 
 TEST_CASE("etcd_kv on a cluster: a get whose member freezes under its watch moves on") {
-  auto& c = cluster();
+  auto& c = shared_cluster();
   c.wait_healthy(30s);
   const int first = (c.leader() + 1) % c.size();
   const kv_namespace ns = fresh_ns();
@@ -257,7 +211,7 @@ TEST_CASE("etcd_kv on a cluster: a get whose member freezes under its watch move
   });
   std::this_thread::sleep_for(300ms);  // the get is watching on `first`
   {
-    frozen f(first);
+    frozen_member f(first);
     std::this_thread::sleep_for(100ms);
     healthy.put("late", "seen");  // the frozen watch never delivers it: the next range must
     getter.join();
@@ -269,7 +223,7 @@ TEST_CASE("etcd_kv on a cluster: a get whose member freezes under its watch move
 }
 
 TEST_CASE("etcd_kv on a cluster: killing the leader delays no operation past 3 s") {
-  auto& c = cluster();
+  auto& c = shared_cluster();
   c.wait_healthy(30s);
   const int leader = c.leader();
   const kv_namespace ns = fresh_ns();

@@ -28,15 +28,24 @@
 #include <vector>
 
 #include "openssl_transport.hpp"
+#include "support/elapsed.hpp"
+#include "support/etcd_client.hpp"
 #include "support/etcd_server.hpp"
+#include "support/expect_error.hpp"
+#include "support/fault_sweep.hpp"
 #include "support/http_server.hpp"
 #include "support/process_job.hpp"
-#include "support/tls_certs.hpp"
+#include "support/tls_etcd.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::etcd_options;
 using holdfast::kv_namespace;
+using holdfast_test::contains;
+using holdfast_test::ms_since;
 using holdfast_test::reply;
+using holdfast_test::shared_certs;
+using holdfast_test::tls_member;
+using holdfast_test::trusting_ca;
 using clk = std::chrono::steady_clock;
 using tls = holdfast_tls::openssl_transport<>;
 using tls_kv = holdfast::basic_etcd_kv<holdfast::posix_io, tls>;
@@ -46,60 +55,34 @@ namespace {
 const kv_namespace ns0("run", 0);
 const std::string password = "pw-7f3a9c-s3cret";  // must never show in an error
 
-long long ms_since(clk::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - t0).count();
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // Every error text the tests provoke, to search for secrets.
 std::vector<std::string>& seen_errors() {
   static std::vector<std::string> all;
   return all;
 }
 
-// Runs `op`; returns the holdfast::error it threw (fails the test when none) and records its
-// text; checks that no secret is in it.
-template <class Op>
-holdfast::error error_from(Op op) {
-  try {
-    op();
-  } catch (const holdfast::error& e) {
-    seen_errors().push_back(e.what());
-    CHECK_FALSE(contains(e.what(), password));
-    return e;
-  }
-  FAIL("no holdfast::error was thrown");
-  return holdfast::error(0, "", "");
+// Records an error's text and checks that no secret is in it.
+void seen(const holdfast::error& e) {
+  seen_errors().push_back(e.what());
+  CHECK_FALSE(contains(e.what(), password));
 }
 
-holdfast_test::tls_certs& certs() {
-  static holdfast_test::tls_certs c;
-  return c;
+// Runs `op`; returns the holdfast::error it threw (fails the test when none), seen().
+template <class Op>
+holdfast::error error_from(Op op) {
+  return holdfast_test::error_from(op, seen);
 }
 
 std::string password_file() {
   static std::string path =
-      holdfast_test::tls_certs::write(certs().dir / "password", password + "\n");
+      holdfast_test::tls_certs::write(shared_certs().dir / "password", password + "\n");
   return path;
-}
-
-holdfast_test::etcd_tls_spec server_tls(const std::string& cert, int token_ttl = 0) {
-  holdfast_test::etcd_tls_spec t;
-  t.cert_file = cert;
-  t.key_file = certs().server_key;
-  t.auth_token_ttl = token_ttl;
-  return t;
 }
 
 // One POST over TLS (CA verified), for set-up: the server's JSON reply; throws on an error.
 std::string tls_post(const std::string& url, const std::string& target, const std::string& body) {
-  holdfast::tls_options o;
-  o.ca_file = certs().ca;
   namespace hd = holdfast::detail;
-  auto r = hd::http_call_over<holdfast::posix_io>(tls(o), hd::parse_endpoint_url(url),
+  auto r = hd::http_call_over<holdfast::posix_io>(tls(trusting_ca()), hd::parse_endpoint_url(url),
                                                   hd::http_request{"POST", target, {}, body},
                                                   hd::http_timeouts{2000ms, 5000ms}, nullptr);
   if (r.status != 200) throw std::runtime_error(target + ": " + r.body);
@@ -116,7 +99,7 @@ void enable_auth(const std::string& url) {
 // The binary's TLS + password-auth member, with a 1 s token TTL: tokens expire between most
 // requests of every test that uses it.
 holdfast_test::etcd_server& auth_server() {
-  static holdfast_test::etcd_server s(server_tls(certs().server_cert, 1));
+  static holdfast_test::etcd_server s(tls_member(shared_certs().server_cert, 1));
   static bool enabled = (enable_auth(s.url()), true);
   (void)enabled;
   return s;
@@ -125,11 +108,8 @@ holdfast_test::etcd_server& auth_server() {
 etcd_options tls_options_for(const std::string& url, bool with_auth = true,
                              std::chrono::milliseconds connect = 1000ms,
                              std::chrono::milliseconds request = 3000ms) {
-  etcd_options o;
-  o.endpoints = {url};
-  o.connect_timeout = connect;
-  o.request_timeout = request;
-  o.tls.ca_file = certs().ca;
+  etcd_options o = holdfast_test::etcd_client_options({url}, request, connect);
+  o.tls = trusting_ca();
   if (with_auth) {
     o.user = "root";
     o.password_file = password_file();
@@ -199,7 +179,7 @@ TEST_CASE("etcd over TLS with password auth: every operation, watches, the token
 
   // A wrong password: EACCES naming the user and the endpoint, never the password.
   const std::string wrong_file =
-      holdfast_test::tls_certs::write(certs().dir / "wrong-password", "not-it\n");
+      holdfast_test::tls_certs::write(shared_certs().dir / "wrong-password", "not-it\n");
   o = tls_options_for(server.url());
   o.password_file = wrong_file;
   t0 = clk::now();
@@ -249,13 +229,13 @@ TEST_CASE("etcd over TLS: one handshake serves many requests — a suspect's con
 }
 
 TEST_CASE("etcd over TLS with client certificates (auth off)") {
-  auto t = server_tls(certs().server_cert);
-  t.trusted_ca_file = certs().ca;
+  auto t = tls_member(shared_certs().server_cert);
+  t.trusted_ca_file = shared_certs().ca;
   t.client_cert_auth = true;
   holdfast_test::etcd_server server(t);
   auto o = tls_options_for(server.url(), false);
-  o.tls.cert_file = certs().client_cert;
-  o.tls.key_file = certs().client_key;
+  o.tls.cert_file = shared_certs().client_cert;
+  o.tls.key_file = shared_certs().client_key;
   tls_kv kv(o, ns0);
   CHECK(kv.insert("k", "v"));
   CHECK(kv.get("k", 1s) == std::optional<std::string>("v"));
@@ -273,7 +253,7 @@ TEST_CASE("etcd over TLS with client certificates (auth off)") {
   e = error_from([&] { tls_kv(o, ns0); });
   CHECK(e.errnum() == EINVAL);
   o = tls_options_for(server.url(), false);
-  o.tls.ca_file = certs().dir / "no-such-ca.crt";
+  o.tls.ca_file = shared_certs().dir / "no-such-ca.crt";
   e = error_from([&] { tls_kv(o, ns0); });
   CHECK(e.errnum() == ENOENT);
   CHECK(contains(e.what(), "no-such-ca.crt"));
@@ -282,9 +262,9 @@ TEST_CASE("etcd over TLS with client certificates (auth off)") {
 TEST_CASE(
     "etcd over TLS: bad certificates, names and servers fail clearly within the connect timeout") {
   auto& good = auth_server();
-  holdfast_test::etcd_server expired(server_tls(certs().expired_cert));
-  holdfast_test::etcd_server self_signed(server_tls(certs().self_signed));
-  holdfast_test::etcd_server wrong_host(server_tls(certs().wrong_host));
+  holdfast_test::etcd_server expired(tls_member(shared_certs().expired_cert));
+  holdfast_test::etcd_server self_signed(tls_member(shared_certs().self_signed));
+  holdfast_test::etcd_server wrong_host(tls_member(shared_certs().wrong_host));
   holdfast_test::etcd_server plain;
   silent_listener silent;
   // Answers garbage to whatever arrives (a TLS ClientHello included).
@@ -313,18 +293,20 @@ TEST_CASE(
   };
   const std::string garbage_url = "https" + garbage.url().substr(4);
   const bad_case cases[] = {
-      {"wrong CA", good.url(), certs().other_ca, "", EPROTO, "unable to get local issuer"},
-      {"expired", expired.url(), certs().ca, "", EPROTO, "certificate has expired"},
-      {"self-signed", self_signed.url(), certs().ca, "", EPROTO, "self-signed certificate"},
-      {"wrong host (IP SAN)", wrong_host.url(), certs().ca, "", EPROTO, "IP address mismatch"},
-      {"wrong server_name", good.url(), certs().ca, "etcd.example", EPROTO, "hostname mismatch"},
-      {"TLS client, plain server", "https" + plain.url().substr(4), certs().ca, "", ECONNRESET,
-       "not a TLS server"},
-      {"accepts, never answers", silent.url(), certs().ca, "", ETIMEDOUT,
+      {"wrong CA", good.url(), shared_certs().other_ca, "", EPROTO, "unable to get local issuer"},
+      {"expired", expired.url(), shared_certs().ca, "", EPROTO, "certificate has expired"},
+      {"self-signed", self_signed.url(), shared_certs().ca, "", EPROTO, "self-signed certificate"},
+      {"wrong host (IP SAN)", wrong_host.url(), shared_certs().ca, "", EPROTO,
+       "IP address mismatch"},
+      {"wrong server_name", good.url(), shared_certs().ca, "etcd.example", EPROTO,
+       "hostname mismatch"},
+      {"TLS client, plain server", "https" + plain.url().substr(4), shared_certs().ca, "",
+       ECONNRESET, "not a TLS server"},
+      {"accepts, never answers", silent.url(), shared_certs().ca, "", ETIMEDOUT,
        "no TLS handshake within"},
-      {"reads the hello, never answers", garbage_url, certs().ca, "", ETIMEDOUT,
+      {"reads the hello, never answers", garbage_url, shared_certs().ca, "", ETIMEDOUT,
        "is it a TLS server?"},
-      {"answers garbage at once", chatty.url(), certs().ca, "", EPROTO, "not a TLS server"},
+      {"answers garbage at once", chatty.url(), shared_certs().ca, "", EPROTO, "not a TLS server"},
   };
   for (const auto& c : cases) {
     INFO(std::string(c.name));
@@ -465,9 +447,7 @@ TEST_CASE("etcd over TLS: every socket call failed in turn is a clear error, nev
   using holdfast::testing::fault_io;
   using holdfast::testing::fault_plan;
   using holdfast::testing::io_op;
-  struct disarm_on_exit {
-    ~disarm_on_exit() { fault_plan::disarm(); }
-  } guard;
+  holdfast_test::disarm_on_exit guard;
   auto& server = auth_server();
   auto o = tls_options_for(server.url(), true, 1000ms, 2000ms);
   for (std::size_t pool : {std::size_t{0}, std::size_t{4}}) {
@@ -476,35 +456,17 @@ TEST_CASE("etcd over TLS: every socket call failed in turn is a clear error, nev
     holdfast::basic_etcd_kv<fault_io, holdfast_tls::openssl_transport<fault_io>> kv(o, ns0);
     kv.put("f", "v");
     for (int op = 0; op < 2; ++op) {
+      CAPTURE(op);
       auto run = [&] { return op == 0 ? !kv.insert("f", "w") : !kv.get("absent", 300ms); };
-      fault_plan::arm(fault{io_op::any, std::uint64_t(1) << 62, EIO});
-      CHECK(run());
-      const auto calls = fault_plan::calls(io_op::any);
-      REQUIRE(calls >= 2);
-      for (std::uint64_t k = 1; k <= calls + 8; ++k) {
-        CAPTURE(op);
-        CAPTURE(k);
-        fault_plan::arm(fault{io_op::any, k, EIO});
-        auto t0 = clk::now();
-        bool threw = false;
-        try {
-          const bool right = run();
-          CHECK(right);
-        } catch (const holdfast::error& e) {
-          threw = true;
-          seen_errors().push_back(e.what());
-          INFO(std::string(e.what()));
-          CHECK(contains(e.what(), op == 0 ? "etcd insert 'f'" : "etcd get 'absent'"));
-          CHECK_FALSE(contains(e.what(), password));
-        }
-        fault_plan::disarm();
-        CHECK(ms_since(t0) < 2200 + 1100);  // a request timeout (+ 10%) and a connect at most
-        if (!threw) {
-          const auto last = fault_plan::last_failed();
-          CHECK((fault_plan::failures() == 0 || last == io_op::close ||
-                 (pool > 0 && (last == io_op::poll || last == io_op::recv))));
-        }
-      }
+      holdfast_test::call_sweep sweep;
+      sweep.min_calls = 2;
+      sweep.extra = 8;
+      sweep.pooled = pool > 0;
+      sweep.bound_ms = 2200 + 1100;  // a request timeout (+ 10%) and a connect at most
+      holdfast_test::fail_each_call(sweep, run, [&](const holdfast::error& e) {
+        seen(e);
+        CHECK(contains(e.what(), op == 0 ? "etcd insert 'f'" : "etcd get 'absent'"));
+      });
     }
   }
   // The first connect, send and recv of a fresh client, each failed: an error naming the call.
@@ -522,7 +484,7 @@ TEST_CASE("etcd over TLS: every socket call failed in turn is a clear error, nev
 TEST_CASE("make_kv<openssl_transport>: an etcds:// URL with CA, user and password file") {
   auto& server = auth_server();
   const std::string url = "etcds://127.0.0.1:" + std::to_string(server.port()) +
-                          "/urltls?ca=" + certs().ca +
+                          "/urltls?ca=" + shared_certs().ca +
                           "&user=root&password_file=" + password_file();
   holdfast::any_kv kv = holdfast::make_kv<tls>(url, {"run", 1});
   CHECK(kv.insert("k", "v"));
@@ -570,7 +532,8 @@ TEST_CASE("agreement over TLS + auth: 4 forked workers save at one step and exit
 TEST_CASE("the preemptible_training demo over etcds:// with a CA, a user and a password file") {
   auto& server = auth_server();
   const std::string url = "etcds://127.0.0.1:" + std::to_string(server.port()) +
-                          "?ca=" + certs().ca + "&user=root&password_file=" + password_file();
+                          "?ca=" + shared_certs().ca +
+                          "&user=root&password_file=" + password_file();
   const std::string cmd = std::string("'") + HOLDFAST_DEMO_TLS_BINARY +
                           "' --workers 3 --steps 24 --preempt-at 8 --kv='" + url + "' 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");

@@ -17,7 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "support/etcd_cluster.hpp"
+#include "support/elapsed.hpp"
+#include "support/etcd_client.hpp"
+#include "support/etcd_cluster_case.hpp"
 #include "support/watch_follow.hpp"
 
 using namespace std::chrono_literals;
@@ -26,46 +28,19 @@ using holdfast::etcd_options;
 using holdfast::kv_event;
 using holdfast::kv_namespace;
 using clk = std::chrono::steady_clock;
+using holdfast_test::ms_since;
+using holdfast_test::shared_cluster;
 using std::chrono::milliseconds;
 
 namespace {
 
 constexpr milliseconds request_timeout{1000};  // probes every max(1 s, 1 s / 2) = 1 s
 
-holdfast_test::etcd_cluster& cluster() {
-  static holdfast_test::etcd_cluster c;  // one per test binary: starting three members takes ~1 s
-  return c;
-}
-
-long long ms_since(clk::time_point t0) {
-  return std::chrono::duration_cast<milliseconds>(clk::now() - t0).count();
-}
-
 etcd_options options_for(std::vector<std::string> endpoints) {
-  etcd_options o;
-  o.endpoints = std::move(endpoints);
-  o.request_timeout = request_timeout;
-  o.connect_timeout = 500ms;
-  return o;
+  return holdfast_test::etcd_client_options(std::move(endpoints), request_timeout);
 }
 
-kv_namespace fresh_ns() {
-  static std::uint64_t n = 0;
-  return kv_namespace("watch-cluster", ++n);
-}
-
-// Thaws the member and waits for a healthy cluster when the scope ends, even after a failure.
-struct thaw_at_exit {
-  int member;
-  ~thaw_at_exit() {
-    try {
-      cluster().thaw(member);
-      cluster().wait_healthy(30s);
-    } catch (const std::exception& e) {
-      FAIL_CHECK(e.what());
-    }
-  }
-};
+kv_namespace fresh_ns() { return holdfast_test::fresh_cluster_ns("watch-cluster"); }
 
 // Follows the watch as the handler does until an event for `key` arrived or `timeout` passed;
 // returns every event seen.
@@ -78,21 +53,13 @@ std::vector<kv_event> follow_until(etcd_kv::watcher& w, const std::string& key,
 
 // Puts through the healthy members, retrying transient errors (an election) for up to 10 s.
 void put_retrying(etcd_kv& kv, const std::string& key, const std::string& value) {
-  const auto give_up = clk::now() + 10s;
-  for (;;) {
-    try {
-      return kv.put(key, value);
-    } catch (const std::exception& e) {
-      if (!holdfast::is_transient_kv_error(e) || clk::now() > give_up) throw;
-      std::this_thread::sleep_for(20ms);
-    }
-  }
+  holdfast_test::with_retries([&] { kv.put(key, value); });
 }
 
 }  // namespace
 
 TEST_CASE("etcd_kv watch on a cluster: a frozen member's watch moves and the put arrives") {
-  auto& c = cluster();
+  auto& c = shared_cluster();
   c.wait_healthy(30s);
   const int leader = c.leader();
   int member = -1;
@@ -113,8 +80,7 @@ TEST_CASE("etcd_kv watch on a cluster: a frozen member's watch moves and the put
   REQUIRE(follow_until(w, "ctl/before", 5000ms).size() == 1);
   const auto before = kv.stats();
 
-  c.freeze(member);
-  thaw_at_exit thaw{member};
+  holdfast_test::frozen_member frozen(member);
   const auto t0 = clk::now();
   put_retrying(healthy, "ctl/k", "while frozen");
   auto events = follow_until(w, "ctl/k", 10000ms);

@@ -26,7 +26,8 @@
 #include <utility>
 #include <vector>
 
-#include "support/etcd_cluster.hpp"
+#include "support/etcd_client.hpp"
+#include "support/etcd_cluster_case.hpp"
 #include "support/process_job.hpp"
 
 using namespace std::chrono_literals;
@@ -35,16 +36,12 @@ using holdfast_test::etcd_cluster;
 using holdfast_test::job;
 using holdfast_test::result;
 using holdfast_test::scenario;
+using holdfast_test::shared_cluster;  // one per test binary: starting three members takes seconds
 using std::chrono::milliseconds;
 
 namespace {
 
 constexpr milliseconds request_timeout = 1000ms;
-
-etcd_cluster& shared_cluster() {
-  static etcd_cluster cluster(3);  // one per test binary: starting three members takes seconds
-  return cluster;
-}
 
 /// etcd_kv on every member: workers list `member` first, the parent (gates, outcomes) last.
 struct cluster_backend {
@@ -58,11 +55,7 @@ struct cluster_backend {
   }
   static holdfast::etcd_kv make(const std::vector<std::string>& urls,
                                 const holdfast::kv_namespace& ns) {
-    holdfast::etcd_options o;
-    o.endpoints = urls;
-    o.request_timeout = request_timeout;
-    o.connect_timeout = 500ms;
-    return holdfast::etcd_kv(o, ns);
+    return holdfast::etcd_kv(holdfast_test::etcd_client_options(urls, request_timeout), ns);
   }
   holdfast::etcd_kv make_kv(const holdfast::kv_namespace& ns) const { return make(workers, ns); }
   holdfast::etcd_kv make_observer_kv(const holdfast::kv_namespace& ns) const {

@@ -46,13 +46,17 @@
 
 #include "support/etcd_server.hpp"
 #include "support/handler_harness.hpp"
+#include "support/handler_team.hpp"
 #include "support/key_wait_kv.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::agreement_state;
 using holdfast::run_status;
+using holdfast_test::ignored_signals;
 using holdfast_test::worker_state;
+using outcome = holdfast_test::thread_outcome;
+using team = holdfast_test::thread_team;
 using clk = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -77,12 +81,6 @@ double ms_since(clk::time_point t0) {
   return std::chrono::duration<double, std::milli>(clk::now() - t0).count();
 }
 
-// The binary's one etcd (starting it takes about a second).
-holdfast_test::etcd_server& shared_etcd() {
-  static holdfast_test::etcd_server server;
-  return server;
-}
-
 // A fresh key namespace per handler job.
 holdfast::kv_namespace fresh_ns() {
   static int n = 0;
@@ -92,105 +90,10 @@ holdfast::kv_namespace fresh_ns() {
 // A new etcd client (its own stats) on the shared etcd.
 holdfast::etcd_kv etcd_store(const holdfast::kv_namespace& ns, milliseconds request = 5000ms) {
   holdfast::etcd_options o;
-  o.endpoints = {shared_etcd().url()};
+  o.endpoints = {holdfast_test::shared_etcd().url()};
   o.request_timeout = request;
   return holdfast::etcd_kv(o, ns);
 }
-
-// SIGUSR1 and SIGUSR2 ignored underneath the notices for the scope: a stray delivery while no
-// notice is started must not end the test binary (SIG_IGN is not chained to).
-class ignored_signals {
- public:
-  ignored_signals() {
-    struct sigaction sa {};
-    sa.sa_handler = SIG_IGN;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGUSR1, &sa, &old1_);
-    ::sigaction(SIGUSR2, &sa, &old2_);
-  }
-  ignored_signals(const ignored_signals&) = delete;
-  ignored_signals& operator=(const ignored_signals&) = delete;
-  ~ignored_signals() {
-    ::sigaction(SIGUSR1, &old1_, nullptr);
-    ::sigaction(SIGUSR2, &old2_, nullptr);
-  }
-
- private:
-  struct sigaction old1_ {};
-  struct sigaction old2_ {};
-};
-
-// How one training thread ended.
-struct outcome {
-  std::atomic<std::int64_t> progress{-1};  // run calls so far; max() once the thread ended
-  run_status last = run_status::ran;
-  std::int64_t counter = 0;
-  std::string error;  // "timeout", "other <what>"
-  std::vector<int> missing;
-  clk::time_point ended{};  // when run() answered stopped or threw
-};
-
-// Training threads over handlers built by the caller: 1 ms steps until run() answers stopped or
-// throws, or the team is finished. Joined on destruction (a failed REQUIRE cannot leave one).
-class team {
- public:
-  explicit team(int n) : out_(static_cast<std::size_t>(n)) {}
-  team(const team&) = delete;
-  team& operator=(const team&) = delete;
-  ~team() { finish(); }
-
-  template <class Handler>
-  void train(int t, Handler& h) {
-    outcome& o = out_[static_cast<std::size_t>(t)];
-    threads_.emplace_back([this, &o, &h] {
-      try {
-        while (!quit_.load() && h.total_run_calls() < 100000) {
-          o.last = h.run([] { std::this_thread::sleep_for(1ms); });
-          o.progress.store(h.total_run_calls());
-          if (o.last == run_status::stopped) {
-            o.ended = clk::now();
-            break;
-          }
-        }
-        o.counter = h.total_run_calls();
-      } catch (const holdfast::agreement_timeout& e) {
-        o.ended = clk::now();
-        o.error = "timeout";
-        o.missing = e.missing_tasks();
-      } catch (const std::exception& e) {
-        o.ended = clk::now();
-        o.error = std::string("other ") + e.what();
-      }
-      o.progress.store(std::numeric_limits<std::int64_t>::max());
-    });
-  }
-  // True once every thread ran `steps` steps (or ended), within `timeout`.
-  bool wait_steps(std::int64_t steps, milliseconds timeout) const {
-    const auto end = clk::now() + timeout;
-    for (;;) {
-      bool all = std::all_of(out_.begin(), out_.end(),
-                             [&](const outcome& o) { return o.progress.load() >= steps; });
-      if (all) return true;
-      if (clk::now() >= end) return false;
-      std::this_thread::sleep_for(1ms);
-    }
-  }
-  // True once every thread ended, within `timeout`.
-  bool wait_ended(milliseconds timeout) const {
-    return wait_steps(std::numeric_limits<std::int64_t>::max(), timeout);
-  }
-  void finish() {
-    quit_.store(true);
-    for (auto& t : threads_)
-      if (t.joinable()) t.join();
-  }
-  const outcome& operator[](int t) const { return out_[static_cast<std::size_t>(t)]; }
-
- private:
-  std::deque<outcome> out_;  // atomics: never moved
-  std::atomic<bool> quit_{false};
-  std::vector<std::thread> threads_;
-};
 
 // Whether `h` left idle since the start: a state past idle, or a later round (the agreement ran
 // and the handler re-armed between two looks).
@@ -378,7 +281,7 @@ struct fs_job {
   void work(int t, int n, int dead, milliseconds ack_timeout) {
     outcome& o = out[std::size_t(t)];
     worker_state& s = st[std::size_t(t)];
-    try {
+    holdfast_test::record_outcome(o, [&] {
       holdfast::handler_options opt;
       opt.ack_timeout = ack_timeout;
       holdfast::preemption_handler<flag_config, Kv> h(
@@ -387,28 +290,14 @@ struct fs_job {
                       holdfast::no_exit{}),
           kv, {t, n, "fs"},
           holdfast_test::make_checkpoints(dir / ("ckpt-" + std::to_string(t)), &s), opt);
-      while (!quit.load() && h.total_run_calls() < 100000) {
-        if (t == dead && h.total_run_calls() >= 10) break;  // dead: its watcher stops too
-        o.last = h.run([&] {
-          ++s.acc;
-          std::this_thread::sleep_for(1ms);
-        });
-        o.progress.store(h.total_run_calls());
-        if (o.last == run_status::stopped) {
-          o.ended = clk::now();
-          break;
-        }
-      }
-      o.counter = h.total_run_calls();
-    } catch (const holdfast::agreement_timeout& e) {
-      o.ended = clk::now();
-      o.error = "timeout";
-      o.missing = e.missing_tasks();
-    } catch (const std::exception& e) {
-      o.ended = clk::now();
-      o.error = std::string("other ") + e.what();
-    }
-    o.progress.store(std::numeric_limits<std::int64_t>::max());
+      holdfast_test::train_thread(
+          h, o, quit,
+          [&] {
+            ++s.acc;
+            std::this_thread::sleep_for(1ms);
+          },
+          t == dead ? 10 : -1);  // dead: its watcher stops too
+    });
   }
 
   double ms_to(clk::time_point t) const {
@@ -707,7 +596,8 @@ TEST_CASE("wake (e): an idle worker over a store that waits on named keys makes 
 
 TEST_CASE("wake (f): idle over make_kv(etcd://...) the handler keeps the watch: probes only") {
   const holdfast::kv_namespace ns = fresh_ns();
-  const std::string url = "etcd://127.0.0.1:" + std::to_string(shared_etcd().port()) + "/wakeurl";
+  const std::string url =
+      "etcd://127.0.0.1:" + std::to_string(holdfast_test::shared_etcd().port()) + "/wakeurl";
   holdfast::any_kv kv = holdfast::make_kv(url, ns);  // its own client: its stats are this handler's
   REQUIRE(kv.supports(holdfast::kv_op::watch));
   std::atomic<bool> flag{false};

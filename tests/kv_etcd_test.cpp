@@ -17,13 +17,20 @@
 #include <holdfast/testing/fault_io.hpp>
 
 #include "support/child.hpp"
+#include "support/elapsed.hpp"
+#include "support/etcd_client.hpp"
 #include "support/etcd_server.hpp"
+#include "support/expect_error.hpp"
+#include "support/fault_sweep.hpp"
 #include "support/http_server.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::etcd_kv;
 using holdfast::etcd_options;
 using holdfast::kv_namespace;
+using holdfast_test::contains;
+using holdfast_test::error_from;
+using holdfast_test::ms_since;
 using holdfast_test::reply;
 using clk = std::chrono::steady_clock;
 
@@ -31,34 +38,10 @@ namespace {
 
 const kv_namespace ns0("run", 0);
 
-long long ms_since(clk::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - t0).count();
-}
-
 etcd_options options_for(std::vector<std::string> endpoints,
                          std::chrono::milliseconds connect = 500ms,
                          std::chrono::milliseconds request = 3000ms) {
-  etcd_options o;
-  o.endpoints = std::move(endpoints);
-  o.connect_timeout = connect;
-  o.request_timeout = request;
-  return o;
-}
-
-// Runs `op`; returns the holdfast::error it threw (fails the test when none).
-template <class Op>
-holdfast::error error_from(Op op) {
-  try {
-    op();
-  } catch (const holdfast::error& e) {
-    return e;
-  }
-  FAIL("no holdfast::error was thrown");
-  return holdfast::error(0, "", "");
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
+  return holdfast_test::etcd_client_options(std::move(endpoints), request, connect);
 }
 
 // Waits (polling, bounded by `timeout`) until `key` is absent.
@@ -558,13 +541,8 @@ TEST_CASE("etcd fixture: a missing etcd fails the test (never skips), naming the
 }
 
 TEST_CASE("etcd_kv: every socket call of a request failed in turn is a clear error, no hang") {
-  using holdfast::testing::fault;
   using holdfast::testing::fault_io;
-  using holdfast::testing::fault_plan;
-  using holdfast::testing::io_op;
-  struct disarm_on_exit {
-    ~disarm_on_exit() { fault_plan::disarm(); }
-  } guard;
+  holdfast_test::disarm_on_exit guard;
   holdfast_test::etcd_server server;
   for (std::size_t pool : {std::size_t{0}, std::size_t{4}}) {  // a connection per request; reused
     CAPTURE(pool);
@@ -573,39 +551,18 @@ TEST_CASE("etcd_kv: every socket call of a request failed in turn is a clear err
     holdfast::basic_etcd_kv<fault_io> kv(o, ns0);
     kv.put("k", "v");
     for (int op = 0; op < 2; ++op) {  // a plain request, then a get that goes on to a watch
-      auto run = [&] {                // true when the answer is right (k exists, "absent" does not)
+      CAPTURE(op);
+      auto run = [&] {  // true when the answer is right (k exists, "absent" does not)
         return op == 0 ? !kv.insert("k", "w") : !kv.get("absent", 300ms).has_value();
       };
-      fault_plan::arm(fault{io_op::any, std::uint64_t(1) << 62, EIO});  // counts, never fires
-      CHECK(run());
-      const auto calls = fault_plan::calls(io_op::any);
-      REQUIRE(calls >= (pool == 0 ? 4u : 2u));  // socket, connect, send, recv; reused: send, recv
-      for (std::uint64_t k = 1; k <= calls + 6; ++k) {  // + a reconnect after a dropped one
-        CAPTURE(op);
-        CAPTURE(k);
-        fault_plan::arm(fault{io_op::any, k, EIO});
-        auto t0 = clk::now();
-        bool threw = false;
-        try {
-          const bool right = run();
-          CHECK(right);
-        } catch (const holdfast::error& e) {
-          threw = true;
-          INFO(std::string(e.what()));
-          CHECK(contains(e.what(), op == 0 ? "etcd insert 'k'" : "etcd get 'absent'"));
-        }
-        fault_plan::disarm();
-        CHECK(ms_since(t0) < 3300);  // never past the request timeout (3 s) + 10%
-        // Only closing a finished connection may fail unnoticed, and with a pool the check of
-        // an idle connection (its poll, or the read after it), which drops that connection and
-        // connects anew; anything else must throw. (A watch makes a varying number of poll/recv
-        // calls, so call k may not happen at all.)
-        if (!threw) {
-          const auto last = fault_plan::last_failed();
-          CHECK((fault_plan::failures() == 0 || last == io_op::close ||
-                 (pool > 0 && (last == io_op::poll || last == io_op::recv))));
-        }
-      }
+      holdfast_test::call_sweep sweep;
+      sweep.min_calls = pool == 0 ? 4 : 2;  // socket, connect, send, recv; reused: send, recv
+      sweep.extra = 6;                      // a reconnect after a dropped one
+      sweep.pooled = pool > 0;
+      sweep.bound_ms = 3300;  // never past the request timeout (3 s) + 10%
+      holdfast_test::fail_each_call(sweep, run, [&](const holdfast::error& e) {
+        CHECK(contains(e.what(), op == 0 ? "etcd insert 'k'" : "etcd get 'absent'"));
+      });
     }
     CHECK(kv.try_get("k") == std::optional<std::string>("v"));
   }

@@ -23,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include "support/elapsed.hpp"
+#include "support/etcd_client.hpp"
 #include "support/etcd_cluster.hpp"
 #include "support/etcd_server.hpp"
 #include "support/http_server.hpp"
@@ -34,6 +36,7 @@ using holdfast::etcd_options;
 using holdfast::kv_event;
 using holdfast::kv_namespace;
 using clk = std::chrono::steady_clock;
+using holdfast_test::ms_since;
 using std::chrono::milliseconds;
 
 static_assert(holdfast::has_kv_watch_v<etcd_kv>, "etcd_kv offers watch()");
@@ -42,16 +45,8 @@ namespace {
 
 const kv_namespace ns0("run", 0);
 
-long long ms_since(clk::time_point t0) {
-  return std::chrono::duration_cast<milliseconds>(clk::now() - t0).count();
-}
-
 etcd_options options_for(std::vector<std::string> endpoints, milliseconds request = 2000ms) {
-  etcd_options o;
-  o.endpoints = std::move(endpoints);
-  o.connect_timeout = 500ms;
-  o.request_timeout = request;
-  return o;
+  return holdfast_test::etcd_client_options(std::move(endpoints), request);
 }
 
 // "key=value" or "key=<erased>", for comparing event lists in messages.

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/fault_sweep.hpp"  // disarm_on_exit
+#include "support/fs_kv_fixture.hpp"
 #include "support/shm_temp_dir.hpp"
 #include "support/temp_dir.hpp"
 
@@ -43,9 +45,10 @@ static_assert(holdfast::has_kv_watch_v<filesystem_kv>);
 static_assert(holdfast::has_kv_watch_v<network_filesystem_kv>);
 static_assert(holdfast::has_kv_watch_v<faulty_kv>);
 
-struct disarm_on_exit {
-  ~disarm_on_exit() { fault_plan::disarm(); }
-};
+using holdfast_test::fs_kv_fixture;
+using fs_kv = fs_kv_fixture<>;  // most cases: `tmp` and a filesystem_kv `kv` on it
+
+using holdfast_test::disarm_on_exit;
 
 // poll() on the watch's descriptor until POLLIN or `timeout`; true when readable.
 template <class W>
@@ -103,9 +106,7 @@ bool trusted_here(const std::string& dir) {
 
 }  // namespace
 
-TEST_CASE("filesystem watch: the first take is a resync and buffered() says so") {
-  holdfast_test::temp_dir tmp("fsw");
-  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+TEST_CASE_FIXTURE(fs_kv, "filesystem watch: the first take is a resync and buffered() says so") {
   auto w = kv.watch("run/ctl");
   CHECK(w.fd() >= 0);
   CHECK(w.buffered());
@@ -117,9 +118,7 @@ TEST_CASE("filesystem watch: the first take is a resync and buffered() says so")
   CHECK(w.take().empty());
 }
 
-TEST_CASE("filesystem watch: a put by another thread wakes poll within 50 ms") {
-  holdfast_test::temp_dir tmp("fsw");
-  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+TEST_CASE_FIXTURE(fs_kv, "filesystem watch: a put by another thread wakes poll within 50 ms") {
   auto w = kv.watch("run/ctl");
   REQUIRE(w.take().resync);
   std::atomic<clock_type::rep> start{0};  // when the put began (thread start-up not counted)
@@ -160,9 +159,7 @@ TEST_CASE("filesystem watch: through an any_kv (make_kv) the same descriptor wak
   CHECK(kv.try_get("run/ctl/r0/claim") == std::optional<std::string>("c"));
 }
 
-TEST_CASE("filesystem watch: a put by a forked child wakes poll within 50 ms") {
-  holdfast_test::temp_dir tmp("fsw");
-  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+TEST_CASE_FIXTURE(fs_kv, "filesystem watch: a put by a forked child wakes poll within 50 ms") {
   auto w = kv.watch("run/ctl");
   REQUIRE(w.take().resync);
   // When the child's insert began (fork and start-up not counted), in memory both share.
@@ -186,9 +183,7 @@ TEST_CASE("filesystem watch: a put by a forked child wakes poll within 50 ms") {
   CHECK(kv.try_get("run/ctl/r3/claim") == std::optional<std::string>("host-a"));
 }
 
-TEST_CASE("filesystem watch: nested keys created after the watch started are seen") {
-  holdfast_test::temp_dir tmp("fsw");
-  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+TEST_CASE_FIXTURE(fs_kv, "filesystem watch: nested keys created after the watch started are seen") {
   auto w = kv.watch("run/ctl");
   REQUIRE(w.take().resync);
   kv.put("run/ctl/r5/claim", "x");  // no "ctl/r5" before
@@ -200,9 +195,7 @@ TEST_CASE("filesystem watch: nested keys created after the watch started are see
   CHECK(kv.list("run/ctl/r5").size() == 2);
 }
 
-TEST_CASE("filesystem watch: erase and erase_prefix are seen") {
-  holdfast_test::temp_dir tmp("fsw");
-  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+TEST_CASE_FIXTURE(fs_kv, "filesystem watch: erase and erase_prefix are seen") {
   kv.put("run/ctl/error", "boom");
   kv.put("run/ctl/r1/step", "1");
   auto w = kv.watch("run/ctl");
@@ -215,9 +208,8 @@ TEST_CASE("filesystem watch: erase and erase_prefix are seen") {
   CHECK(take_within(w, 1000ms).resync);
 }
 
-TEST_CASE("filesystem watch: keys outside the prefix and publish temps do not count") {
-  holdfast_test::temp_dir tmp("fsw");
-  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+TEST_CASE_FIXTURE(fs_kv,
+                  "filesystem watch: keys outside the prefix and publish temps do not count") {
   auto w = kv.watch("run/ctl");
   REQUIRE(w.take().resync);
   kv.put("run/ctlx", "1");            // a sibling name, not below "run/ctl/"
@@ -229,12 +221,10 @@ TEST_CASE("filesystem watch: keys outside the prefix and publish temps do not co
   CHECK_FALSE(readable_within(w, 0ms));
 }
 
-TEST_CASE("filesystem watch: writes to another prefix's directory never wake it") {
+TEST_CASE_FIXTURE(fs_kv, "filesystem watch: writes to another prefix's directory never wake it") {
   // The agreement's shape: every worker watches ctl/, N acks are written under ack/r0/. Only
   // the ack directory's creation reaches the watch (the namespace directory's event); the acks
   // themselves, and their temps (made in .tmp), raise nothing it can see.
-  holdfast_test::temp_dir tmp("fsw");
-  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
   kv.put("run/ctl/r0/claim", "c");
   auto w = kv.watch("run/ctl");
   REQUIRE(w.take().resync);
@@ -252,9 +242,9 @@ TEST_CASE("filesystem watch: writes to another prefix's directory never wake it"
   CHECK_FALSE(readable_within(w, 100ms));
 }
 
-TEST_CASE("filesystem watch: an insert's new parent directory arrives holding the key: one event") {
-  holdfast_test::temp_dir tmp("fsw");
-  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+TEST_CASE_FIXTURE(
+    fs_kv,
+    "filesystem watch: an insert's new parent directory arrives holding the key: one event") {
   auto w = kv.watch("run/ctl");
   REQUIRE(w.take().resync);
   REQUIRE(kv.insert("run/ctl/r0/claim", "c"));  // no run%2Fctl%2Fr0%2F before
@@ -271,9 +261,8 @@ TEST_CASE("filesystem watch: an insert's new parent directory arrives holding th
   CHECK(std::filesystem::is_empty(kv.directory() + "/.tmp"));  // no staging left behind
 }
 
-TEST_CASE("filesystem watch: a parent directory removed by the last erase and made again") {
-  holdfast_test::temp_dir tmp("fsw");
-  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+TEST_CASE_FIXTURE(fs_kv,
+                  "filesystem watch: a parent directory removed by the last erase and made again") {
   kv.put("run/ctl/r1/step", "1");
   auto w = kv.watch("run/ctl");
   REQUIRE(w.take().resync);
@@ -307,9 +296,8 @@ TEST_CASE("filesystem watch: idle for 1 s on a local filesystem: no wake-up, due
   }
 }
 
-TEST_CASE("filesystem watch: network_filesystem_kv keeps a finite due() and re-checks") {
-  holdfast_test::temp_dir tmp("fsw");
-  network_filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+TEST_CASE_FIXTURE(fs_kv_fixture<network_filesystem_kv>,
+                  "filesystem watch: network_filesystem_kv keeps a finite due() and re-checks") {
   static_assert(network_filesystem_kv::watch_recheck == holdfast::poll_wait::max_interval);
   auto w = kv.watch("run/ctl");
   CHECK(w.fd() >= 0);  // local writers still wake it at once
@@ -326,9 +314,7 @@ TEST_CASE("filesystem watch: network_filesystem_kv keeps a finite due() and re-c
   CHECK(take_within(w, 1000ms).resync);
 }
 
-TEST_CASE("filesystem watch: one descriptor for the watch's life") {
-  holdfast_test::temp_dir tmp("fsw");
-  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+TEST_CASE_FIXTURE(fs_kv, "filesystem watch: one descriptor for the watch's life") {
   const auto before = open_fds();
   {
     auto w = kv.watch("run/ctl");
@@ -349,10 +335,9 @@ TEST_CASE("filesystem watch: one descriptor for the watch's life") {
   CHECK(open_fds() == before);
 }
 
-TEST_CASE("filesystem watch: without inotify it polls (fd -1, due at the poll interval)") {
+TEST_CASE_FIXTURE(fs_kv_fixture<faulty_kv>,
+                  "filesystem watch: without inotify it polls (fd -1, due at the poll interval)") {
   disarm_on_exit guard;
-  holdfast_test::temp_dir tmp("fsw");
-  faulty_kv kv(tmp.path(), kv_namespace("run", "0"));
   const auto before = open_fds();
   fault_plan::arm(fault{io_op::inotify_init1, 1, EMFILE});
   auto w = kv.watch("run/ctl");
@@ -370,10 +355,9 @@ TEST_CASE("filesystem watch: without inotify it polls (fd -1, due at the poll in
   CHECK(w.fd() == -1);
 }
 
-TEST_CASE("filesystem watch: no watch left (ENOSPC) polls, then watches once it can") {
+TEST_CASE_FIXTURE(fs_kv_fixture<faulty_kv>,
+                  "filesystem watch: no watch left (ENOSPC) polls, then watches once it can") {
   disarm_on_exit guard;
-  holdfast_test::temp_dir tmp("fsw");
-  faulty_kv kv(tmp.path(), kv_namespace("run", "0"));
   fault_plan::arm(fault{io_op::inotify_add_watch, 1, ENOSPC, 1, 2});  // watch() and a take
   auto w = kv.watch("run/ctl");
   CHECK(w.fd() == -1);
@@ -390,10 +374,10 @@ TEST_CASE("filesystem watch: no watch left (ENOSPC) polls, then watches once it 
   CHECK(take_within(w, 1000ms).resync);
 }
 
-TEST_CASE("filesystem watch: an unknown filesystem type (fstatfs failing) keeps re-checking") {
+TEST_CASE_FIXTURE(
+    fs_kv_fixture<faulty_kv>,
+    "filesystem watch: an unknown filesystem type (fstatfs failing) keeps re-checking") {
   disarm_on_exit guard;
-  holdfast_test::temp_dir tmp("fsw");
-  faulty_kv kv(tmp.path(), kv_namespace("run", "0"));
   fault_plan::arm(fault{io_op::fstatfs, 1, EIO});
   auto w = kv.watch("run/ctl");
   fault_plan::disarm();
@@ -405,9 +389,8 @@ TEST_CASE("filesystem watch: an unknown filesystem type (fstatfs failing) keeps 
   CHECK(faulty_kv::watch_recheck == holdfast::inotify_wait::recheck);
 }
 
-TEST_CASE("filesystem watch: the namespace directory removed and recreated is watched again") {
-  holdfast_test::temp_dir tmp("fsw");
-  filesystem_kv kv(tmp.path(), kv_namespace("run", "0"));
+TEST_CASE_FIXTURE(
+    fs_kv, "filesystem watch: the namespace directory removed and recreated is watched again") {
   auto w = kv.watch("run/ctl");
   REQUIRE(w.take().resync);
   std::filesystem::remove_all(kv.directory());

@@ -10,6 +10,7 @@
 #include <holdfast/kv/url.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "support/c10d_like_kv.hpp"
@@ -20,6 +21,29 @@
 using holdfast::kv_url;
 using holdfast::parse_kv_url;
 using namespace std::chrono_literals;
+
+namespace {
+
+// Parses each URL of `bad` ({url, what its refusal names}): each must be refused with a
+// format_error whose message names it; `check(url, error)` looks at the rest.
+template <std::size_t N, class Check>
+void check_refused(const std::pair<const char*, const char*> (&bad)[N], Check check) {
+  for (const auto& item : bad) {
+    const char* url = item.first;
+    const char* why = item.second;
+    INFO(url);
+    try {
+      parse_kv_url(url);
+      FAIL("accepted");
+    } catch (const holdfast::format_error& e) {
+      INFO(std::string(e.what()));
+      CHECK(std::string(e.what()).find(why) != std::string::npos);
+      check(url, e);
+    }
+  }
+}
+
+}  // namespace
 
 TEST_CASE("kv url: file and etcd forms") {
   auto f = parse_kv_url("file:///shared/dir/");
@@ -61,18 +85,8 @@ TEST_CASE("kv url: refusals name the url and the offset") {
       {"etcd://[::1:1", "bad member"},
       {"etcd://h 1", "' ' not allowed"},
   };
-  for (const auto& item : bad) {
-    const char* url = item.first;
-    const char* why = item.second;
-    INFO(url);
-    try {
-      parse_kv_url(url);
-      FAIL("accepted");
-    } catch (const holdfast::format_error& e) {
-      CHECK(std::string(e.what()).find(why) != std::string::npos);
-      CHECK(e.path() == url);
-    }
-  }
+  check_refused(bad,
+                [](const char* url, const holdfast::format_error& e) { CHECK(e.path() == url); });
   try {  // a query value is never shown, even where no query belongs
     parse_kv_url("file:///a?x=1");
     FAIL("accepted");
@@ -126,20 +140,10 @@ TEST_CASE("kv url: a password in a URL is refused, and never shown") {
       {"etcds://h:1?hunter2", "without '='"},
       {"etcds://h:1?ca=/x&hunter2=", "unknown query parameter"},
   };
-  for (const auto& item : bad) {
-    const char* url = item.first;
-    const char* why = item.second;
-    INFO(url);
-    try {
-      parse_kv_url(url);
-      FAIL("accepted");
-    } catch (const holdfast::format_error& e) {
-      INFO(std::string(e.what()));
-      CHECK(std::string(e.what()).find(why) != std::string::npos);
-      CHECK(std::string(e.what()).find("hunter2") == std::string::npos);
-      CHECK(e.path().find("***") != std::string::npos);
-    }
-  }
+  check_refused(bad, [](const char*, const holdfast::format_error& e) {
+    CHECK(std::string(e.what()).find("hunter2") == std::string::npos);
+    CHECK(e.path().find("***") != std::string::npos);
+  });
   // The redacted URL keeps what is harmless.
   try {
     parse_kv_url("etcds://root:hunter2@h:1/p?ca=/etc/ca.pem&password=hunter2&x=1");
@@ -172,19 +176,9 @@ TEST_CASE("kv url: etcds:// query refusals name the offset") {
       {"etcds://h:1/a//b?ca=/x", "bad prefix"},
       {"etcd://h:1?user=u&password_env=X", "'?' not allowed"},
   };
-  for (const auto& item : bad) {
-    const char* url = item.first;
-    const char* why = item.second;
-    INFO(url);
-    try {
-      parse_kv_url(url);
-      FAIL("accepted");
-    } catch (const holdfast::format_error& e) {
-      INFO(std::string(e.what()));
-      CHECK(std::string(e.what()).find(why) != std::string::npos);
-      CHECK(e.path() == url);  // nothing secret in these: shown as written
-    }
-  }
+  check_refused(bad, [](const char* url, const holdfast::format_error& e) {
+    CHECK(e.path() == url);  // nothing secret in these: shown as written
+  });
 }
 
 TEST_CASE("make_kv: etcds:// without a TLS transport is refused, naming one") {

@@ -756,14 +756,33 @@ class basic_publisher {
 /// The default publisher: durable, POSIX.
 using publisher = basic_publisher<>;
 
+namespace detail {
+
+/// The wall clock as sweep_stale_temps compares it with a file's times.
+inline std::chrono::nanoseconds sweep_clock_now() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+}
+
+/// sweep_stale_temps's age test: whether `st` last changed (the later of mtime and ctime, so a
+/// fresh hard link counts as a change) at least `older_than` before `now`.
+inline bool is_stale(const struct stat& st, std::chrono::nanoseconds now,
+                     std::chrono::milliseconds older_than) {
+  auto ns = [](const timespec& ts) {
+    return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+  };
+  return now - std::max(ns(st.st_mtim), ns(st.st_ctim)) >= older_than;
+}
+
+}  // namespace detail
+
 /// Removes holdfast temps in `dir` (names matching is_temp_name) whose last change (the later
 /// of mtime and ctime, so a fresh hard link counts as a change) is older than `older_than`;
 /// returns how many it removed. Other names, and directories, are never touched. Run it at
 /// start-up, with a threshold well above the longest publish, to clean up after killed writers.
 template <class Io = posix_io>
 std::size_t sweep_stale_temps(const std::string& dir, std::chrono::milliseconds older_than) {
-  using namespace std::chrono;
-  auto now = duration_cast<nanoseconds>(system_clock::now().time_since_epoch());
+  const auto now = detail::sweep_clock_now();
   std::size_t removed = 0;
   for (const auto& n : detail::list_directory<Io>(dir)) {
     if (!is_temp_name(n)) continue;
@@ -773,10 +792,7 @@ std::size_t sweep_stale_temps(const std::string& dir, std::chrono::milliseconds 
       if (errno == ENOENT) continue;
       throw error(errno, "lstat", p);
     }
-    if (S_ISDIR(st.st_mode)) continue;
-    auto ns = [](const timespec& ts) { return seconds(ts.tv_sec) + nanoseconds(ts.tv_nsec); };
-    auto changed = std::max(ns(st.st_mtim), ns(st.st_ctim));
-    if (now - changed < older_than) continue;
+    if (S_ISDIR(st.st_mode) || !detail::is_stale(st, now, older_than)) continue;
     if (Io::unlink(p.c_str()) != 0) {
       if (errno == ENOENT) continue;
       throw error(errno, "unlink", p);

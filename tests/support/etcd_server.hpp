@@ -7,6 +7,9 @@
 // so the test FAILS (never skips): with CI=true the message says CI must install it; otherwise it
 // names the Debian package to install.
 //
+// shared_etcd() is the binary's one server, for the tests whose cases share it (each case in a
+// namespace of its own).
+//
 // etcd_member (one etcd process: start, health, signals) and etcd_scratch (where members keep
 // their data and logs) are shared with etcd_cluster.hpp.
 //
@@ -422,5 +425,11 @@ class etcd_server {
   std::optional<etcd_tls_spec> tls_;
   std::optional<etcd_member> member_;  // declared last: destroyed (killed) before its scratch
 };
+
+/// The test binary's one etcd, started on first use (starting etcd takes ~1 s).
+inline etcd_server& shared_etcd() {
+  static etcd_server server;
+  return server;
+}
 
 }  // namespace holdfast_test

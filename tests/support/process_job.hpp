@@ -84,12 +84,6 @@ struct filesystem_backend {
   static milliseconds watch() { return milliseconds(20); }
 };
 
-/// The test binary's one etcd (starting etcd takes ~1 s).
-inline etcd_server& shared_etcd() {
-  static etcd_server server;
-  return server;
-}
-
 /// etcd_kv on the binary's shared single-member etcd.
 struct etcd_backend {
   static constexpr const char* name = "etcd_kv";

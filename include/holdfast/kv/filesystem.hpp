@@ -462,14 +462,13 @@ class basic_filesystem_kv {
     std::size_t n = holdfast::sweep_stale_temps<Io>(dir_, older_than);
     try {
       n += holdfast::sweep_stale_temps<Io>(temps_, older_than);
-      const auto now = std::chrono::system_clock::now().time_since_epoch();
+      const auto now = detail::sweep_clock_now();
       for (const auto& name : detail::list_directory<Io>(temps_)) {
         const std::string path = temps_ + "/" + name;
         struct stat st {};
-        if (!is_temp_name(name) || Io::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        if (!is_temp_name(name) || Io::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+            !detail::is_stale(st, now, older_than))  // publish.hpp's age test, as for the files
           continue;
-        const auto changed = std::chrono::seconds(std::max(st.st_mtim.tv_sec, st.st_ctim.tv_sec));
-        if (now - changed < older_than) continue;
         detail::remove_tree<Io>(path);
         ++n;
       }
