@@ -20,13 +20,11 @@
 //   background thread.
 //
 // Guarantees:
-//   - A writing manager holds the writer lock (writer_lock.hpp) for its whole life; a second
-//     writer waits up to writer_lock_timeout, then throws holdfast::checkpoint_locked. A
-//     read_only manager never creates, sweeps, deletes or publishes anything, and save()
-//     refuses (EROFS).
+//   - A writing manager holds the writer lock (writer_lock.hpp) for its whole life and sweeps
+//     what crashed saves left when it opens (maintenance.hpp). A read_only manager never
+//     creates, sweeps, deletes or publishes anything, and save() refuses (EROFS).
 //   - restore()/restore_step() hold LOCK_SH on the checkpoint while the reader runs
-//     (reader_lock.hpp); retention and the sweep delete only under LOCK_EX|LOCK_NB
-//     (maintenance.hpp). A writer sweeps what crashed saves left when it opens.
+//     (reader_lock.hpp); deletions need LOCK_EX|LOCK_NB.
 //   - latest() names a complete checkpoint whenever the writer was killed: before step 2 the
 //     previous pointer still names the previous checkpoint, which retention never deletes. A bad
 //     pointer is recovered from, never thrown for (pointer.hpp).
@@ -373,6 +371,9 @@ class checkpoint_manager {
 };
 
 // All of a manager's state, on the heap so that a background save and the lease heartbeat
+// keep working while the manager object itself is moved (preemption_handler takes it by value).
+// It builds on checkpoint_maintenance (maintenance.hpp), itself built on checkpoint_directory
+// (pointer.hpp); the writer lock (writer_lock.hpp) is a member.
 template <class Store>
 class checkpoint_manager<Store>::impl
     : public detail::checkpoint_maintenance<typename Store::io_type,
