@@ -1,0 +1,127 @@
+// holdfast/checkpoint/metadata.hpp — holdfast-metadata.json, the small file in each checkpoint
+// that records its step, the time its save started and the user's metrics.
+//
+// Guarantees:
+//   - The file holds {"format": "holdfast-checkpoint-metadata 1", "step", "time_unix_ns" (Unix
+//     nanoseconds), "metrics" (a JSON object, or null)}; it is written in the checkpoint before
+//     the checkpoint is committed, and synced with the rest of it.
+//   - Reading never throws for the file's content: a missing, unreadable or foreign file reads
+//     as no metadata (parse_checkpoint_metadata returns nothing).
+//   - A checkpoint without it (holdfast 0.1.0) reads as having no metrics; retention then uses
+//     its directory's mtime as its time.
+// Caveats:
+//   - A writer may not create holdfast-metadata.json at the top of its checkpoint (the save
+//     fails with EEXIST).
+#pragma once
+
+#include <fcntl.h>  // O_CREAT, O_EXCL, O_NOFOLLOW: the metadata file is created, never reused
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "../detail/json.hpp"  // the metadata file's format
+#include "../error.hpp"
+#include "../io.hpp"     // basic_fd, open_file_if_exists, read_all, write_all
+#include "../store.hpp"  // detail::store_join
+
+HOLDFAST_NAMESPACE_BEGIN
+
+/// One user metric or several, saved with a checkpoint: a JSON object ({{"loss", 0.25}}).
+using checkpoint_metrics = detail::json_value::object_t;
+
+/// What a checkpoint's holdfast-metadata.json holds.
+struct checkpoint_metadata {
+  std::int64_t step = -1;                      ///< the step
+  std::chrono::system_clock::time_point time;  ///< when its save started
+  detail::json_value metrics;                  ///< the user metrics (an object, or null)
+  /// The metric `key` as a number, when present.
+  std::optional<double> metric(std::string_view key) const {
+    const detail::json_value* v = metrics.find(key);
+    if (!v || !v->is_number()) return std::nullopt;
+    return v->as_double();
+  }
+};
+
+namespace detail {
+
+// The metadata file in each checkpoint (checkpoint_manager<>::metadata_file_name).
+inline constexpr std::string_view checkpoint_metadata_file_name = "holdfast-metadata.json";
+
+inline std::int64_t checkpoint_to_unix_ns(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+inline std::chrono::system_clock::time_point checkpoint_from_unix_ns(std::int64_t ns) {
+  return std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::nanoseconds(ns)));
+}
+
+inline std::string format_checkpoint_metadata(std::int64_t step,
+                                              std::chrono::system_clock::time_point time,
+                                              const checkpoint_metrics* metrics) {
+  json_value doc(json_value::object_t{});
+  doc.set("format", "holdfast-checkpoint-metadata 1");
+  doc.set("step", step);
+  doc.set("time_unix_ns", checkpoint_to_unix_ns(time));
+  doc.set("metrics", metrics ? json_value(*metrics) : json_value());
+  return to_json(doc, 2);
+}
+
+inline std::optional<checkpoint_metadata> parse_checkpoint_metadata(std::string_view text,
+                                                                    const std::string& path) {
+  try {
+    json_value doc = parse_json(text, path);
+    const json_value* format = doc.find("format");
+    const json_value* step = doc.find("step");
+    const json_value* time = doc.find("time_unix_ns");
+    if (!format || !format->is_string() || format->as_string() != "holdfast-checkpoint-metadata 1")
+      return std::nullopt;
+    checkpoint_metadata m;
+    if (step && step->is_integer()) m.step = step->as_int64();
+    if (time && time->is_integer()) m.time = checkpoint_from_unix_ns(time->as_int64());
+    if (const json_value* metrics = doc.find("metrics"); metrics && metrics->is_object())
+      m.metrics = *metrics;
+    return m;
+  } catch (const error&) {
+    return std::nullopt;
+  }
+}
+
+// The metadata of the checkpoint at `checkpoint_path`; nothing when it has no (readable) file.
+template <class Io>
+std::optional<checkpoint_metadata> checkpoint_load_metadata(const std::string& checkpoint_path) {
+  std::string path = detail::store_join(checkpoint_path, checkpoint_metadata_file_name);
+  auto fd = open_file_if_exists<Io>(path, O_RDONLY | O_NOFOLLOW);
+  if (!fd) return std::nullopt;
+  std::string text = read_all(fd);
+  fd.close();
+  return detail::parse_checkpoint_metadata(text, path);
+}
+
+// Creates the metadata file in `work` (a checkpoint being written), unsynced.
+template <class Io>
+void checkpoint_write_metadata(const std::string& work, std::int64_t step,
+                               std::chrono::system_clock::time_point time,
+                               const checkpoint_metrics* metrics) {
+  std::string path = detail::store_join(work, checkpoint_metadata_file_name);
+  int fd = Io::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    if (errno == EEXIST)
+      throw error(EEXIST, "checkpoint save", path,
+                  "the writer created holdfast's metadata file; give its file another name");
+    throw error(errno, "open", path);
+  }
+  basic_fd<Io> f(fd, path);
+  std::string text = detail::format_checkpoint_metadata(step, time, metrics);
+  write_all(f, text.data(), text.size());
+  f.close();  // synced with the rest of the checkpoint
+}
+
+}  // namespace detail
+
+HOLDFAST_NAMESPACE_END
