@@ -66,6 +66,11 @@ namespace detail {
 /// The watcher thread of a preemption_handler and the state both its threads share.
 template <class Config, class Kv, class Clock>
 class agreement_watcher {
+  // Checked here too: the handler's base is instantiated before its own static_asserts run, and
+  // a missing member should be named before any error it causes below.
+  static_assert(check_coordination_store<Kv>());
+  static_assert(check_termination_config<Config>());
+
  public:
   using agreement_type = basic_step_agreement<Clock>;  ///< the protocol
 
