@@ -1,0 +1,467 @@
+// holdfast/handler/preemption_handler.hpp — the preemption checkpoint handler: wraps each
+// training step so that when any worker of a job is told its machine is going away, every worker
+// checkpoints at one agreed step and exits (or, with a grace period, keeps training and
+// checkpoints once more before the deadline), and a restarted job resumes exactly where it
+// stopped.
+//
+//   holdfast::preemption_handler<holdfast::presets::generic, holdfast::filesystem_kv> h(
+//       holdfast::presets::generic{}, kv, {task, num_tasks, "run-7"}, std::move(checkpoints));
+//   while (h.total_run_calls() < steps) h.run(train_step, batch);
+//
+// It joins four policies: a termination Config (termination.hpp: where notices come from, how to
+// exit, the grace period, an optional save override), a kv_store (kv.hpp) shared by the workers,
+// a Checkpointer (`save(step)`, `restore()` → optional step; optionally `all_steps()` and
+// `restore_step(step)` for the restore agreement, `pin(step)`, and `wait_until_finished()` for
+// async saves, each detected by trait; checkpoint_manager by default, see below) and a Clock.
+// The protocol itself is step_agreement (agreement.hpp); the handler only drives it. This file
+// holds the training side (run(), save_checkpoint_if_preempted(), consult, save, exit); its
+// parts: watcher.hpp (the background thread and the state it shares), watch_cache.hpp,
+// store_retry.hpp, restore_agreement.hpp (construction), traits.hpp, options.hpp.
+//
+// The default Checkpointer: this header declares preemption_handler without one, so including it
+// (or any handler/ part) with a Checkpointer of your own does not compile checkpoint.hpp (the
+// store, JSON, publishing). handler.hpp includes checkpoint.hpp and redeclares the template with
+// `Checkpointer = checkpoint_manager<>` (a default template argument may be added by a later
+// declaration), so `preemption_handler<Config, Kv>` names the same class as before for every
+// user of handler.hpp.
+//
+// Guarantees:
+//   - Construction restores and resumes total_run_calls() from the restored step. With a
+//     Checkpointer that has all_steps() and restore_step() (checkpoint_manager does) the workers
+//     first agree on it (handler_options::agree_on_restore, on by default): each puts the steps
+//     it holds under restore/have/<task>, reads every task's list (waiting at most ack_timeout),
+//     and proposes the newest step all of them hold; insert-once on restore/step records the
+//     first proposal and every worker restores exactly that step (and pins it, when the
+//     Checkpointer has pin(), so retention keeps it until a newer common step is known). A task
+//     that never starts makes construction throw agreement_timeout naming it, on every task.
+//     Without those members each worker restores its own latest checkpoint (weaker: a worker
+//     whose last save failed resumes from an older step than its peers).
+//   - Steady state (no notice, no claim): run() costs one relaxed atomic load, one atomic add
+//     (the run counter the watcher reads) and one clock read plus two additions for the running
+//     mean of step time; no store traffic, no lock, no allocation.
+//   - One background thread per handler (the watcher). It forwards this worker's notice, waits
+//     for the control keys that can start or end an agreement (claim, final claim, outcome,
+//     error), and runs the protocol itself: it claims, acks with the run counter, collects the
+//     acks (the claimant) and records the outcome. So a worker blocked inside a step (a
+//     collective waiting for a peer) still takes part; its training thread stops at its next
+//     step boundary at the latest and waits only until the outcome is known. The destructor
+//     stops and joins the watcher; destruction is safe in every state.
+//   - Event-driven waiting: the watcher sleeps in one poll() on a waker (an eventfd) and on the
+//     store's control watch (kv.hpp, "Waiting on a store": etcd_kv, filesystem_kv, and an any_kv
+//     holding one, e.g. from make_kv), with no time slicing. Whether the store is waited on is
+//     asked once, at construction: kv_supports(kv, kv_op::watch). Notice sources with set_waker
+//     (signal_notice from its signal handler, the polled, file and cloud notices from their
+//     threads) wake it the moment they notice; a stop and the training thread use the same waker.
+//     The watch brings the control keys' changes (etcd: the values themselves, from one long-lived
+//     stream; filesystem: inotify on one descriptor), so an idle worker sends no request but the
+//     watch's health probes (etcd: one per max(1 s, request_timeout / 2)). The claimant collects
+//     the acks through a second watch, on the round's acks, opened at its first ack wait and closed
+//     once the watcher is idle again (after the outcome is recorded: closing an inotify descriptor
+//     can take the kernel tens of milliseconds). A watch that can wait only on named keys (one with
+//     follow(key): a c10d-like store's wait) is told before every sleep which key matters: the
+//     claim (or final claim, or the error key when no trigger can come) while idle, the outcome key
+//     while waiting for it, the awaited ack and the outcome key while collecting; each wake-up is a
+//     resync, after which the followed keys are read again. A store with a native get_many
+//     (kv_supports(kv, kv_op::get_many)) has the claimant read the acks in batches instead of
+//     through the ack watch: one get_many over every ack not read yet, in slices of
+//     min(time left, max(watch_interval, 1 s)), the outcome key read between slices.
+//     handler_options::watch_interval remains the fallback: the slice of a blocking get for
+//     stores without a watch (in_process_kv, c10d-like stores, an any_kv holding one), and the
+//     longest sleep when a notice source cannot wake.
+//   - One recorded decision per round (agreement.hpp): every worker that acts follows the
+//     outcome recorded in the round's outcome key — all save at its step, or all throw
+//     holdfast::agreement_timeout naming the same missing tasks — including a worker paused past
+//     the deadline (SIGSTOP, a frozen VM) that resumes later. The training thread never decides
+//     on its own: it waits for the watcher, which reads or records the outcome within the
+//     round's deadline plus one ack_timeout.
+//   - Store calls during an agreement are retried with backoff (5 ms doubling to 200 ms) while
+//     they fail transiently (is_transient_kv_error: refused, reset, timed out, etcd
+//     "unavailable"), until the round's deadline; inserts stay exactly-once (values name their
+//     writer, and a retry first reads the key). When the store cannot be reached to read or
+//     record the outcome, this worker never saves and throws holdfast::agreement_unreachable.
+//   - Per agreement the job makes O(N) store operations in all (agreement.hpp): each worker a
+//     constant number (its ack put and erase; over etcd nothing to wait, the watch brings the
+//     outcome), the claimant one ack watch (etcd: its snapshot and events bring the acks;
+//     filesystem: one read per ack, on its wake-ups), over a store with get_many O(1) batched
+//     reads, or over a store with neither one blocking get per other worker's ack. Each round's
+//     keys are erased once acted on (single-key erases, where the store has erase): 1,000 rounds
+//     leave as many keys as one. Scale (benchmarks/scale_bench.cpp): per worker and agreement about
+//     2 requests and 2 watch events, whatever N (256 workers on one etcd: notice -> all saved in
+//     ~0.1 s, the claimant's ack watch bringing the N acks as events). Over a store without a watch
+//     the claimant's N - 1 reads are sequential, about N store round trips: the simulation models
+//     that worst case (10,000 workers at 0.5 ms a request: ~6 s, well inside the 3-minute
+//     ack_timeout; ~4 requests per worker). A 10,000-worker job needs
+//     from etcd ~10,000 long-lived watch streams (one per worker, each idle but for a probe
+//     every 2.5 s at the default request_timeout of 5 s: ~4,000 requests/s in all; with a lease
+//     the keep-alives replace the probes) and ~30,000 requests per agreement.
+//   - A worker that never acks (dead without notice) makes the others throw
+//     holdfast::agreement_timeout naming the missing task ids within `ack_timeout`, never hang.
+//   - An exception from a step is published; every other worker throws holdfast::peer_error
+//     (origin task, type name, message) from its next run(); the origin re-throws its own.
+//   - Saving: the Config's save override when it has one (then the Checkpointer never saves),
+//     else Checkpointer::save(step); a Checkpointer with wait_until_finished() (async saves) is
+//     waited for before the preemption save and again before the Exit policy runs, so a
+//     periodic save in flight never races the final one or the exit. Then the Exit policy runs;
+//     when it returns (no_exit) run() returns run_status::stopped, the step is not run, and the
+//     handler is re-armed.
+//   - Grace path: the grace ends at min(notice time + grace, the notice's announced deadline);
+//     the final claim is made once now > end - 6 x mean step time (TF's rule) - 2 x (what the
+//     first agreement and save took + one watch interval) - handler_options::grace_margin, so
+//     the second agreement and save also end before the grace period does.
+//   - Signal handlers are the notice policy's business; this file installs none.
+// Caveats:
+//   - run() and save_checkpoint_if_preempted() must be called from one thread.
+//   - Over a store without a watch, or with a notice source that cannot wake, a notice or a
+//     claim is seen within one watch interval (default 100 ms), and an idle worker makes a
+//     blocking get per interval.
+//   - Over a store whose watch follows named keys, an error written alone is seen only through
+//     the key followed then; a failing worker also writes aborts into the claim and outcome
+//     keys (agreement.hpp), which are followed. With batched acks a shutdown during the
+//     claimant's collection waits for the current slice (up to max(watch_interval, 1 s)).
+//   - ack_timeout need not exceed the longest step: the watcher acks while a step runs.
+//   - One writer per checkpoint directory (checkpoint_manager holds a writer lock): in a
+//     multi-worker job each task writes its own directory (both examples do: run "worker-<t>" in
+//     preemptible_training, ckpt/rank-<k> in the PyTorch example), or one task writes and the
+//     others open it read_only and record the step only.
+//   - Restore-agreement keys live in the kv namespace (run id + incarnation): a restart with a
+//     different number of tasks agrees among the new tasks only, each reading its own task's
+//     checkpoint directory; a task id that did not exist before holds nothing, so the common
+//     step is none and every task starts fresh unless the checkpoints are shared (one writer).
+//   - The step's return value is not forwarded: capture results in the step callable.
+//   - Re-arming in the same handler (after a no_exit save) sees a new notice only when the
+//     source reports a later noticed_at(); sources that latch their first notice (signal_notice,
+//     polled_notice) need a new handler with a fresh config and run id (an in-process restart).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>  // std::invoke: the step
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../agreement.hpp"
+#include "../error.hpp"  // agreement_timeout, agreement_unreachable, peer_error
+#include "../kv.hpp"
+#include "../termination/exit.hpp"    // exit_context, exit_returns: the Exit policy
+#include "../termination/notice.hpp"  // can_set_waker_v: notices that wake the watcher
+#include "../version.hpp"
+#include "exception_info.hpp"
+#include "options.hpp"
+#include "restore_agreement.hpp"
+#include "traits.hpp"
+#include "watcher.hpp"
+
+HOLDFAST_NAMESPACE_BEGIN
+
+/// The preemption checkpoint handler; see the top of handler/preemption_handler.hpp. The default
+/// Checkpointer (checkpoint_manager<>) is supplied by handler.hpp.
+template <class Config, class Kv, class Checkpointer, class Clock = std::chrono::steady_clock>
+class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> {
+  static_assert(check_coordination_store<Kv>());
+  static_assert(check_checkpointer<Checkpointer>());
+  static_assert(check_termination_config<Config>());
+
+  using watcher = detail::agreement_watcher<Config, Kv, Clock>;
+  // What the training side shares with the watcher (watcher.hpp).
+  using watcher::attention_bit;
+  using watcher::cluster_;
+  using watcher::config_;
+  using watcher::counter_and_attention_;
+  using watcher::counter_one;
+  using watcher::evented_;
+  using watcher::kv_;
+  using watcher::machine_;
+  using watcher::mutex_;
+  using watcher::options_;
+  using watcher::raise_attention_locked;
+  using watcher::request_watcher_stop;
+  using watcher::scope_;
+  using watcher::start_watcher;
+  using watcher::stop_watcher;
+  using watcher::store_;
+  using watcher::train_cv_;
+  using watcher::wake_watcher;
+  using watcher::waker_;
+
+ public:
+  using config_type = Config;                          ///< the termination config
+  using kv_type = Kv;                                  ///< the coordination store
+  using checkpointer_type = Checkpointer;              ///< saves and restores
+  using clock = Clock;                                 ///< the clock of step times and deadlines
+  using agreement_type = basic_step_agreement<Clock>;  ///< the protocol
+
+  /// Restores from `checkpointer`, resumes the run counter, starts the notice and the watcher.
+  preemption_handler(Config config, Kv kv, cluster_info cluster, Checkpointer checkpointer,
+                     handler_options options = {})
+      : watcher(std::move(config), std::move(kv), std::move(cluster), options),
+        checkpointer_(std::move(checkpointer)) {
+    restored_ = detail::restore_at_start(
+        kv_, checkpointer_,
+        detail::restore_party<Clock>{cluster_, scope_, options_, machine_, store_});
+    counter_and_attention_.store(static_cast<std::uint64_t>(restored_.value_or(0)) << 1);
+    if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(&waker_);
+    config_.start();
+    notice_started_ = true;
+    start_watcher();
+  }
+
+  preemption_handler(const preemption_handler&) = delete;
+  preemption_handler& operator=(const preemption_handler&) = delete;
+
+  /// Stops and joins the watcher and stops the notice policy.
+  ~preemption_handler() { shutdown(); }
+
+  /// Checks for an agreed checkpoint (saving, maybe exiting), then runs `step(args...)` and
+  /// updates the mean step time. Throws peer_error, agreement_timeout, or the step's exception.
+  template <class F, class... Args>
+  run_status run(F&& step, Args&&... args) {
+    run_status st = run_status::ran;
+    if (counter_and_attention_.load(std::memory_order_relaxed) & attention_bit) {
+      st = consult();
+      if (st == run_status::stopped) return st;
+    }
+    try {
+      std::invoke(std::forward<F>(step), std::forward<Args>(args)...);
+    } catch (...) {
+      publish_error();
+      throw;
+    }
+    stamp();
+    counter_and_attention_.fetch_add(counter_one, std::memory_order_relaxed);
+    return st;
+  }
+
+  /// For loops that run several steps per call: counts one call, checks for an agreed
+  /// checkpoint, and keeps the step-time estimate (the interval between calls).
+  run_status save_checkpoint_if_preempted() {
+    stamp();
+    run_status st = run_status::ran;
+    if (counter_and_attention_.load(std::memory_order_relaxed) & attention_bit) {
+      st = consult();
+      if (st == run_status::stopped) return st;
+    }
+    counter_and_attention_.fetch_add(counter_one, std::memory_order_relaxed);
+    return st;
+  }
+
+  /// Steps run so far, including those restored from the checkpoint.
+  std::int64_t total_run_calls() const noexcept {
+    return static_cast<std::int64_t>(counter_and_attention_.load(std::memory_order_relaxed) >> 1);
+  }
+  /// The step restored at construction, if any.
+  std::optional<std::int64_t> restored_step() const noexcept { return restored_; }
+  /// The running mean of step time: the interval between consecutive steps (run() or
+  /// save_checkpoint_if_preempted() calls), leaving out intervals that contained a wait for an
+  /// agreement or a save. Zero before two steps.
+  typename Clock::duration mean_step_time() const noexcept {
+    return steps_timed_ ? step_time_sum_ / static_cast<typename Clock::rep>(steps_timed_)
+                        : Clock::duration::zero();
+  }
+  /// The protocol's state.
+  agreement_state state() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return machine_.state();
+  }
+  /// A copy of the protocol (for inspection).
+  agreement_type agreement() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return machine_;
+  }
+  /// The checkpointer.
+  Checkpointer& checkpointer() noexcept { return checkpointer_; }
+  /// The termination config.
+  Config& config() noexcept { return config_; }
+  /// The cluster info.
+  const cluster_info& cluster() const noexcept { return cluster_; }
+  /// The key prefix of this handler: "holdfast/<run_id>/".
+  const std::string& key_scope() const noexcept { return scope_; }
+
+  /// Stops the watcher and the notice policy; the handler then only runs steps. Idempotent.
+  void shutdown() noexcept {
+    stop_watcher();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      machine_.on_stop();
+    }
+    counter_and_attention_.fetch_and(~attention_bit, std::memory_order_relaxed);
+    train_cv_.notify_all();
+    if (notice_started_) {
+      notice_started_ = false;
+      config_.stop();
+    }
+    if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(nullptr);
+  }
+
+ private:
+  using time_point = typename Clock::time_point;
+  using instruction = typename agreement_type::instruction;
+  using op = typename instruction::op;
+
+  // One clock read per step: the interval since the previous one counts as a step time, unless
+  // the protocol held the step up in between (consult() clears stamped_).
+  void stamp() noexcept {
+    const auto t = Clock::now();
+    if (stamped_) {
+      step_time_sum_ += t - last_stamp_;
+      ++steps_timed_;
+    }
+    last_stamp_ = t;
+    stamped_ = true;
+  }
+
+  // The training thread's slow path: ask the machine; wait while it says so (the watcher is
+  // agreeing); save and maybe exit when it says so.
+  run_status consult() {
+    counter_and_attention_.fetch_and(~attention_bit, std::memory_order_relaxed);
+    const auto started = Clock::now();
+    const std::int64_t counter = total_run_calls();
+    std::unique_lock<std::mutex> lock(mutex_);
+    bool waited_or_saved = false;  // at this boundary: not a step time, but overhead
+    instruction in;
+    // Wait until the watcher has the round's recorded outcome (it alone reads and records it,
+    // within the round's deadline and its retries): this thread never decides on its own.
+    for (;;) {
+      in = machine_.decide(counter, Clock::now(), mean_step_time());
+      if (in.action != agreement_action::wait) break;
+      waited_or_saved = true;
+      train_cv_.wait_for(lock, options_.watch_interval);
+    }
+    wake_watcher();  // the grace countdown may have handed the watcher a final claim
+    run_status st = run_status::ran;
+    switch (in.action) {
+      case agreement_action::proceed:
+      case agreement_action::wait:
+        break;
+      case agreement_action::fail:
+        raise_attention_locked();
+        raise();
+      case agreement_action::save_then_continue:
+        lock.unlock();
+        save(in.step);
+        overhead_ += Clock::now() - started;  // the final claim leaves room for as much again
+        lock.lock();
+        // + one watch interval where the watcher may be in a blocking get when the final claim
+        // is due (a store without a watch); with a watch, the waker wakes it at once
+        machine_.note_overhead(overhead_ +
+                               (evented_ ? typename Clock::duration{}
+                                         : std::chrono::duration_cast<typename Clock::duration>(
+                                               options_.watch_interval)));
+        waited_or_saved = false;
+        stamped_ = false;
+        st = run_status::saved;
+        break;
+      case agreement_action::save:  // no exit: the machine re-armed itself
+        lock.unlock();
+        save(in.step);
+        lock.lock();
+        st = run_status::stopped;
+        break;
+      case agreement_action::save_then_exit:
+        lock.unlock();
+        save(in.step);
+        exit_process();  // returns only when the Exit policy did not end the process
+        lock.lock();
+        machine_.rearm();
+        st = run_status::stopped;
+        break;
+    }
+    if (waited_or_saved) {
+      overhead_ += Clock::now() - started;
+      stamped_ = false;
+    }
+    if (st == run_status::stopped) {
+      overhead_ = {};
+      stamped_ = false;
+    }
+    raise_attention_locked();
+    wake_watcher();
+    return st;
+  }
+
+  [[noreturn]] void raise() {
+    const agreement_failure_info& f = machine_.failure();
+    if (f.kind == agreement_failure::timeout)
+      throw agreement_timeout(agreement_key_name(scope_, f.key, f.round), f.missing_tasks);
+    if (f.kind == agreement_failure::unreachable)
+      throw agreement_unreachable(agreement_key_name(scope_, f.key, f.round), f.message);
+    throw peer_error(f.task, f.type_name, f.message);
+  }
+
+  void save(std::int64_t step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    finish_saves();  // an async periodic save in flight never races the preemption save
+    if (config_.has_save_override())
+      config_.save_override()(step);
+    else
+      checkpointer_.save(step);
+    last_save_duration_ = std::chrono::steady_clock::now() - t0;
+  }
+
+  // Waits for the Checkpointer's background save, when it has one (wait_until_finished()).
+  void finish_saves() {
+    if constexpr (detail::detect<detail::ckpt_wait, Checkpointer>::value)
+      checkpointer_.wait_until_finished();
+  }
+
+  void exit_process() {
+    using exit_type = typename Config::exit_type;
+    // The watcher is asked to stop (not joined: it may be inside a store call for up to one
+    // watch interval, and the exit should not wait for it); it touches only this handler, which
+    // outlives any exit. If the Exit policy returns (no_exit semantics), join and restart it.
+    // The notice stays started: a second SIGTERM must not kill the process before the Exit
+    // policy runs.
+    request_watcher_stop();
+    finish_saves();  // the preemption save is on disk before the process ends
+    config_.exit(exit_context{config_.noticed_at(), last_save_duration_});
+    if constexpr (exit_returns<exit_type>::value) {
+      stop_watcher();
+      start_watcher();
+    }
+  }
+
+  // This worker's step threw: publish it (best effort: the step's exception is what the
+  // caller gets), so peers raise peer_error.
+  void publish_error() noexcept {
+    try {
+      std::unique_lock<std::mutex> lock(mutex_);
+      machine_.on_local_error(detail::current_exception_type_name(),
+                              detail::current_exception_message());
+      // Take every insert now, under the lock, so the watcher cannot pick one up and be cut
+      // short by the process's exit: this thread writes the error before the aborts.
+      std::vector<instruction> inserts;
+      for (;;) {
+        instruction in = machine_.protocol_next(total_run_calls(), Clock::now());
+        if (in.kind != op::insert) break;
+        inserts.push_back(std::move(in));
+      }
+      raise_attention_locked();
+      lock.unlock();
+      for (const auto& in : inserts) {  // the machine is failed: it needs no results
+        try {
+          kv_.insert(agreement_key_name(scope_, in.key, in.round, in.task), in.value);
+        } catch (...) {
+        }
+      }
+    } catch (...) {
+    }
+    train_cv_.notify_all();
+  }
+
+  Checkpointer checkpointer_;
+  std::optional<std::int64_t> restored_;
+  bool notice_started_ = false;
+
+  // training thread only
+  std::uint64_t steps_timed_ = 0;
+  typename Clock::duration step_time_sum_{};
+  time_point last_stamp_{};
+  bool stamped_ = false;
+  std::chrono::nanoseconds last_save_duration_{0};
+  typename Clock::duration overhead_{};  // waiting + saving in this round's first phase
+};
+
+HOLDFAST_NAMESPACE_END

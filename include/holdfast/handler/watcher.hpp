@@ -1,0 +1,646 @@
+// holdfast/handler/watcher.hpp — the handler's background thread and the state it shares with
+// the training thread: it forwards this worker's notice, waits for the control keys that can
+// start or end an agreement (claim, final claim, outcome, error), and runs the protocol
+// (step_agreement, agreement.hpp) itself: it claims, acks with the run counter, collects the
+// acks (the claimant) and records the outcome. preemption_handler (preemption_handler.hpp) is
+// built on it and adds the training side.
+//
+// Guarantees:
+//   - A worker blocked inside a step (a collective waiting for a peer) still takes part: the
+//     watcher acks with the run counter it reads in the same atomic operation that raises the
+//     training thread's attention, so that thread stops at its next step boundary at the latest.
+//   - Event-driven waiting: the watcher sleeps in one poll() on a waker (an eventfd) and on the
+//     store's watches (watch_cache.hpp), with no time slicing, where the store can be waited on
+//     (asked once, at construction: kv_supports(kv, kv_op::watch)); notices with set_waker, a
+//     stop and the training thread wake it through the same waker. The claimant collects the
+//     acks through a second watch on the round's acks (closed once the watcher is idle again),
+//     or in get_many batches where the store has a native one, else with blocking gets of one
+//     watch_interval each.
+//   - Waiting for a key has one rule for the round's outcome key, whichever way the key is
+//     waited on: while the claimant waits for an ack, each look that finds nothing is followed
+//     by a look at the outcome key, and a value there ends the wait (wait_or_outcome).
+//   - Store calls are retried while they fail transiently, until the machine's retry deadline
+//     (store_retry.hpp); a call that fails for good is fed to the machine (on_store_failure).
+//   - Stopping (request_watcher_stop, stop_watcher) wakes the watcher wherever it sleeps;
+//     stop_watcher joins it, and the destructor does too.
+// Caveats:
+//   - Over a store without a watch, or with a notice source that cannot wake, a notice or a
+//     claim is seen within one watch interval, and an idle worker makes a blocking get per
+//     interval. With batched acks a stop during the claimant's collection waits for the current
+//     slice (up to max(watch_interval, 1 s)).
+//   - Over a store whose watch follows named keys, an error written alone is seen only through
+//     the key followed then (a failing worker also writes aborts into the followed keys).
+#pragma once
+
+#include <poll.h>  // poll: one sleep on the waker and the watches
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>  // std::random_device: the handler's nonce
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../agreement.hpp"
+#include "../detail/waker.hpp"
+#include "../error.hpp"
+#include "../kv.hpp"
+#include "../termination/notice.hpp"  // has_notice_waker_v: whether a notice can wake the watcher
+#include "../version.hpp"
+#include "options.hpp"
+#include "store_retry.hpp"
+#include "traits.hpp"  // calls_exit_v, to_clock
+#include "watch_cache.hpp"
+
+HOLDFAST_NAMESPACE_BEGIN
+namespace detail {
+
+/// The watcher thread of a preemption_handler and the state both its threads share.
+template <class Config, class Kv, class Clock>
+class agreement_watcher {
+  // Checked here too: the handler's base is instantiated before its own static_asserts run, and
+  // a missing member should be named before any error it causes below.
+  static_assert(check_coordination_store<Kv>());
+  static_assert(check_termination_config<Config>());
+
+ public:
+  using agreement_type = basic_step_agreement<Clock>;  ///< the protocol
+
+  agreement_watcher(const agreement_watcher&) = delete;
+  agreement_watcher& operator=(const agreement_watcher&) = delete;
+
+ protected:
+  using time_point = typename Clock::time_point;
+  using instruction = typename agreement_type::instruction;
+  using op = typename instruction::op;
+
+  agreement_watcher(Config config, Kv kv, cluster_info cluster, handler_options options)
+      : config_(std::move(config)),
+        kv_(std::move(kv)),
+        evented_(has_kv_watch_v<Kv> && kv_supports(kv_, kv_op::watch)),
+        batched_acks_(kv_supports(kv_, kv_op::get_many)),
+        cluster_(std::move(cluster)),
+        options_(options),
+        scope_("holdfast/" + checked_run_id(cluster_.run_id) + "/"),
+        error_key_(agreement_key_name(scope_, agreement_key::error, 0)),
+        machine_(machine_config(cluster_, config_, options_)) {
+    control_cache_.prefix = agreement_control_prefix(scope_);
+  }
+
+  /// Stops and joins the watcher (the handler has done so already).
+  ~agreement_watcher() { stop_watcher(); }
+
+  // counter_and_attention_ = run counter << 1 | attention. The training thread adds counter_one
+  // per step (an atomic add, so a concurrent fetch_or of the watcher is never lost); the watcher
+  // raises attention with fetch_or, which also reads the counter at that instant: the training
+  // thread then sees the bit at its next step boundary at the latest, so the counter the watcher
+  // publishes in its ack is never more than one step behind.
+  static constexpr std::uint64_t attention_bit = 1;
+  static constexpr std::uint64_t counter_one = 2;
+
+  static const std::string& checked_run_id(const std::string& id) {
+    if (id.empty() || id.find('/') != std::string::npos || !is_valid_key(id))
+      throw error(EINVAL, "preemption_handler", id, "run id must be one key segment");
+    return id;
+  }
+
+  static typename agreement_type::config machine_config(const cluster_info& c, const Config& cfg,
+                                                        const handler_options& o) {
+    typename agreement_type::config m;
+    m.task = c.task;
+    m.num_tasks = c.num_tasks;
+    m.grace = std::chrono::duration_cast<typename Clock::duration>(cfg.grace_period());
+    m.ack_timeout = std::chrono::duration_cast<typename Clock::duration>(o.ack_timeout);
+    m.exit_after_save = calls_exit_v<Config>;
+    m.grace_margin = std::chrono::duration_cast<typename Clock::duration>(o.grace_margin);
+    m.nonce = make_nonce();
+    return m;
+  }
+
+  // 64 random bits in hex: tells this handler's values from a restarted process's.
+  static std::string make_nonce() {
+    std::random_device rd;
+    const std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string n(16, '0');
+    for (int i = 0; i < 16; ++i) n[static_cast<std::size_t>(i)] = hex[(r >> (4 * i)) & 15];
+    return n;
+  }
+
+  void raise_attention_locked() noexcept {
+    if (machine_.needs_attention())
+      counter_and_attention_.fetch_or(attention_bit, std::memory_order_relaxed);
+  }
+
+  // ---- starting and stopping ------------------------------------------------------------------
+
+  void start_watcher() {
+    stop_.store(false);
+    watcher_ = std::thread([this] { watch(); });
+  }
+
+  void request_watcher_stop() noexcept {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_.store(true);
+    }
+    wake_watcher();
+  }
+
+  // Wakes the watcher wherever it sleeps: a pause (watch_cv_) or poll() on the waker.
+  void wake_watcher() noexcept {
+    watch_cv_.notify_all();
+    waker_.notify();
+  }
+
+  void stop_watcher() noexcept {
+    request_watcher_stop();
+    if (watcher_.joinable()) watcher_.join();
+  }
+
+  // ---- the watcher thread ----------------------------------------------------------------------
+
+  void watch() noexcept {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_.load()) {
+      lock.unlock();
+      forward_notice();
+      lock.lock();
+      bool worked = false;
+      try {
+        worked = protocol_step(lock);
+      } catch (const std::exception& e) {  // not a store error (those are fed to the machine)
+        if (!lock.owns_lock()) lock.lock();
+        machine_.on_store_failure(e.what());
+        worked = true;
+      }
+      if (worked) {
+        raise_attention_locked();
+        train_cv_.notify_all();
+        continue;
+      }
+      try {
+        wait_for_trigger(lock);
+      } catch (...) {
+        // Watching failed (the store is unreachable for now): try again after a pause.
+        if (!lock.owns_lock()) lock.lock();
+        watch_cv_.wait_for(lock, options_.watch_interval, [&] { return stop_.load(); });
+      }
+    }
+  }
+
+  // Feeds a new notice to the machine.
+  void forward_notice() {
+    if (!config_.noticed()) return;
+    auto at = config_.noticed_at();
+    if (!at || (last_notice_ && *last_notice_ == *at)) return;
+    last_notice_ = *at;
+    std::optional<time_point> deadline;
+    if (auto d = config_.announced_deadline()) deadline = to_clock<Clock>(*d);
+    std::lock_guard<std::mutex> lock(mutex_);
+    machine_.on_notice(to_clock<Clock>(*at), deadline);
+    raise_attention_locked();
+  }
+
+  // Performs the machine's next store operation, if it has one (lock held on entry and exit,
+  // released around the store call), retrying transient failures until the machine's retry
+  // deadline; a call that fails for good is reported with on_store_failure. Returns false when
+  // there was nothing to do.
+  bool protocol_step(std::unique_lock<std::mutex>& lock) {
+    std::int64_t counter = 0;
+    if (machine_.wants_counter())  // the ack: raise attention and read the counter at once
+      counter = static_cast<std::int64_t>(
+          counter_and_attention_.fetch_or(attention_bit, std::memory_order_relaxed) >> 1);
+    instruction in = machine_.protocol_next(counter, Clock::now());
+    if (in.kind == op::decide) return false;
+    const std::string key = agreement_key_name(scope_, in.key, in.round, in.task);
+    const time_point until = machine_.retry_deadline();
+    // The claimant waiting for an ack also looks at the outcome key (a step recorded past the
+    // deadline by a peer, an abort after a peer's error).
+    const std::string outcome_key =
+        machine_.collecting() ? agreement_key_name(scope_, machine_.outcome_key(), in.round)
+                              : std::string();
+    lock.unlock();
+    try {
+      switch (in.kind) {
+        case op::insert: {
+          bool created = store_.insert_once(kv_, key, in.value, until);
+          if (evented_) {  // what this worker knows now; a lost insert: read it again
+            if (created)
+              control_cache_.note_written(key, in.value);
+            else  // it exists, and its event may not have come yet: read it
+              control_cache_.mark_stale(key);
+          }
+          lock.lock();
+          machine_.on_insert(created);
+          break;
+        }
+        case op::put:
+          retrying([&] { kv_.put(key, in.value); }, until);
+          lock.lock();
+          machine_.on_put();
+          break;
+        case op::try_get: {
+          auto v = retrying([&] { return kv_.try_get(key); }, until);
+          lock.lock();
+          machine_.on_value(v);
+          break;
+        }
+        case op::wait: {
+          std::optional<std::string> outcome_value;
+          auto v = wait_for_key(key, in.deadline, outcome_key, outcome_value);
+          lock.lock();
+          if (stop_.load()) return true;  // abandoned: shutting down
+          if (outcome_value)
+            machine_.on_outcome_seen(*outcome_value);
+          else
+            machine_.on_value(v);
+          break;
+        }
+        case op::erase:  // cleanup: best effort, never fails the round
+          erase_quietly(key);
+          lock.lock();
+          break;
+        case op::list: {
+          auto v = retrying([&] { return list_acks(key); }, until);
+          lock.lock();
+          machine_.on_list(v);
+          break;
+        }
+        case op::decide:
+          lock.lock();
+          break;
+      }
+    } catch (const std::exception& e) {
+      if (!lock.owns_lock()) lock.lock();
+      if (!stop_.load()) machine_.on_store_failure(e.what());
+    }
+    return true;
+  }
+
+  // The acks under `prefix` (which ends with '/'): one list where the store can list, else one
+  // try_get per task (a store with c10d's operations only).
+  kv_pairs list_acks(const std::string& prefix) {
+    if constexpr (has_kv_list_v<Kv>) {
+      if (can_list()) return kv_.list(prefix);
+    }
+    kv_pairs out;
+    for (int t = 0; t < cluster_.num_tasks; ++t) {
+      std::string key = prefix + std::to_string(t);
+      if (auto v = kv_.try_get(key)) out.emplace_back(std::move(key), std::move(*v));
+    }
+    return out;
+  }
+  void erase_quietly(const std::string& key) noexcept {
+    if constexpr (has_kv_erase_v<Kv>) {
+      try {
+        if (kv_supports(kv_, kv_op::erase)) kv_.erase(key);
+      } catch (...) {
+      }
+    } else {
+      (void)key;
+    }
+  }
+  bool can_list() const { return kv_supports(kv_, kv_op::list); }
+
+  template <class F>
+  auto retrying(F&& fn, time_point deadline) -> decltype(fn()) {
+    return store_.retrying(std::forward<F>(fn), deadline);
+  }
+
+  // ---- waiting for a key (the machine's wait instruction) -------------------------------------
+
+  // What one look for the awaited key found: its value, or `done` when waiting longer is futile
+  // (the deadline passed, or a batch that ended at or past it lacked the key).
+  struct key_look {
+    std::optional<std::string> value;
+    bool done = false;
+  };
+
+  // Waits until `key` holds a value or `deadline` passes; transient store errors are retried
+  // until the deadline. With `outcome_key` (the claimant waiting for an ack also looks at the
+  // round's outcome), the wait ends early when that key holds a value, stored in
+  // `outcome_value`. The claimant's acks come in batches where the store has a native get_many,
+  // else through a watch on the round's acks where the store is evented, else from blocking
+  // gets; a control key comes with the control watch where the store is evented.
+  std::optional<std::string> wait_for_key(const std::string& key, time_point deadline,
+                                          const std::string& outcome_key,
+                                          std::optional<std::string>& outcome_value) {
+    const bool collecting = !outcome_key.empty();
+    auto read_outcome = [&] {
+      return retrying([&] { return kv_.try_get(outcome_key); }, deadline);
+    };
+    if (collecting && batched_acks_)
+      return wait_or_outcome(outcome_key, outcome_value, batch_look(key, deadline), read_outcome);
+    if constexpr (can_watch) {
+      if (evented_ && (control_cache_.covers(key) || collecting))
+        return wait_on_watches(key, deadline, outcome_key, outcome_value);
+    }
+    return wait_or_outcome(outcome_key, outcome_value, slice_look(key, deadline), read_outcome);
+  }
+
+  // The outcome-key rule, the one place it lives: `look()` looks for the awaited key (or sleeps
+  // one slice and looks); when it found nothing and waiting goes on, the outcome key, if there
+  // is one, is read with `read_outcome()`, and a value there ends the wait (in outcome_value).
+  template <class Look, class ReadOutcome>
+  std::optional<std::string> wait_or_outcome(const std::string& outcome_key,
+                                             std::optional<std::string>& outcome_value, Look look,
+                                             ReadOutcome read_outcome) {
+    for (;;) {
+      key_look seen = look();
+      if (seen.value || seen.done || stop_.load()) return std::move(seen.value);
+      if (!outcome_key.empty()) {
+        outcome_value = read_outcome();
+        if (outcome_value) return std::nullopt;
+      }
+    }
+  }
+
+  // Looks with blocking gets of one watch_interval each, so a shutdown is never held up longer
+  // than one.
+  auto slice_look(const std::string& key, time_point deadline) {
+    return [this, &key, deadline] {
+      auto left = std::max<typename Clock::duration>(deadline - Clock::now(), {});
+      auto slice = std::min<std::chrono::milliseconds>(
+          std::chrono::ceil<std::chrono::milliseconds>(left), options_.watch_interval);
+      auto v = retrying([&] { return kv_.get(key, slice); }, deadline);
+      return key_look{std::move(v), Clock::now() >= deadline};
+    };
+  }
+
+  // Waits on the watches: a control key comes with the control watch; an ack the claimant
+  // collects, with a watch on the round's acks (opened at its first ack wait, closed once the
+  // watcher is idle): no request while waiting, however many acks are late. Before each sleep
+  // the watches follow the keys waited for (a store that waits on named keys).
+  std::optional<std::string> wait_on_watches(const std::string& key, time_point deadline,
+                                             const std::string& outcome_key,
+                                             std::optional<std::string>& outcome_value) {
+    const bool control = control_cache_.covers(key);
+    if (!control) {
+      const std::string prefix = key.substr(0, key.rfind('/'));
+      if (ack_cache_.prefix != prefix || !ack_cache_.watch)
+        retrying([&] { ack_cache_.open(kv_, prefix); }, deadline);
+    }
+    watch_cache<Kv>& cache = control ? control_cache_ : ack_cache_;
+    const std::string& also_watched = control ? std::string() : outcome_key;
+    retrying([&] { await_watches(Clock::now()); }, deadline);  // what arrived already
+    bool first = true;
+    auto look = [&] {
+      if (!first) {
+        if (Clock::now() >= deadline)  // the last word is the store's, not the watch's
+          return key_look{retrying([&] { return kv_.try_get(key); }, deadline), true};
+        cache.follow(key);
+        if (!also_watched.empty()) control_cache_.follow(also_watched);
+        retrying([&] { await_watches(deadline); }, deadline);
+      }
+      first = false;
+      return key_look{retrying([&] { return cache.lookup(kv_, key); }, deadline), false};
+    };
+    auto read_outcome = [&] {
+      return retrying([&] { return control_cache_.lookup(kv_, also_watched); }, deadline);
+    };
+    return wait_or_outcome(also_watched, outcome_value, look, read_outcome);
+  }
+
+  // ---- the claimant's acks in batches (a store with a native get_many) -----------------------
+  //
+  // The machine asks for the acks one task at a time (a wait each, until the round's deadline).
+  // A store that reads many keys in one wait answers them together: one get_many over every ack
+  // of the round not read yet, in slices of min(time left, max(watch_interval, 1 s)), between
+  // which the outcome key is read (a peer may have recorded the outcome, or aborted). What a
+  // batch read serves the round's later waits. An ack not read by a batch that ended at or past
+  // the deadline is missing, as a blocking get's would be.
+
+  struct ack_batch {
+    std::string prefix;                          // ".../ack/r<N>/": the round and the phase
+    std::map<std::string, std::string> present;  // the acks read so far
+    bool final = false;  // a batch ended at or past the deadline: what it lacked is missing
+  };
+
+  // Looks for the ack `key` among those read, reading a batch when it is not there yet.
+  auto batch_look(const std::string& key, time_point deadline) {
+    const std::string prefix = key.substr(0, key.rfind('/') + 1);
+    if (ack_batch_.prefix != prefix) ack_batch_ = ack_batch{prefix, {}, false};
+    return [this, &key, deadline] {
+      auto read = [&]() -> std::optional<std::string> {
+        if (auto it = ack_batch_.present.find(key); it != ack_batch_.present.end())
+          return it->second;
+        return std::nullopt;
+      };
+      if (auto v = read()) return key_look{std::move(v), true};
+      if (ack_batch_.final || stop_.load()) return key_look{std::nullopt, true};
+      read_acks(deadline);
+      auto v = read();
+      const bool done = v.has_value() || ack_batch_.final;
+      return key_look{std::move(v), done};
+    };
+  }
+
+  // One get_many over the round's acks not read yet, for one slice (at most until `deadline`).
+  void read_acks(time_point deadline) {
+    std::vector<std::string> keys;
+    for (int t = 0; t < cluster_.num_tasks; ++t) {
+      std::string k = ack_batch_.prefix + std::to_string(t);
+      if (!ack_batch_.present.count(k)) keys.push_back(std::move(k));
+    }
+    using ms = std::chrono::milliseconds;
+    const ms left =
+        std::chrono::ceil<ms>(std::max<typename Clock::duration>(deadline - Clock::now(), {}));
+    const ms slice = std::min(left, std::max<ms>(options_.watch_interval, std::chrono::seconds(1)));
+    auto values = retrying([&] { return holdfast::get_many(kv_, keys, slice); }, deadline);
+    for (std::size_t i = 0; i < keys.size() && i < values.size(); ++i)
+      if (values[i]) ack_batch_.present.emplace(keys[i], std::move(*values[i]));
+    if (Clock::now() >= deadline) ack_batch_.final = true;
+  }
+
+  // ---- waiting for a trigger ------------------------------------------------------------------
+
+  // What a wait for a trigger saw.
+  struct trigger_seen {
+    std::optional<std::string> value;  // the trigger key's value (a claim or final claim)
+    std::optional<std::string> error;  // the error key's payload
+  };
+
+  // Blocks for one slice on the key that can start or end an agreement now (a claim, a final
+  // claim, or the error key), and feeds what it saw to the machine.
+  void wait_for_trigger(std::unique_lock<std::mutex>& lock) {
+    const std::uint64_t round = machine_.round();
+    const std::optional<agreement_key> trigger = machine_.watch_key();
+    std::string key;
+    if (trigger)
+      key = agreement_key_name(scope_, *trigger, round);
+    else if (!error_seen_)
+      key = error_key_;
+    trigger_seen seen;
+    if (evented_) {
+      const bool watch_error = !error_seen_;
+      lock.unlock();
+      seen = watch_for_trigger(key, trigger.has_value(), watch_error);
+    } else {
+      if (key.empty()) {
+        watch_cv_.wait_for(lock, options_.watch_interval);
+        return;
+      }
+      lock.unlock();
+      seen = get_trigger(key, trigger.has_value());
+    }
+    lock.lock();
+    if (seen.error) {
+      error_seen_ = true;
+      machine_.on_error_seen(*seen.error);
+    } else if (seen.value && *trigger == agreement_key::claim) {
+      machine_.on_claim_seen(round);
+    } else if (seen.value && *trigger == agreement_key::final_claim) {
+      machine_.on_final_seen(round);
+    }
+    if (seen.value || seen.error) {
+      raise_attention_locked();
+      train_cv_.notify_all();
+    }
+  }
+
+  // What `v`, the value of the key waited for, means: the error payload when that key is the
+  // error key (no `trigger`), or when it is an abort (then `read_error` reads the error key);
+  // else the trigger's value.
+  template <class ReadError>
+  static trigger_seen classify_trigger(std::optional<std::string> v, bool trigger,
+                                       ReadError read_error) {
+    trigger_seen seen;
+    if (v && !trigger)
+      seen.error = std::move(v);
+    else if (v && is_abort(*v))
+      seen.error = read_error().value_or(std::string());
+    else
+      seen.value = std::move(v);
+    return seen;
+  }
+
+  // The trigger wait over a store without a watch: one blocking get of one watch_interval.
+  trigger_seen get_trigger(const std::string& key, bool trigger) {
+    return classify_trigger(kv_.get(key, options_.watch_interval), trigger,
+                            [&] { return kv_.try_get(error_key_); });
+  }
+
+  // The trigger wait on the control watch: what the watch knows of `key` (and of the error key
+  // while `watch_error`), else one sleep in await_watches, following `key`, and a look again.
+  trigger_seen watch_for_trigger(const std::string& key, bool trigger, bool watch_error) {
+    if constexpr (can_watch) {
+      // Idle: the round's acks are collected. Closing an inotify descriptor can take the
+      // kernel tens of milliseconds, so it is done here, not before the outcome is recorded.
+      ack_cache_.close();
+      std::optional<std::string> v, error_payload;
+      auto read_cached_trigger = [&] {
+        if (!key.empty()) v = control_cache_.lookup(kv_, key);
+        if (watch_error && !v) error_payload = control_cache_.lookup(kv_, error_key_);
+        return v || error_payload;
+      };
+      if (!read_cached_trigger()) {
+        open_control();
+        if (!key.empty()) control_cache_.follow(key);
+        await_watches(time_point::max());
+        read_cached_trigger();
+      }
+      if (error_payload) return trigger_seen{std::nullopt, std::move(error_payload)};
+      return classify_trigger(std::move(v), trigger,
+                              [&] { return control_cache_.lookup(kv_, error_key_); });
+    }
+    return {};
+  }
+
+  // ---- the watches (stores that can be waited on: has_kv_watch_v) ----------------------------
+  //
+  // One watch on ctl/ for the watcher's life (control_cache_), and the claimant's watch on one
+  // round's acks while it collects them (ack_cache_); watch_cache.hpp says what each knows.
+  // Whether the store is waited on is asked once, at construction (evented_: kv_supports(kv,
+  // kv_op::watch), so an any_kv holding an etcd_kv is); the code exists only where the type has
+  // a watch (can_watch).
+
+  static constexpr bool can_watch = has_kv_watch_v<Kv>;
+
+  // Opens the control watch (ctl/) unless it is open.
+  void open_control() {
+    if constexpr (can_watch) {
+      if (!control_cache_.watch) control_cache_.open(kv_, control_cache_.prefix);
+    }
+  }
+
+  // Sleeps in one poll() on the waker and the open watches until one is readable, a watch's
+  // due time, or `until` (Clock::now() to only take what is there); when the notices cannot
+  // wake the waker, at most one watch_interval. Then takes the watches' changes.
+  void await_watches(time_point until) {
+    if constexpr (can_watch) {
+      open_control();
+      watch_cache<Kv>* open[2] = {&control_cache_, ack_cache_.watch ? &ack_cache_ : nullptr};
+      const int watches = open[1] ? 2 : 1;
+      bool buffered = false;
+      using ms = std::chrono::milliseconds;
+      auto left = [](auto d) { return std::chrono::ceil<ms>(std::max(d, decltype(d)::zero())); };
+      ms timeout = ms::max();
+      if (until != time_point::max()) timeout = left(until - Clock::now());
+      if constexpr (!has_notice_waker_v<Config>)
+        timeout = std::min(timeout, options_.watch_interval);
+      pollfd fds[3] = {{waker_.fd(), POLLIN, 0}, {-1, POLLIN, 0}, {-1, POLLIN, 0}};
+      for (int i = 0; i < watches; ++i) {
+        auto& w = *open[i]->watch;
+        buffered = buffered || w.buffered();
+        fds[i + 1].fd = w.fd();  // -1: poll() ignores it
+        if (w.due() != std::chrono::steady_clock::time_point::max())
+          timeout = std::min(timeout, left(w.due() - std::chrono::steady_clock::now()));
+      }
+      if (!buffered) {
+        const int t = timeout == ms::max()
+                          ? -1
+                          : static_cast<int>(std::min<ms::rep>(timeout.count(), 1 << 30));
+        ::poll(fds, static_cast<nfds_t>(1 + watches), t);  // EINTR: the loop around looks again
+      }
+      waker_.drain();
+      for (int i = 0; i < watches; ++i) open[i]->apply(open[i]->watch->take());
+    } else {
+      (void)until;
+    }
+  }
+
+  static bool is_abort(const std::string& value) {
+    auto v = parse_agreement_value(value);
+    return v && v->what == agreement_value::kind::abort;
+  }
+
+  // ---- state ----------------------------------------------------------------------------------
+
+  Config config_;
+  Kv kv_;
+  const bool evented_;       // waits on the store's watches (see await_watches)
+  const bool batched_acks_;  // the claimant reads the acks with get_many (see batch_look)
+  cluster_info cluster_;
+  handler_options options_;
+  std::string scope_;
+  std::string error_key_;
+
+  std::atomic<std::uint64_t> counter_and_attention_{0};  // run counter << 1 | attention
+  mutable std::mutex mutex_;                             // guards machine_ and error_seen_
+  agreement_type machine_;
+  bool error_seen_ = false;
+  std::condition_variable watch_cv_;  // wakes the watcher (work, stop)
+  std::condition_variable train_cv_;  // wakes a training thread waiting for the step
+  std::atomic<bool> stop_{false};
+  store_retry<Clock> store_{mutex_, watch_cv_, stop_};  // retries end at a stop request
+  std::optional<std::chrono::steady_clock::time_point> last_notice_;  // watcher thread only
+  waker waker_;  // notices, stop requests and the training thread wake the watcher
+  // ctl/, for the watcher's life (watcher thread only)
+  watch_cache<Kv> control_cache_;
+  // the claimant's: one round's acks while it collects (watcher thread only)
+  watch_cache<Kv> ack_cache_;
+  ack_batch ack_batch_;  // the claimant's acks read by get_many (watcher thread only)
+  std::thread watcher_;
+};
+
+}  // namespace detail
+HOLDFAST_NAMESPACE_END
