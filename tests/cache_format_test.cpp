@@ -1189,6 +1189,139 @@ TEST_CASE_TEMPLATE("a user format declaring neither feature behaves as pfio_form
 
 namespace {
 
+// Collapses each run of digits to '#' and the path to <path>: two formats' messages compare
+// equal when only their offsets differ.
+std::string shape(std::string what, const std::string& path) {
+  for (auto at = what.find(path); at != std::string::npos; at = what.find(path))
+    what.replace(at, path.size(), "<path>");
+  std::string out;
+  for (char ch : what)
+    if (!(ch >= '0' && ch <= '9'))
+      out += ch;
+    else if (out.empty() || out.back() != '#')
+      out += '#';
+  return out;
+}
+
+// A damaged copy of a small file: 4 slots, slots 0-2 filled with 10, 20, 30 bytes (valid_file).
+struct damage {
+  const char* what;
+  long attach_slot;   // the slot attach reports corrupt; -1: attach opens it
+  long preload_slot;  // the same for preload
+  // edits the file's bytes; `data` is the data offset, `end_at` the end word's offset
+  void (*edit)(std::string& f, std::uint64_t data, std::size_t end_at);
+};
+
+const damage damages[] = {
+    {"cut inside the last item", 2, 2,
+     [](std::string& f, std::uint64_t data, std::size_t) { f.resize(data + 57); }},
+    {"cut where the last item starts (its entry and end written, its data lost)", 0, 0,
+     [](std::string& f, std::uint64_t data, std::size_t) { f.resize(data + 30); }},
+    {"cut to the index", 1, 1,
+     [](std::string& f, std::uint64_t data, std::size_t) { f.resize(data); }},
+    {"cut inside the index", 3, 3,
+     [](std::string& f, std::uint64_t data, std::size_t) { f.resize(data - 5); }},
+    {"cut inside the header", 0, 0,
+     [](std::string& f, std::uint64_t, std::size_t) { f.resize(20); }},
+    {"recorded end past the file", 0, 0,
+     [](std::string& f, std::uint64_t, std::size_t at) {
+       hf::detail::put_le64(&f[at], f.size() + 1);
+     }},
+    {"recorded end inside the index", 0, 0,
+     [](std::string& f, std::uint64_t data, std::size_t at) {
+       hf::detail::put_le64(&f[at], data - 8);
+     }},
+    {"recorded end 0", 0, 0,
+     [](std::string& f, std::uint64_t, std::size_t at) { hf::detail::put_le64(&f[at], 0); }},
+    {"a writer killed after its data and the end, before its entry", -1, -1,
+     [](std::string& f, std::uint64_t, std::size_t at) {
+       f += "orphan!";
+       hf::detail::put_le64(&f[at], f.size());
+     }},
+    // Accepted by both today (the open checks the end lies in [index end, file size], not past
+    // every item): the next put then overwrites slot 1's bytes, whose checksum catches it.
+    {"recorded end behind the last item (inside the data)", -1, -1,
+     [](std::string& f, std::uint64_t data, std::size_t at) {
+       hf::detail::put_le64(&f[at], data + 15);
+     }},
+};
+
+// What opening a damaged file does, as text: for each of preload, preload treating bad slots as
+// empty, and attach (then a put and a get of every slot), "corrupt slot N: <message>" or what
+// the open cache shows.
+template <class Format>
+std::string reopen(const holdfast_test::temp_dir& dir, const damage& d) {
+  using mp = cache_of<Format>;
+  std::string f = valid_file<mp>(dir);
+  const std::uint64_t data = Format::header_size + 4 * Format::entry_size;
+  d.edit(f, data, Format::end_offset);
+  const std::string path = dir / "damaged.cache";
+  std::string out;
+  auto attempt = [&](const char* mode, auto open_and_use) {
+    spit(path, f);
+    out += std::string(mode) + ": ";
+    try {
+      out += open_and_use();
+    } catch (const hf::corrupt_cache& e) {
+      out += "corrupt slot " + std::to_string(e.slot()) + ": " + shape(e.what(), path);
+    }
+    out += "\n";
+  };
+  attempt("preload", [&] {
+    auto c = mp::preload(path);
+    return "filled " + std::to_string(c.filled());
+  });
+  attempt("preload treat_as_empty", [&] {
+    hf::cache_options o;
+    o.on_bad_slot = hf::bad_slot_policy::treat_as_empty;
+    auto c = cache_of<Format, hf::pread_read>::preload(path, 0, o);
+    return "filled " + std::to_string(c.filled()) + ", dropped " +
+           std::to_string(c.dropped_slots());
+  });
+  attempt("attach", [&] {
+    auto c = mp::attach(path);
+    std::string r = "filled " + std::to_string(c.filled());
+    r += ", put " + std::to_string(c.put(3, "late"));
+    if (auto e = c.entry(3)) r += " at data+" + std::to_string(e->offset - data);
+    r += "; get";
+    for (std::uint64_t i = 0; i < 4; ++i) {
+      try {
+        auto v = c.get(i);
+        r += v ? " " + std::string(*v).substr(0, 4) : " empty";
+      } catch (const hf::corrupt_cache& e) {
+        r += " corrupt(" + std::to_string(e.slot()) + ")";
+      }
+    }
+    return r;
+  });
+  return out;
+}
+
+long first_slot(const std::string& outcome, const std::string& mode) {
+  auto at = outcome.find(mode + ": corrupt slot ");
+  if (at == std::string::npos) return -1;
+  return std::stol(outcome.substr(at + mode.size() + 15));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a user format with a recorded end: damaged files are refused or opened as checked_format's") {
+  for (const auto& d : damages) {
+    INFO(std::string(d.what));
+    holdfast_test::temp_dir a("cache"), b("cache");
+    const std::string user = reopen<sealed_user_format>(a, d);
+    const std::string checked = reopen<hf::checked_format>(b, d);
+    INFO("user format:\n" << user);
+    INFO("checked_format:\n" << checked);
+    CHECK(first_slot(user, "attach") == d.attach_slot);
+    CHECK(first_slot(user, "preload") == d.preload_slot);
+    CHECK(user == checked);  // the same outcome, slot and message (offsets aside), every way
+  }
+}
+
+namespace {
+
 // What every format needs, and nothing else.
 struct bare {
   static constexpr std::size_t header_size = 16;
