@@ -1,7 +1,8 @@
 // Cache file formats: CRC32C vectors, pfio golden bytes, interoperability with a pfio-format
 // reader/writer (tests/pfio_compat.py, a format-level reimplementation: pfio itself cannot be
-// installed here), the checked_format header, malformed files, corruption caught on get, and
-// the syscall counts of the read paths.
+// installed here), the checked_format header, malformed files, corruption caught on get, the
+// syscall counts of the read paths, and user-written formats with and without the header
+// features the format traits declare (records_data_end, sealable).
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -973,4 +974,437 @@ TEST_CASE_TEMPLATE("preload can treat bad slots as empty and count them", Cache,
   CHECK(Cache::preload(path, 4, o).length() == 4);
   spit(dir / "good.cache", valid_file<Cache>(dir));
   CHECK(Cache::preload(dir / "good.cache", 4, o).dropped_slots() == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Formats a user writes: the header features basic_file_cache offers (cache/traits.hpp) are
+// opted into by declaring them, and a format that declares them gets what checked_format gets.
+
+namespace {
+
+// A user-written format that declares both header features, laid out unlike checked_format:
+//   header (40 bytes): "USERFMT\x01", u64 end of data (at 8), u64 length, u32 ~length (a check),
+//                      u32 zero, u32 state (seal bit 0x4, at 32), u32 zero.
+//   entry (32 bytes):  u64 offset, i64 length (-1 = empty), u32 checksum, 12 bytes zero.
+struct sealed_user_format {
+  static constexpr std::size_t header_size = 40;
+  static constexpr std::size_t entry_size = 32;
+  static constexpr bool stores_length = true;
+  static constexpr bool checksummed = true;
+  static constexpr bool records_data_end = true;
+  static constexpr std::size_t end_offset = 8;
+  static constexpr bool sealable = true;
+  static constexpr std::size_t state_offset = 32;
+  static constexpr std::uint32_t sealed = 0x4;
+  static constexpr char magic[8] = {'U', 'S', 'E', 'R', 'F', 'M', 'T', '\x01'};
+
+  static std::string encode_header(std::uint64_t length) {
+    std::string h(header_size, '\0');
+    std::memcpy(&h[0], magic, 8);
+    hf::detail::put_le64(&h[end_offset], header_size + length * entry_size);
+    hf::detail::put_le64(&h[16], length);
+    hf::detail::put_le32(&h[24], static_cast<std::uint32_t>(~length));
+    return h;
+  }
+  static std::uint64_t decode_header(const char* p, const std::string& path) {
+    if (std::memcmp(p, magic, 8) != 0) throw hf::corrupt_cache(path, 0, "bad magic");
+    auto length = hf::detail::get_le64(p + 16);
+    if (hf::detail::get_le32(p + 24) != static_cast<std::uint32_t>(~length))
+      throw hf::corrupt_cache(path, 0, "header check mismatch");
+    return length;
+  }
+  static std::uint32_t item_crc(std::uint64_t slot, const void* data, std::size_t n) noexcept {
+    return hf::detail::crc32c(data, n) ^ static_cast<std::uint32_t>(slot * 2654435761u);
+  }
+};
+
+// A user-written format with a header (its own magic and the length) that declares neither
+// feature: not even `= false`, so the traits must count the missing members as false.
+struct plain_user_format {
+  static constexpr std::size_t header_size = 16;
+  static constexpr std::size_t entry_size = 16;
+  static constexpr bool stores_length = true;
+  static constexpr bool checksummed = false;
+  static std::string encode_header(std::uint64_t length) {
+    std::string h(header_size, '\0');
+    std::memcpy(&h[0], "PLAINFMT", 8);
+    hf::detail::put_le64(&h[8], length);
+    return h;
+  }
+  static std::uint64_t decode_header(const char* p, const std::string& path) {
+    if (std::memcmp(p, "PLAINFMT", 8) != 0) throw hf::corrupt_cache(path, 0, "bad magic");
+    return hf::detail::get_le64(p + 8);
+  }
+  static std::uint32_t item_crc(std::uint64_t, const void*, std::size_t) noexcept { return 0; }
+};
+
+template <class Format, class Read = hf::mmap_read, class Io = hf::posix_io>
+using cache_of = hf::basic_file_cache<Read, hf::flock_lock, hf::sync_never, Format, Io>;
+using user_mp = cache_of<sealed_user_format>;
+using user_pread = cache_of<sealed_user_format, hf::pread_read>;
+using user_counted = cache_of<sealed_user_format, hf::mmap_read, fault_io>;
+using plain_counted = cache_of<plain_user_format, hf::mmap_read, fault_io>;
+using pfio_counted = cache_of<hf::pfio_format, hf::mmap_read, fault_io>;
+
+// The recorded end of data in a sealed_user_format file's header.
+std::uint64_t recorded_end(const std::string& path) {
+  return hf::detail::get_le64(slurp(path).data() + sealed_user_format::end_offset);
+}
+std::uint32_t state_word(const std::string& path) {
+  return hf::detail::get_le32(slurp(path).data() + sealed_user_format::state_offset);
+}
+
+}  // namespace
+
+TEST_CASE("a user format declaring records_data_end: puts append at the recorded end, no lseek") {
+  holdfast_test::temp_dir dir("cache");
+  struct disarm {
+    ~disarm() { fault_plan::disarm(); }
+  } guard;
+  user_counted c(hf::create_cache, 4, in(dir));
+  const std::uint64_t data = 40 + 4 * 32;
+  REQUIRE(c.data_offset() == data);
+  CHECK(recorded_end(c.path()) == data);  // written by the format's encode_header
+  fault_plan::reset_counts();
+  REQUIRE(c.put(2, "abc"));
+  CHECK(fault_plan::calls(io_op::lseek) == 0);  // the header says where the data ends
+  CHECK(recorded_end(c.path()) == data + 3);
+  REQUIRE(c.put(0, std::string(100, 'z')));
+  CHECK(recorded_end(c.path()) == data + 103);
+  REQUIRE(c.put(1, ""));  // zero bytes: the end stays
+  CHECK(recorded_end(c.path()) == data + 103);
+  CHECK(fault_plan::calls(io_op::lseek) == 0);
+  CHECK(c.entry(2)->offset == data);
+  CHECK(c.entry(0)->offset == data + 3);
+  CHECK(c.entry(1)->offset == data + 103);
+  CHECK(c.size_bytes() == data + 103);
+  // The recorded end, not the file's end, decides: bytes past it (a writer killed after its
+  // data, before it moved the end) are reused by the next put.
+  {
+    auto fd = hf::open_file(c.path(), O_RDWR);
+    hf::pwrite_all(fd, "orphan", 6, static_cast<off_t>(data + 103));
+  }
+  REQUIRE(c.put(3, "new"));
+  CHECK(c.entry(3)->offset == data + 103);
+  CHECK(recorded_end(c.path()) == data + 106);
+  CHECK(*c.get(3) == "new");
+  CHECK(*c.get(2) == "abc");
+  // another object, attached by path (length from the header), appends after them
+  user_mp c8(hf::create_cache, 8, in(dir));
+  REQUIRE(c8.put(0, "0123456789"));
+  auto other = user_mp::attach(c8.path());
+  CHECK(other.length() == 8);
+  REQUIRE(other.put(5, "abcd"));
+  CHECK(other.entry(5)->offset == c8.data_offset() + 10);
+  CHECK(recorded_end(c8.path()) == c8.data_offset() + 14);
+  REQUIRE(c8.put(6, "x"));  // and the creator after the other's item
+  CHECK(c8.entry(6)->offset == c8.data_offset() + 14);
+  CHECK(*other.get(6) == "x");
+}
+
+TEST_CASE("a user format declaring sealable: preserve seals the file for every process") {
+  holdfast_test::temp_dir dir("cache");
+  user_mp c(hf::create_cache, 8, in(dir));
+  auto other = user_mp::attach(c.path());  // attached while live: not frozen itself
+  user_pread other_pread(hf::attach_cache, c.path());
+  REQUIRE(c.put(0, "first"));
+  REQUIRE(other.put(1, "second"));
+  REQUIRE(other_pread.put(2, "third"));
+  CHECK(state_word(c.path()) == 0);
+  const std::string before = slurp(c.path());
+  REQUIRE(c.preserve("kept"));
+  CHECK(c.frozen());
+  const std::string kept = dir / "kept";
+  // the format's own bit, in the format's own word, and nothing else in the header changed
+  CHECK(state_word(kept) == sealed_user_format::sealed);
+  std::string after = slurp(kept);
+  REQUIRE(after.size() == before.size());
+  hf::detail::put_le32(&after[sealed_user_format::state_offset], 0);
+  CHECK(after == before);
+  // a forked child sees the seal through the object it inherited and through its own attach
+  CHECK(in_child([&] {
+    CHILD_REQUIRE(!other.frozen());  // nothing told this object: the header does
+    CHILD_REQUIRE(!other.put(3, "child"));
+    CHILD_REQUIRE(other.frozen());
+    auto mine = user_mp::attach(kept);
+    CHILD_REQUIRE(!mine.put(4, "child"));
+    CHILD_REQUIRE(mine.frozen());
+    CHILD_REQUIRE(mine.filled() == 3);
+    CHILD_REQUIRE(*mine.get(1) == "second");
+    CHILD_REQUIRE(user_pread::preload(kept).filled() == 3);
+  }));
+  // and so do the objects attached before the seal, in this process
+  CHECK_FALSE(other.put(5, "late"));
+  CHECK(other.frozen());
+  CHECK_FALSE(other_pread.put(6, "late"));
+  CHECK(other_pread.frozen());
+  CHECK_FALSE(user_mp::attach(c.path()).put(7, "late"));
+  CHECK(slurp(kept).size() == before.size());  // nothing appended by anyone
+  CHECK(c.filled() == 3);
+  CHECK(recorded_end(kept) == c.size_bytes());
+}
+
+TEST_CASE_TEMPLATE("a user format declaring neither feature behaves as pfio_format: lseek, no seal",
+                   Cache, plain_counted, pfio_counted) {
+  holdfast_test::temp_dir dir("cache");
+  struct disarm {
+    ~disarm() { fault_plan::disarm(); }
+  } guard;
+  static_assert(!hf::cache_format_records_data_end_v<typename Cache::format>);
+  static_assert(!hf::cache_format_sealable_v<typename Cache::format>);
+  Cache c(hf::create_cache, 8, in(dir));
+  const std::string header = slurp(c.path()).substr(0, Cache::format::header_size);
+  Cache other(hf::attach_cache, c.path(), 8);
+  fault_plan::reset_counts();
+  REQUIRE(c.put(0, "abc"));
+  CHECK(fault_plan::calls(io_op::lseek) == 1);  // the end of the file is asked each put
+  REQUIRE(other.put(1, "de"));
+  CHECK(fault_plan::calls(io_op::lseek) == 2);
+  // bytes past the last item (a writer killed after its data) are skipped, not reused
+  const auto end = c.size_bytes();
+  {
+    auto fd = hf::open_file(c.path(), O_RDWR);
+    hf::pwrite_all(fd, "orphan", 6, static_cast<off_t>(end));
+  }
+  REQUIRE(c.put(2, "f"));
+  CHECK(c.entry(2)->offset == end + 6);
+  // preserve freezes the preserving object only; the header has nothing to seal
+  REQUIRE(c.preserve("kept"));
+  const std::string kept = dir / "kept";
+  CHECK(c.frozen());
+  CHECK_FALSE(c.put(3, "x"));
+  CHECK(slurp(kept).substr(0, Cache::format::header_size) == header);
+  const auto preserved = c.size_bytes();
+  CHECK(in_child([&] {
+    CHILD_REQUIRE(other.put(4, "child"));
+    Cache mine(hf::attach_cache, kept, 8);
+    CHILD_REQUIRE(mine.put(5, "child"));
+    CHILD_REQUIRE(!mine.frozen());
+  }));
+  CHECK(other.put(6, "parent"));
+  CHECK_FALSE(other.frozen());
+  CHECK(slurp(kept).size() > preserved);  // the preserved file grew, as in pfio
+  CHECK(Cache::preload(kept, 8).filled() == 6);
+}
+
+namespace {
+
+// Collapses each run of digits to '#' and the path to <path>: two formats' messages compare
+// equal when only their offsets differ.
+std::string shape(std::string what, const std::string& path) {
+  for (auto at = what.find(path); at != std::string::npos; at = what.find(path))
+    what.replace(at, path.size(), "<path>");
+  std::string out;
+  for (char ch : what)
+    if (!(ch >= '0' && ch <= '9'))
+      out += ch;
+    else if (out.empty() || out.back() != '#')
+      out += '#';
+  return out;
+}
+
+// A damaged copy of a small file: 4 slots, slots 0-2 filled with 10, 20, 30 bytes (valid_file).
+struct damage {
+  const char* what;
+  long attach_slot;   // the slot attach reports corrupt; -1: attach opens it
+  long preload_slot;  // the same for preload
+  // edits the file's bytes; `data` is the data offset, `end_at` the end word's offset
+  void (*edit)(std::string& f, std::uint64_t data, std::size_t end_at);
+};
+
+const damage damages[] = {
+    {"cut inside the last item", 2, 2,
+     [](std::string& f, std::uint64_t data, std::size_t) { f.resize(data + 57); }},
+    {"cut where the last item starts (its entry and end written, its data lost)", 0, 0,
+     [](std::string& f, std::uint64_t data, std::size_t) { f.resize(data + 30); }},
+    {"cut to the index", 1, 1,
+     [](std::string& f, std::uint64_t data, std::size_t) { f.resize(data); }},
+    {"cut inside the index", 3, 3,
+     [](std::string& f, std::uint64_t data, std::size_t) { f.resize(data - 5); }},
+    {"cut inside the header", 0, 0,
+     [](std::string& f, std::uint64_t, std::size_t) { f.resize(20); }},
+    {"recorded end past the file", 0, 0,
+     [](std::string& f, std::uint64_t, std::size_t at) {
+       hf::detail::put_le64(&f[at], f.size() + 1);
+     }},
+    {"recorded end inside the index", 0, 0,
+     [](std::string& f, std::uint64_t data, std::size_t at) {
+       hf::detail::put_le64(&f[at], data - 8);
+     }},
+    {"recorded end 0", 0, 0,
+     [](std::string& f, std::uint64_t, std::size_t at) { hf::detail::put_le64(&f[at], 0); }},
+    {"a writer killed after its data and the end, before its entry", -1, -1,
+     [](std::string& f, std::uint64_t, std::size_t at) {
+       f += "orphan!";
+       hf::detail::put_le64(&f[at], f.size());
+     }},
+    // Accepted by both today (the open checks the end lies in [index end, file size], not past
+    // every item): the next put then overwrites slot 1's bytes, whose checksum catches it.
+    {"recorded end behind the last item (inside the data)", -1, -1,
+     [](std::string& f, std::uint64_t data, std::size_t at) {
+       hf::detail::put_le64(&f[at], data + 15);
+     }},
+};
+
+// What opening a damaged file does, as text: for each of preload, preload treating bad slots as
+// empty, and attach (then a put and a get of every slot), "corrupt slot N: <message>" or what
+// the open cache shows.
+template <class Format>
+std::string reopen(const holdfast_test::temp_dir& dir, const damage& d) {
+  using mp = cache_of<Format>;
+  std::string f = valid_file<mp>(dir);
+  const std::uint64_t data = Format::header_size + 4 * Format::entry_size;
+  d.edit(f, data, Format::end_offset);
+  const std::string path = dir / "damaged.cache";
+  std::string out;
+  auto attempt = [&](const char* mode, auto open_and_use) {
+    spit(path, f);
+    out += std::string(mode) + ": ";
+    try {
+      out += open_and_use();
+    } catch (const hf::corrupt_cache& e) {
+      out += "corrupt slot " + std::to_string(e.slot()) + ": " + shape(e.what(), path);
+    }
+    out += "\n";
+  };
+  attempt("preload", [&] {
+    auto c = mp::preload(path);
+    return "filled " + std::to_string(c.filled());
+  });
+  attempt("preload treat_as_empty", [&] {
+    hf::cache_options o;
+    o.on_bad_slot = hf::bad_slot_policy::treat_as_empty;
+    auto c = cache_of<Format, hf::pread_read>::preload(path, 0, o);
+    return "filled " + std::to_string(c.filled()) + ", dropped " +
+           std::to_string(c.dropped_slots());
+  });
+  attempt("attach", [&] {
+    auto c = mp::attach(path);
+    std::string r = "filled " + std::to_string(c.filled());
+    r += ", put " + std::to_string(c.put(3, "late"));
+    if (auto e = c.entry(3)) r += " at data+" + std::to_string(e->offset - data);
+    r += "; get";
+    for (std::uint64_t i = 0; i < 4; ++i) {
+      try {
+        auto v = c.get(i);
+        r += v ? " " + std::string(*v).substr(0, 4) : " empty";
+      } catch (const hf::corrupt_cache& e) {
+        r += " corrupt(" + std::to_string(e.slot()) + ")";
+      }
+    }
+    return r;
+  });
+  return out;
+}
+
+long first_slot(const std::string& outcome, const std::string& mode) {
+  auto at = outcome.find(mode + ": corrupt slot ");
+  if (at == std::string::npos) return -1;
+  return std::stol(outcome.substr(at + mode.size() + 15));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a user format with a recorded end: damaged files are refused or opened as checked_format's") {
+  for (const auto& d : damages) {
+    INFO(std::string(d.what));
+    holdfast_test::temp_dir a("cache"), b("cache");
+    const std::string user = reopen<sealed_user_format>(a, d);
+    const std::string checked = reopen<hf::checked_format>(b, d);
+    INFO("user format:\n" << user);
+    INFO("checked_format:\n" << checked);
+    CHECK(first_slot(user, "attach") == d.attach_slot);
+    CHECK(first_slot(user, "preload") == d.preload_slot);
+    CHECK(user == checked);  // the same outcome, slot and message (offsets aside), every way
+  }
+}
+
+namespace {
+
+// What every format needs, and nothing else.
+struct bare {
+  static constexpr std::size_t header_size = 16;
+  static constexpr std::size_t entry_size = 16;
+  static constexpr bool stores_length = false;
+  static constexpr bool checksummed = false;
+  static std::string encode_header(std::uint64_t) { return std::string(16, '\0'); }
+  static std::uint64_t decode_header(const char*, const std::string&) { return 0; }
+  static std::uint32_t item_crc(std::uint64_t, const void*, std::size_t) noexcept { return 0; }
+};
+struct declared_false : bare {
+  static constexpr bool records_data_end = false;
+  static constexpr bool sealable = false;
+};
+struct sealable_without_state_offset : bare {
+  static constexpr bool sealable = true;
+  [[maybe_unused]] static constexpr std::uint32_t sealed = 1;  // the bit, without its word
+};
+struct sealable_without_bit : bare {
+  static constexpr bool sealable = true;
+  static constexpr std::size_t state_offset = 8;
+};
+struct end_without_offset : bare {
+  static constexpr bool records_data_end = true;
+};
+struct offsets_without_features : bare {  // words that nothing declares are ignored
+  static constexpr std::size_t end_offset = 8;
+  static constexpr std::size_t state_offset = 0;
+  static constexpr std::uint32_t sealed = 1;
+};
+struct misaligned_state : bare {  // a format: check_cache_policies refuses it (compile time)
+  static constexpr bool sealable = true;
+  static constexpr std::size_t state_offset = 6;
+  static constexpr std::uint32_t sealed = 1;
+};
+
+}  // namespace
+
+TEST_CASE("the format traits: declared features, missing ones count as false, refusals") {
+  static_assert(hf::cache_format_records_data_end_v<hf::checked_format>);
+  static_assert(hf::cache_format_sealable_v<hf::checked_format>);
+  static_assert(!hf::cache_format_records_data_end_v<hf::pfio_format>);
+  static_assert(!hf::cache_format_sealable_v<hf::pfio_format>);
+  static_assert(hf::cache_format_records_data_end_v<sealed_user_format>);
+  static_assert(hf::cache_format_sealable_v<sealed_user_format>);
+  static_assert(hf::is_cache_format_policy_v<sealed_user_format>);
+  static_assert(hf::check_cache_policies<hf::mmap_read, hf::flock_lock, hf::sync_never,
+                                         sealed_user_format>());
+
+  // missing or false: neither feature, and still a format
+  for (bool declared :
+       {hf::cache_format_records_data_end_v<bare>, hf::cache_format_sealable_v<bare>,
+        hf::cache_format_records_data_end_v<plain_user_format>,
+        hf::cache_format_sealable_v<plain_user_format>,
+        hf::cache_format_records_data_end_v<declared_false>,
+        hf::cache_format_sealable_v<declared_false>,
+        hf::cache_format_records_data_end_v<offsets_without_features>,
+        hf::cache_format_sealable_v<offsets_without_features>})
+    CHECK_FALSE(declared);
+  static_assert(hf::is_cache_format_policy_v<bare>);
+  static_assert(hf::is_cache_format_policy_v<plain_user_format>);
+  static_assert(hf::is_cache_format_policy_v<declared_false>);
+  static_assert(hf::is_cache_format_policy_v<offsets_without_features>);
+  static_assert(hf::check_cache_policies<hf::mmap_read, hf::flock_lock, hf::sync_never,
+                                         offsets_without_features>());
+
+  // a feature declared without its word is not a format
+  static_assert(hf::cache_format_sealable_v<sealable_without_state_offset>);
+  static_assert(!hf::is_cache_format_policy_v<sealable_without_state_offset>);
+  static_assert(!hf::is_cache_format_policy_v<sealable_without_bit>);
+  static_assert(hf::cache_format_records_data_end_v<end_without_offset>);
+  static_assert(!hf::is_cache_format_policy_v<end_without_offset>);
+
+  // the trait checks what is declared; where the word lies is check_cache_policies' static_assert
+  static_assert(hf::cache_format_sealable_v<misaligned_state>);
+  static_assert(hf::is_cache_format_policy_v<misaligned_state>);
+
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+  static_assert(hf::cache_format_policy<sealed_user_format>);
+  static_assert(hf::cache_format_policy<plain_user_format>);
+  static_assert(hf::cache_format_policy<declared_false>);
+  static_assert(!hf::cache_format_policy<sealable_without_state_offset>);
+  static_assert(!hf::cache_format_policy<sealable_without_bit>);
+  static_assert(!hf::cache_format_policy<end_without_offset>);
+#endif
 }
