@@ -1,0 +1,79 @@
+// holdfast/kv/etcd/options.hpp — how to reach etcd (etcd_options: endpoints, timeouts, lease,
+// prefix, TLS, authentication, connection reuse) and what one client counts (etcd_stats).
+//
+// Guarantees:
+//   - Plain values with working defaults: one endpoint at http://127.0.0.1:2379, 1 s to connect,
+//     5 s per request, no lease, keys under "holdfast/", 4 idle connections kept.
+//   - No secret lives in the options: a password is named by a file or an environment
+//     variable and read once when the client is made (kv/etcd/client.hpp), never put in a
+//     message.
+//   - etcd_stats counts requests sent (unary calls, authentication, keep-alives, watch opens and
+//     probes), connections made, watch opens, probes and body bytes read; etcd_kv::stats() reads
+//     them together from relaxed atomics shared by every handle on one client.
+// Caveats:
+//   - The options are checked when a client is made, not here: no endpoints, mixed http:// and
+//     https://, TLS options with http:// endpoints, a user without exactly one password source,
+//     or an invalid prefix throw holdfast::error (EINVAL) then.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../../detail/http/transport.hpp"  // tls_options
+
+HOLDFAST_NAMESPACE_BEGIN
+
+/// How to reach etcd.
+struct etcd_options {
+  /// Client URLs, `http://host:port` or (with a TLS transport) `https://host:port`, all of one
+  /// scheme; failover goes round them in order (see the header).
+  std::vector<std::string> endpoints{"http://127.0.0.1:2379"};
+  /// Time allowed to connect to one endpoint.
+  std::chrono::milliseconds connect_timeout{1000};
+  /// Time allowed for one request after connecting, and the longest a get's watch stays open
+  /// before get ranges again; a quiet watch() is probed every max(1 s, request_timeout / 2).
+  std::chrono::milliseconds request_timeout{5000};
+  /// How long an endpoint that failed to connect, timed out, lost its connection or answered
+  /// "unavailable" is skipped while others are not suspect; 0 never skips one.
+  std::chrono::milliseconds suspect_for{10000};
+  /// The longest watch message (one JSON line of the stream) accepted; a longer one is an
+  /// EMSGSIZE error naming the endpoint.
+  std::size_t max_message = std::size_t{64} << 20;
+  /// Lease time-to-live; 0 means no lease (keys stay until erased).
+  std::chrono::seconds lease_ttl{0};
+  /// The first segment of every key holdfast writes in etcd.
+  std::string prefix = "holdfast";
+  /// For https:// endpoints: CA file, client certificate and key, server name (read by the
+  /// TLS transport; setting any of them with http:// endpoints is refused).
+  tls_options tls;
+  /// The etcd user to authenticate as; empty: no authentication.
+  std::string user;
+  /// A file holding the user's password (one line; a final newline is dropped)...
+  std::string password_file;
+  /// ...or the name of an environment variable holding it. Exactly one of the two with a user.
+  std::string password_env;
+  /// Idle connections kept for reuse by one client (all endpoints together); 0: one
+  /// connection per request.
+  std::size_t idle_connections = 4;
+};
+
+/// Counters of one etcd client, shared by every handle on it (copies, with_namespace views) and
+/// by its watches; relaxed atomics, read together by etcd_kv::stats().
+struct etcd_stats {
+  /// HTTP requests sent: every unary call (a resend on a stale keep-alive connection,
+  /// authentication and lease keep-alives included), every watch opened, every probe.
+  std::uint64_t requests = 0;
+  /// Connections made (TCP, with a TLS handshake for https://): pooled ones and watch streams.
+  std::uint64_t connections = 0;
+  /// Watch streams opened: a get's windows, a watch object's first open and its resumes.
+  std::uint64_t watch_opens = 0;
+  /// Health probes sent by watch objects (counted in `requests` too).
+  std::uint64_t probes = 0;
+  /// Response body bytes received: unary answers, watch streams (the HTTP heads aside).
+  std::uint64_t bytes_read = 0;
+};
+
+HOLDFAST_NAMESPACE_END
