@@ -1238,9 +1238,8 @@ const damage damages[] = {
        f += "orphan!";
        hf::detail::put_le64(&f[at], f.size());
      }},
-    // Accepted by both today (the open checks the end lies in [index end, file size], not past
-    // every item): the next put then overwrites slot 1's bytes, whose checksum catches it.
-    {"recorded end behind the last item (inside the data)", -1, -1,
+    // Refused, naming the item ending furthest: a put there would overwrite slots 1 and 2.
+    {"recorded end behind the last item (inside the data)", 2, 2,
      [](std::string& f, std::uint64_t data, std::size_t at) {
        hf::detail::put_le64(&f[at], data + 15);
      }},

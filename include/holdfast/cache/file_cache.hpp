@@ -38,8 +38,11 @@
 //     two items overlapping: an entry pointing into another slot's item); preload also checks
 //     every checksum. A pfio_format length that cannot be the file's is reported: an item
 //     inside the reader's index (the length is too large), or the 16 bytes after the reader's
-//     index reading as one more index entry while no item starts there (too small).
-//     corrupt_cache names the file and the slot; nothing is written.
+//     index reading as one more index entry while no item starts there (too small). A format
+//     that records the end of data (checked_format) must record one inside [index end, file
+//     size] and not behind any good item (a put sets the end before its entry, so only damage
+//     puts it there, and the next put would overwrite that item). corrupt_cache names the
+//     file and the slot; nothing is written.
 //   - Preload with cache_options::on_bad_slot = bad_slot_policy::treat_as_empty hides the bad
 //     slots instead (they read as empty; dropped_slots() counts them); the file is not changed.
 //   - Not yet visible, not corrupt: an entry whose item starts exactly at the end of the file (a
@@ -156,8 +159,7 @@ class basic_file_cache {
     s_->path = path;
     s_->read_layout(length);
     map_file(options.reserve, options.size_limit);
-    validate_all(bad_slot_policy::refuse);
-    check_data_end();
+    check_data_end(validate_all(bad_slot_policy::refuse));
   }
 
   /// Opens the preserved cache at `path` read-only and frozen, validating every entry (and, with
@@ -171,8 +173,7 @@ class basic_file_cache {
     s_->path = path;
     s_->read_layout(length);
     map_file(s_->known_size, 0);
-    validate_all(options.on_bad_slot);
-    check_data_end();
+    check_data_end(validate_all(options.on_bad_slot));
   }
 
   /// Same as the attach_cache constructor (for workers started by exec).
@@ -635,7 +636,7 @@ class basic_file_cache {
   // A format that records the end of data (checked_format): it lies between the index and the
   // end of the file (loaded before the fstat, so a concurrent put cannot make a good file look
   // bad).
-  void check_data_end() const {
+  void check_data_end(const detail::cache_span& furthest) const {
     if constexpr (cache_format_records_data_end_v<Format>) {
       auto end = data_end();
       auto size = static_cast<std::uint64_t>(stat_fd(s_->fd).st_size);
@@ -643,13 +644,22 @@ class basic_file_cache {
         throw corrupt_cache(s_->path, 0,
                             "recorded end of data " + str(end) + " outside [" + str(index_end_) +
                                 ", " + str(size) + "]");
+      // A put sets the end before it writes its entry, so every entry seen earlier ends at or
+      // before the end loaded now: one ending past it means the word was damaged, and the next
+      // put would write over that item.
+      if (end < furthest.end)
+        throw corrupt_cache(s_->path, furthest.slot,
+                            "recorded end of data " + str(end) + " is behind the item [" +
+                                str(furthest.offset) + ", " + str(furthest.end) +
+                                "): the next put would overwrite it");
     }
   }
 
   // Attach and preload: every entry good (inside the file, and for preload every checksum
   // right), no two pfio_format items overlapping, the pfio_format length plausible. With
   // bad_slot_policy::treat_as_empty (preload), the bad slots are hidden instead of refused.
-  void validate_all(bad_slot_policy policy) {
+  // Returns the good item that ends furthest (empty when there is none).
+  detail::cache_span validate_all(bad_slot_policy policy) {
     state& s = *s_;
     const bool drop = policy == bad_slot_policy::treat_as_empty && !s.writable;
     std::vector<std::uint64_t> bad;
@@ -668,9 +678,8 @@ class basic_file_cache {
               read_into(i, *e, tmp);
             }
           }
-        } else if (e->size) {
-          items.push_back(detail::cache_span{e->offset, e->offset + e->size, i});
         }
+        if (e->size) items.push_back(detail::cache_span{e->offset, e->offset + e->size, i});
       } catch (const corrupt_cache&) {
         if (!drop) throw;
         bad.push_back(i);
@@ -680,10 +689,16 @@ class basic_file_cache {
       s.check_overlaps(items, drop ? &bad : nullptr);
       s.check_length(items);
     }
+    std::sort(bad.begin(), bad.end());
+    detail::cache_span furthest{};  // the good item ending furthest, for check_data_end
+    for (const auto& it : items)
+      if (it.end > furthest.end && !std::binary_search(bad.begin(), bad.end(), it.slot))
+        furthest = it;
     if (!bad.empty()) {
       s.hide(bad);
       map_.store(s.map, std::memory_order_relaxed);
     }
+    return furthest;
   }
 
   std::unique_ptr<state> s_;
