@@ -919,13 +919,15 @@ TEST_CASE("threads: store operations per worker per agreement do not grow with w
     auto out = run_job(j, sc);
     CHECK(first_saves(out).size() == 1);
     auto c = j.kv.counts();
-    // protocol ops (the blocking gets aside: the claimant's one per other task's ack, the
+    // protocol ops (the blocking gets aside: the claimant's one per ack a list lacked, the
     // others' one wait on the outcome): claim insert by the noticed worker, one put each, the
-    // claimant's step insert, no list on the steady path
+    // claimant's step insert, its lists of the round's acks (in_process_kv can list: one per
+    // look that did not find the awaited ack among those read, at most one per other task)
     double ops = static_cast<double>(c.insert + c.put + c.list + c.try_get) / n;
     per_worker[n] = ops;
     CHECK(c.put == static_cast<std::uint64_t>(n));
-    CHECK(c.list == 0);
+    CHECK(c.list >= 1);
+    CHECK(c.list <= static_cast<std::uint64_t>(n - 1));
     CHECK(ops <= 3.5);
   }
   MESSAGE("protocol ops per worker: n=2 " << per_worker[2] << ", n=4 " << per_worker[4] << ", n=8 "
@@ -1189,4 +1191,21 @@ TEST_CASE("threads: 1000 rounds in a row leave no more keys than one round") {
     CHECK(one > 0);
     CHECK(all <= one);
   }
+}
+
+// Issue 32, item 10: over a store that can list but has neither a watch nor a get_many
+// (in_process_kv), the claimant read the acks one blocking get per task: N - 1 round trips, so
+// 100,000 workers took ~50 s from notice to published (benchmarks: handler/simulated). It now
+// reads the round's acks with a list of their prefix (one request while they are there), and a
+// blocking get only of an ack the list lacked. Invariant: the claimant lists the round's acks,
+// and every worker saves once at the one agreed step.
+TEST_CASE("threads: over a store that can list but not watch, the claimant lists the acks") {
+  kv_t counted(holdfast::in_process_kv({"listed", 0}));
+  CHECK_FALSE(holdfast::kv_supports(counted, holdfast::kv_op::watch));
+  CHECK_FALSE(holdfast::kv_supports(counted, holdfast::kv_op::get_many));
+  auto out = agree_over(counted);
+  CHECK(first_saves(out).size() == 1);
+  for (auto& o : out) CHECK(o.st.saves == 1);
+  // no worker timed out, so no one but the claimant listed: its collection did
+  CHECK(counted.counts().list >= 1);
 }

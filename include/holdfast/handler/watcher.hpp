@@ -14,8 +14,9 @@
 //     (asked once, at construction: kv_supports(kv, kv_op::watch)); notices with set_waker, a
 //     stop and the training thread wake it through the same waker. The claimant collects the
 //     acks through a second watch on the round's acks (closed once the watcher is idle again),
-//     or in get_many batches where the store has a native one, else with blocking gets of one
-//     watch_interval each.
+//     or in get_many batches where the store has a native one, or, over a store that can list
+//     but has neither, with one list of the round's acks per look (and a blocking get of the
+//     awaited ack when the list lacked it), else with blocking gets of one watch_interval each.
 //   - Waiting for a key has one rule for the round's outcome key, whichever way the key is
 //     waited on: while the claimant waits for an ack, each look that finds nothing is followed
 //     by a look at the outcome key, and a value there ends the wait (wait_or_outcome).
@@ -86,7 +87,7 @@ class agreement_watcher {
       : config_(std::move(config)),
         kv_(std::move(kv)),
         evented_(has_kv_watch_v<Kv> && kv_supports(kv_, kv_op::watch)),
-        batched_acks_(kv_supports(kv_, kv_op::get_many)),
+        ack_reads_(choose_ack_reads(kv_, evented_)),
         cluster_(std::move(cluster)),
         options_(options),
         scope_("holdfast/" + checked_run_id(cluster_.run_id) + "/"),
@@ -328,9 +329,10 @@ class agreement_watcher {
   // Waits until `key` holds a value or `deadline` passes; transient store errors are retried
   // until the deadline. With `outcome_key` (the claimant waiting for an ack also looks at the
   // round's outcome), the wait ends early when that key holds a value, stored in
-  // `outcome_value`. The claimant's acks come in batches where the store has a native get_many,
-  // else through a watch on the round's acks where the store is evented, else from blocking
-  // gets; a control key comes with the control watch where the store is evented.
+  // `outcome_value`. The claimant's acks come in batches where the store has a native get_many
+  // or can list without a watch, else through a watch on the round's acks where the store is
+  // evented, else from blocking gets; a control key comes with the control watch where the
+  // store is evented.
   std::optional<std::string> wait_for_key(const std::string& key, time_point deadline,
                                           const std::string& outcome_key,
                                           std::optional<std::string>& outcome_value) {
@@ -338,7 +340,7 @@ class agreement_watcher {
     auto read_outcome = [&] {
       return retrying([&] { return kv_.try_get(outcome_key); }, deadline);
     };
-    if (collecting && batched_acks_)
+    if (collecting && ack_reads_ != ack_reads::one_by_one)
       return wait_or_outcome(outcome_key, outcome_value, batch_look(key, deadline), read_outcome);
     if constexpr (can_watch) {
       if (evented_ && (control_cache_.covers(key) || collecting))
@@ -410,14 +412,31 @@ class agreement_watcher {
     return wait_or_outcome(also_watched, outcome_value, look, read_outcome);
   }
 
-  // ---- the claimant's acks in batches (a store with a native get_many) -----------------------
+  // ---- the claimant's acks in batches (a native get_many, or a list) --------------------------
   //
   // The machine asks for the acks one task at a time (a wait each, until the round's deadline).
   // A store that reads many keys in one wait answers them together: one get_many over every ack
   // of the round not read yet, in slices of min(time left, max(watch_interval, 1 s)), between
-  // which the outcome key is read (a peer may have recorded the outcome, or aborted). What a
-  // batch read serves the round's later waits. An ack not read by a batch that ended at or past
-  // the deadline is missing, as a blocking get's would be.
+  // which the outcome key is read (a peer may have recorded the outcome, or aborted). A store
+  // that can list but cannot be waited on (no watch, no get_many: in_process_kv) answers with
+  // one list of the round's ack prefix, then, when the awaited ack was not in it, one blocking
+  // get of that ack for a slice: O(1) requests while the acks are there already, not one round
+  // trip per task (issue 32, item 10). What a batch read serves the round's later waits. An ack
+  // not read by a batch that ended at or past the deadline is missing, as a blocking get's
+  // would be.
+
+  // How the claimant reads the acks (chosen once, at construction).
+  enum class ack_reads : unsigned char {
+    one_by_one,  // the ack watch (an evented store), or a blocking get per ack (neither below)
+    get_many,    // the store's native get_many
+    list,        // a list of the round's acks, a blocking get of the awaited one it lacked
+  };
+
+  static ack_reads choose_ack_reads(const Kv& kv, bool evented) {
+    if (kv_supports(kv, kv_op::get_many)) return ack_reads::get_many;
+    if (!evented && kv_supports(kv, kv_op::list)) return ack_reads::list;
+    return ack_reads::one_by_one;
+  }
 
   struct ack_batch {
     std::string prefix;                          // ".../ack/r<N>/": the round and the phase
@@ -437,24 +456,37 @@ class agreement_watcher {
       };
       if (auto v = read()) return key_look{std::move(v), true};
       if (ack_batch_.final || stop_.load()) return key_look{std::nullopt, true};
-      read_acks(deadline);
+      read_acks(key, deadline);
       auto v = read();
       const bool done = v.has_value() || ack_batch_.final;
       return key_look{std::move(v), done};
     };
   }
 
-  // One get_many over the round's acks not read yet, for one slice (at most until `deadline`).
-  void read_acks(time_point deadline) {
+  // One batch read for one slice (at most until `deadline`): a get_many over the round's acks
+  // not read yet, or a list and, when the awaited `key` was not listed, a blocking get of it.
+  void read_acks(const std::string& key, time_point deadline) {
+    using ms = std::chrono::milliseconds;
+    const ms left =
+        std::chrono::ceil<ms>(std::max<typename Clock::duration>(deadline - Clock::now(), {}));
+    const ms slice = std::min(left, std::max<ms>(options_.watch_interval, std::chrono::seconds(1)));
+    if constexpr (has_kv_list_v<Kv>) {
+      if (ack_reads_ == ack_reads::list) {
+        for (auto& e : retrying([&] { return kv_.list(ack_batch_.prefix); }, deadline))
+          ack_batch_.present.emplace(std::move(e.first), std::move(e.second));
+        if (!ack_batch_.present.count(key))
+          if (auto v = retrying([&] { return kv_.get(key, slice); }, deadline))
+            ack_batch_.present.emplace(key, std::move(*v));
+        if (Clock::now() >= deadline) ack_batch_.final = true;
+        return;
+      }
+    }
+    (void)key;
     std::vector<std::string> keys;
     for (int t = 0; t < cluster_.num_tasks; ++t) {
       std::string k = ack_batch_.prefix + std::to_string(t);
       if (!ack_batch_.present.count(k)) keys.push_back(std::move(k));
     }
-    using ms = std::chrono::milliseconds;
-    const ms left =
-        std::chrono::ceil<ms>(std::max<typename Clock::duration>(deadline - Clock::now(), {}));
-    const ms slice = std::min(left, std::max<ms>(options_.watch_interval, std::chrono::seconds(1)));
     auto values = retrying([&] { return holdfast::get_many(kv_, keys, slice); }, deadline);
     for (std::size_t i = 0; i < keys.size() && i < values.size(); ++i)
       if (values[i]) ack_batch_.present.emplace(keys[i], std::move(*values[i]));
@@ -617,8 +649,8 @@ class agreement_watcher {
 
   Config config_;
   Kv kv_;
-  const bool evented_;       // waits on the store's watches (see await_watches)
-  const bool batched_acks_;  // the claimant reads the acks with get_many (see batch_look)
+  const bool evented_;         // waits on the store's watches (see await_watches)
+  const ack_reads ack_reads_;  // how the claimant reads the acks (see batch_look)
   cluster_info cluster_;
   handler_options options_;
   std::string scope_;
@@ -638,7 +670,7 @@ class agreement_watcher {
   watch_cache<Kv> control_cache_;
   // the claimant's: one round's acks while it collects (watcher thread only)
   watch_cache<Kv> ack_cache_;
-  ack_batch ack_batch_;  // the claimant's acks read by get_many (watcher thread only)
+  ack_batch ack_batch_;  // the claimant's acks read in batches (watcher thread only)
   std::thread watcher_;
 };
 
