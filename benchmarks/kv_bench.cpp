@@ -11,6 +11,9 @@
 //   etcd over TLS (built with OpenSSL: HOLDFAST_BENCH_TLS) — get and insert through the example
 //                 OpenSSL transport against the plain etcd_kv rows, both on reused (keep-alive)
 //                 connections; and the TLS handshake once, against a bare TCP connect.
+// And, no baseline, "kv/etcd/server CPU per {get,put,list 16}": etcd's own CPU time per request
+// (its process's utime + stime over 4,000 requests of one client), the service time of the
+// simulated etcd server in scale_model_bench.cpp.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -401,6 +404,32 @@ std::string bare_txn_insert(const std::string& key) {
 }
 std::string b64q(const std::string& s) { return "\"" + holdfast::detail::base64_encode(s) + "\""; }
 
+// etcd's own CPU time (utime + stime of its process, all threads, from /proc/<pid>/stat) per
+// request over `n` requests of one client: the service time handler/simulated's etcd server
+// is given (scale_model_bench.cpp). Clock ticks are coarse (10 ms), so n is large.
+double etcd_cpu_ns() {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(etcd().pid()) + "/stat").c_str(), "r");
+  if (!f) std::abort();
+  char buf[1024] = {};
+  const std::size_t got = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  std::string st(buf, got);
+  std::size_t at = st.rfind(')') + 2;  // field 3 (state) on
+  unsigned long long utime = 0, stime = 0;
+  if (std::sscanf(st.c_str() + at, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime,
+                  &stime) != 2)
+    std::abort();
+  return static_cast<double>(utime + stime) * 1e9 / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+template <class Request>
+double etcd_service_ns(Request request) {
+  constexpr int n = 4000;
+  etcd_store();
+  const double c0 = etcd_cpu_ns();
+  for (int i = 0; i < n; ++i) request();
+  return (etcd_cpu_ns() - c0) / n;
+}
+
 std::vector<bench::registrar> etcd_cases() {
   std::vector<bench::registrar> r;
   if (!have_etcd()) {
@@ -433,6 +462,38 @@ std::vector<bench::registrar> etcd_cases() {
                                       ",\"range_end\":" + b64q("holdfast/bench/0/list160") + "}");
       }),
       latency});
+  // The server's CPU per request (see etcd_service_ns), no baseline: one repetition of 4,000.
+  const bench::config server{1, 1, 0, 0};
+  r.emplace_back(
+      bench::case_def{"kv/etcd/server CPU per get",
+                      [](std::size_t) {
+                        return etcd_service_ns([] {
+                          if (!etcd_store().get("existing", std::chrono::milliseconds(0)))
+                            std::abort();
+                        });
+                      },
+                      "",
+                      {},
+                      server});
+  r.emplace_back(bench::case_def{"kv/etcd/server CPU per put",
+                                 [](std::size_t) {
+                                   return etcd_service_ns([] {
+                                     etcd_store().put("put/" + std::to_string(next_id() % 64),
+                                                      "ack 1002 by 7/0123456789abcdef");
+                                   });
+                                 },
+                                 "",
+                                 {},
+                                 server});
+  r.emplace_back(bench::case_def{"kv/etcd/server CPU per list 16",
+                                 [](std::size_t) {
+                                   return etcd_service_ns([] {
+                                     if (etcd_store().list("list16").size() != 16) std::abort();
+                                   });
+                                 },
+                                 "",
+                                 {},
+                                 server});
   r.emplace_back(bench::case_def{
       "kv/etcd/wake-up (watch, fork)",
       [](std::size_t) { return kv_wakeup(etcd_store(), std::chrono::milliseconds(20)); },

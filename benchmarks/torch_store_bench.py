@@ -11,6 +11,13 @@ Baseline: W processes with a client of the same server each: task 0 waits for SI
 sigwait and sets one key; the others are blocked in wait([key]) on their own client; the time
 from the signal to the last one awake. The same store operations bare, no agreement.
 
+With --service-time it measures instead what the simulated store of
+benchmarks/scale_model_bench.cpp (handler/simulated) is given: the TCPStore server's CPU time per
+request. A server process (TCPStore, is_master) and C client processes that each send R
+requests (get of an existing key, set, and multi_get of 64 keys); the server's CPU time
+(/proc/<pid>/stat utime + stime, its libuv loop serves one request at a time) over the
+requests it served. Prints `tcpstore/service <op>: <ns> ns/request`.
+
 Each repetition has fresh keys (a run id per repetition); worker processes are started once
 per row and kept (a torch import costs seconds), and report their times 200 ms after the
 notice, so that no report competes with the workers still on their way. Case and baseline
@@ -100,12 +107,72 @@ def row(server_port, w, reps, scratch):
         bare.stop()
 
 
+def _server_cpu_ns(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1e9 / os.sysconf("SC_CLK_TCK")
+
+
+def _client(port, op, n, keys):
+    import datetime
+    from torch.distributed import TCPStore
+    c = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    for i in range(n):
+        if op == "get":
+            c.get("k0")
+        elif op == "set":
+            c.set(f"s{os.getpid()}/{i}", b"step 1003 by 7/0123456789abcdef")
+        else:
+            c.multi_get(keys)
+
+
+def service_time(clients, n):
+    """The TCPStore server's CPU time per request, per kind of request."""
+    import datetime
+    import multiprocessing as mp
+    import subprocess
+    code = ("import datetime,sys,time\nfrom torch.distributed import TCPStore\n"
+            "s = TCPStore('127.0.0.1', 0, is_master=True, "
+            "timeout=datetime.timedelta(seconds=600))\n"
+            "print(s.port, flush=True)\nsys.stdin.read()\n")
+    srv = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(srv.stdout.readline())
+        from torch.distributed import TCPStore
+        c = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+        keys = [f"m/{i}" for i in range(64)]
+        for k in keys + ["k0"]:
+            c.set(k, b"ack 1002 by 7/0123456789abcdef")
+        ctx = mp.get_context("spawn")
+        for op in ("get", "set", "multi_get64"):
+            t0 = _server_cpu_ns(srv.pid)
+            ps = [ctx.Process(target=_client, args=(port, op, n, keys)) for _ in range(clients)]
+            for q in ps:
+                q.start()
+            for q in ps:
+                q.join()
+            # a client's connect and handshake are a few requests more: negligible against n
+            per = (_server_cpu_ns(srv.pid) - t0) / (clients * n)
+            print(f"tcpstore/service {op}: {per:.0f} ns/request ({clients} clients x {n})")
+    finally:
+        srv.stdin.close()
+        srv.wait(timeout=30)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--service-time", action="store_true",
+                   help="measure the server's CPU time per request instead (see above)")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--workers", default="4,16")
     p.add_argument("--tsv", action="store_true")
     args = p.parse_args()
+    if args.service_time:
+        service_time(args.clients, args.requests)
+        return 0
     sup.load_holdfast()
     server = sup.start_server()
     scratch = tempfile.mkdtemp(prefix="holdfast-torch-bench-", dir="/dev/shm"
