@@ -2,10 +2,13 @@
 // erase failed in turn (fault_io) gives a holdfast::error and no half state; a writer SIGKILLed
 // at random points never leaves a partial value or a visible temp.
 #include <doctest/doctest.h>
+#include <poll.h>  // readable: a watch's descriptor
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <holdfast/agreement/keys.hpp>  // agreement_key_name: the rounds' keys
 #include <holdfast/kv/filesystem.hpp>
 #include <holdfast/testing/fault_io.hpp>
 #include <random>
@@ -198,4 +201,81 @@ TEST_CASE("filesystem_kv: a writer SIGKILLed at random points leaves whole value
   const std::size_t left = temps_in(kv.directory());  // killed mid-publish: temps, never keys
   CHECK(holdfast::sweep_stale_temps(kv.directory(), 0ms) == left);
   CHECK(temps_in(kv.directory()) == 0);
+}
+
+// ---- issue 32, item 11: the agreement's cost on the filesystem store ------------------------
+
+namespace {
+
+// posix_io counting the directories made (a mkdir that succeeded).
+struct mkdir_counting_io : holdfast::posix_io {
+  static std::atomic<int>& made() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  static int mkdir(const char* path, mode_t mode) noexcept {
+    const int r = holdfast::posix_io::mkdir(path, mode);
+    if (r == 0) ++made();
+    return r;
+  }
+};
+
+bool readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
+}
+
+}  // namespace
+
+// Each round's keys lived in directories of their own (ack/r<N>/, ctl/r<N>/): every round made
+// two (the claim's staged in .tmp, the first ack's) and removed them, and a watch on ctl/ woke
+// for the ack directory appearing and going. A key's directory is now its parent less the
+// round: every round's keys share ctl/'s and ack/'s. Invariants, after the first round: a round
+// makes no directory; the acks' puts and erases never wake a watch on the control keys.
+TEST_CASE("filesystem_kv: a round after the first makes no directory; acks never wake ctl/") {
+  using counted_kv =
+      holdfast::basic_filesystem_kv<holdfast::inotify_wait, holdfast::no_sync, mkdir_counting_io>;
+  holdfast_test::temp_dir dir("kvfs");
+  counted_kv kv(dir.path(), kv_namespace("rounds", 0));
+  const std::string scope = "holdfast/rounds/";
+  const int n = 4;
+  auto key = [&](holdfast::agreement_key k, int round, int task = -1) {
+    return holdfast::agreement_key_name(scope, k, static_cast<std::uint64_t>(round), task);
+  };
+  using holdfast::agreement_key;
+  auto acks = [&](int r, bool put) {
+    for (int t = 0; t < n; ++t) {
+      if (put)
+        kv.put(key(agreement_key::ack, r, t), "1000");
+      else
+        CHECK(kv.erase(key(agreement_key::ack, r, t)));
+    }
+  };
+  auto control = [&](int r, agreement_key k) { CHECK(kv.insert(key(k, r), "x by 0/n")); };
+  // round 0, as the protocol writes it: claim, acks, step, acks erased
+  control(0, agreement_key::claim);
+  acks(0, true);
+  control(0, agreement_key::step);
+  acks(0, false);
+  auto w = kv.watch(holdfast::agreement_control_prefix(scope));
+  w.take();  // the first take: a resync
+  REQUIRE(w.fd() >= 0);
+  CHECK_FALSE(readable(w.fd()));
+  mkdir_counting_io::made() = 0;
+  // round 1: the acks alone wake no watch on ctl/
+  acks(1, true);
+  CHECK_FALSE(readable(w.fd()));
+  acks(1, false);
+  CHECK_FALSE(readable(w.fd()));
+  // its claim and step (and round 0's control keys erased) make no directory either
+  control(1, agreement_key::claim);
+  control(1, agreement_key::step);
+  CHECK(kv.erase(key(agreement_key::claim, 0)));
+  CHECK(kv.erase(key(agreement_key::step, 0)));
+  CHECK(mkdir_counting_io::made().load() == 0);
+  CHECK(readable(w.fd()));  // the control keys do wake it
+  // what the store holds is round 1's control keys, nothing else
+  CHECK(kv.list("holdfast/rounds") ==
+        holdfast::kv_pairs{{key(agreement_key::claim, 1), "x by 0/n"},
+                           {key(agreement_key::step, 1), "x by 0/n"}});
 }

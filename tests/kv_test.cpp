@@ -577,16 +577,18 @@ TEST_CASE(
   holdfast::filesystem_kv kv(dir.path(), kv_namespace("run", 0));
   const std::string d = kv.directory();
   CHECK(kv.path_of("acks/3") == d + "/acks%2F/3");
-  CHECK(kv.path_of("a/.b/c d") == d + "/a%2F.b%2F/c%20d");
+  // a key's directory is its parent less the parent's last segment (issue 32, item 11)
+  CHECK(kv.path_of("a/.b/c d") == d + "/a%2F/%2Eb%2Fc%20d");
+  CHECK(kv.path_of("h/run/ack/r0/3") == d + "/h%2Frun%2Fack%2F/r0%2F3");
   CHECK(kv.path_of("stop") == d + "/stop");
   CHECK(kv.path_of(".x") == d + "/%2Ex");
   kv.put("acks/3", "x");
   kv.put("stop", "s");
   CHECK(::access((d + "/acks%2F/3").c_str(), F_OK) == 0);
-  // a stray file, a temp left by a killed writer, a non-canonical name, and a flat name with an
+  // a stray file, a temp left by a killed writer, non-canonical names, and a flat name with an
   // escaped '/' (no key lives there) are not keys
   for (auto name : {"/README", "/.holdfast-tmp.123.abc.4", "/acks%2f5", "/acks%2F6",
-                    "/acks%2F/.holdfast-tmp.1.2.7", "/acks%2F/8%2F9"}) {
+                    "/acks%2F/.holdfast-tmp.1.2.7", "/acks%2F/8%2f9"}) {
     int fd = ::open((d + name).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
     REQUIRE(fd >= 0);
     ::close(fd);
@@ -606,23 +608,25 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "filesystem_kv parents: made by the first write, removed by the erase that empties them") {
+    "filesystem_kv parents: made by the first write, kept by erases, removed by a prefix "
+    "erase that empties them") {
   holdfast_test::temp_dir dir("kvfs");
   holdfast::filesystem_kv kv(dir.path(), kv_namespace("run", 0));
-  const std::string parent = kv.directory() + "/ack%2Fr0%2F";
+  const std::string parent = kv.directory() + "/ack%2F";  // every round's acks
   auto exists = [](const std::string& p) { return ::access(p.c_str(), F_OK) == 0; };
   CHECK_FALSE(exists(parent));
   CHECK(kv.insert("ack/r0/1", "a"));
   CHECK(kv.insert("ack/r0/2", "b"));
   CHECK(exists(parent));
   CHECK(kv.erase("ack/r0/1"));
-  CHECK(exists(parent));  // still holds ack/r0/2
   CHECK(kv.erase("ack/r0/2"));
-  CHECK_FALSE(exists(parent));
-  CHECK_FALSE(kv.erase("ack/r0/2"));  // nothing there, no directory: false, no error
+  CHECK(exists(parent));              // kept for the next round's keys (issue 32, item 11)
+  CHECK_FALSE(kv.erase("ack/r0/2"));  // nothing there: false, no error
   // a directory removed behind a writer's back is made again
   kv.put("ack/r0/3", "c");
   CHECK(kv.erase("ack/r0/3"));
+  REQUIRE(::rmdir(parent.c_str()) == 0);
+  CHECK_FALSE(kv.erase("ack/r0/3"));  // no directory: false, no error
   kv.put("ack/r0/3", "d");
   CHECK(kv.get("ack/r0/3", 0ms) == std::optional<std::string>("d"));
   CHECK(kv.erase_prefix("ack") == 1);
@@ -654,9 +658,10 @@ TEST_CASE("filesystem_kv parents: durable keys make durable directories") {
   CHECK(second >= 2);
   CHECK(first > second);  // the staged directory's tree, and the namespace directory
   fault_plan::reset_counts();
-  kv.put("ack/r1/1", "c");  // a put makes its new directory with mkdir, then syncs the namespace
+  kv.put("bck/r1/1", "c");  // a put makes its new directory with mkdir, then syncs the namespace
   CHECK(fault_plan::calls(io_op::fsync) == second + 1);
-  CHECK(kv.list("ack") == kv_pairs{{"ack/r0/1", "a"}, {"ack/r0/2", "b"}, {"ack/r1/1", "c"}});
+  CHECK(kv.list("ack") == kv_pairs{{"ack/r0/1", "a"}, {"ack/r0/2", "b"}});
+  CHECK(kv.list("bck") == kv_pairs{{"bck/r1/1", "c"}});
 }
 
 TEST_CASE("filesystem_kv parents: racing first inserts into a new parent, one key each, all land") {
@@ -710,7 +715,7 @@ TEST_CASE("filesystem_kv sweep_stale_temps: the namespace directory and every pa
   kv.put("b/c/2", "y");
   for (auto name :
        {"/.holdfast-tmp.1.0123456789abcdef.stop", "/a%2F/.holdfast-tmp.2.0123456789abcdef.1",
-        "/b%2Fc%2F/.holdfast-tmp.3.0123456789abcdef.2"}) {
+        "/b%2F/.holdfast-tmp.3.0123456789abcdef.2"}) {
     int fd = ::open((kv.directory() + name).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
     REQUIRE(fd >= 0);
     ::close(fd);

@@ -5,18 +5,24 @@
 //   insert = publish_once (renameat2 RENAME_NOREPLACE, or link + unlink), put = publish
 //   (rename over), get = await_file with the Wait policy, list = a scan of the namespace's
 //   directory and of the matching parent directories.
-// Layout: one directory per parent prefix, so that a watch sees only its own keys' writes.
-//   Names are escaped: bytes other than A-Z a-z 0-9 - _ . (and a leading '.') become %XX.
-//   - A key with '/' lives in `<root>/<run id>/<incarnation>/<escaped parent/>/<escaped last
-//     segment>`: "ack/r0/3" is the file "3" in the directory "ack%2Fr0%2F", and "ctl/r0/step"
-//     the file "step" in "ctl%2Fr0%2F". A directory name always ends with "%2F" (an escaped
-//     '/'), so it never collides with a key's file.
+// Layout: one directory per parent prefix less its last segment, so that a watch sees only its
+//   own keys' writes and a protocol's rounds share their directories. Names are escaped: bytes
+//   other than A-Z a-z 0-9 - _ . (and a leading '.') become %XX.
+//   - A key with two or more '/' lives in `<root>/<run id>/<incarnation>/<escaped prefix up to
+//     its second-to-last '/'>/<escaped rest>`: "h/run/ack/r0/3" is the file "r0%2F3" in the
+//     directory "h%2Frun%2Fack%2F", and "h/run/ctl/r0/step" the file "r0%2Fstep" in
+//     "h%2Frun%2Fctl%2F": every round's acks in one directory, every round's control keys in
+//     another. A key with one '/' lives in its parent's directory: "acks/3" is the file "3" in
+//     "acks%2F". A directory name always ends with "%2F" (an escaped '/'), so it never collides
+//     with a key's file. (Before issue 32, item 11, the directory was the whole parent,
+//     "ack%2Fr0%2F/3": one directory made and removed per round.)
 //   - A key without '/' is a file in the namespace directory itself: "stop" is ".../stop".
 //   A parent directory is made by the first write below it: a put makes it (mkdir), an insert
 //   stages it in `.tmp` holding its key and renames it into place without replacing, so a
-//   watch sees one event for a new round's claim, not an empty directory and then the key. It
-//   is removed by the erase that empties it (rmdir, best effort). A write that finds it gone
-//   (an erase emptied it meanwhile) makes it again and writes again.
+//   watch sees one event for a new directory's first key, not an empty directory and then the
+//   key. An erase keeps it (the next round's keys go there); erase_prefix removes the ones it
+//   empties (rmdir, best effort). A write that finds it gone (removed meanwhile) makes it again
+//   and writes again.
 //   - Writes make their temps in `.tmp` under the namespace directory and rename them into
 //     place, so a key's directory sees one event per write: the rename.
 //
@@ -31,12 +37,16 @@
 //   - Files that are not escaped keys (publish temps ".holdfast-tmp.*", anything starting with
 //     '.', names that do not decode, a name with an escaped '/' outside a parent directory) are
 //     ignored by list, erase_prefix and watch.
+//   - An agreement round after the first makes no directory and creates one file per key it
+//     writes (each worker's ack, the claim, the step); the acks' writes and erases never wake a
+//     watch on the control keys (issue 32, item 11; counted by benchmarks/fs_agreement_bench.cpp).
 //   - watch(prefix) (has_kv_watch_v) keeps one inotify descriptor for its life, with a watch on
 //     the namespace directory (keys without '/', parent directories appearing) and one on each
-//     parent directory below the prefix (added as they appear). Writes to other parents never
-//     wake it: a watch on "ctl" sleeps through every "ack/..." write. It wakes on a key below
-//     the prefix created, renamed in (publish), written, renamed away or removed, and on a
-//     parent directory below the prefix made or removed; take() then reports resync, never
+//     parent directory that can hold keys below the prefix (added as they appear). Writes to
+//     other parents never wake it: a watch on "h/run/ctl" sleeps through every "h/run/ack/..."
+//     write. It wakes on a key below the prefix created, renamed in (publish), written, renamed
+//     away or removed (a directory's other keys wake it, and are not reported), and on such a
+//     parent directory made or removed; take() then reports resync, never
 //     events (a name carries no value: the caller re-reads its keys, a local list). The first
 //     take, an inotify queue overflow and a lost watch (the directory removed or moved:
 //     re-added once it is back) are resyncs too.
@@ -48,8 +58,10 @@
 //     and the watch polls every watch_poll_interval (100 ms), adding the watch when it can; a
 //     parent directory it could not watch makes it poll at that interval too, until it can.
 // Caveats:
-//   - A key becomes at most two names: an escaped parent (with its '/') or an escaped last
-//     segment longer than 255 bytes is refused with ENAMETOOLONG.
+//   - A key becomes at most two names: an escaped directory prefix (with its '/') or an
+//     escaped rest longer than 255 bytes is refused with ENAMETOOLONG.
+//   - The directories a job's keys have used stay until erase_prefix empties them (one per
+//     distinct prefix: a handful for the agreement's keys, however many rounds).
 //   - The default Durability is `no_sync`: keys are coordination state of one incarnation and
 //     need to be visible, not to survive a power loss. Choose `durable` to make them survive.
 //   - A writer killed mid-publish leaves a ".holdfast-tmp.*" temp in `.tmp`; remove old ones
@@ -112,6 +124,13 @@ inline std::string fs_escape(std::string_view key) {
     }
   }
   return out;
+}
+
+/// True when one of two key prefixes starts with the other: a parent directory standing for
+/// `parent` can hold keys that start with `start`.
+inline bool fs_prefixes_overlap(std::string_view parent, std::string_view start) {
+  const std::size_t n = std::min(parent.size(), start.size());
+  return parent.compare(0, n, start.substr(0, n)) == 0;
 }
 
 /// The key a file name stands for, or std::nullopt when the name is not fs_escape's output.
@@ -274,11 +293,12 @@ class fs_watch {
     return added;
   }
 
-  // The prefix a parent directory's name stands for ("ack/r0/"), when it is below the prefix.
+  // The prefix a parent directory's name stands for ("ack/"), when it can hold keys below the
+  // prefix (the prefix is below it, or it below the prefix).
   std::optional<std::string> below(const char* name) const {
     if (name[0] == '.' || !fs_is_parent_name(name)) return std::nullopt;
     auto parent = fs_unescape(name);
-    if (!parent || parent->compare(0, start_.size(), start_) != 0) return std::nullopt;
+    if (!parent || !fs_prefixes_overlap(*parent, start_)) return std::nullopt;
     return parent;
   }
 
@@ -333,10 +353,13 @@ class fs_watch {
     }
     for (auto it = parents_.begin(); it != parents_.end(); ++it) {
       if (it->first != ev.wd) continue;
-      if (ev.mask & IN_IGNORED) parents_.erase(it);  // removed: made again, the root says so
-      if (self) return true;
+      if (self) {
+        if (ev.mask & IN_IGNORED) parents_.erase(it);  // removed: made again, the root says so
+        return true;
+      }
       if (ev.len == 0 || ev.name[0] == '.') return false;
-      return fs_unescape(ev.name).has_value();
+      auto rest = fs_unescape(ev.name);  // a key of this directory below the prefix?
+      return rest && (it->second + *rest).compare(0, start_.size(), start_) == 0;
     }
     return false;  // a watch given up on
   }
@@ -432,13 +455,9 @@ class basic_filesystem_kv {
     return out;
   }
 
-  /// Removes `key` (and its parent directory when that leaves it empty); true when it existed.
-  bool erase(const std::string& key) {
-    const place at = locate(key, "kv erase");
-    const bool existed = remove(at.path);
-    if (!at.parent.empty()) remove_if_empty(at.parent);
-    return existed;
-  }
+  /// Removes `key`; true when it existed. Its parent directory stays (the next round's keys
+  /// go there: no directory is made and removed per round).
+  bool erase(const std::string& key) { return remove(locate(key, "kv erase").path); }
 
   /// Removes every key strictly below `prefix + "/"` (all keys for ""), and the parent
   /// directories that leaves empty; returns how many keys.
@@ -533,8 +552,16 @@ class basic_filesystem_kv {
     std::string path;
   };
 
-  static std::string_view parent_of(std::string_view key) {  // "ack/r0/" for "ack/r0/3"
-    return key.substr(0, key.rfind('/') + 1);
+  // The prefix whose directory holds the key: its parent less the parent's last segment, or
+  // its parent when that has one segment ("h/run/ack/" for "h/run/ack/r0/3", "acks/" for
+  // "acks/3", "" for a key without '/'). The segment before a key's last (a protocol's round)
+  // is part of the file name, so every round's keys share one directory: none is made per
+  // round, and a watch on another directory sleeps through them.
+  static std::string_view parent_of(std::string_view key) {
+    const std::size_t last = key.rfind('/');
+    if (last == std::string_view::npos || last == 0) return std::string_view();
+    const std::size_t before = key.rfind('/', last - 1);
+    return key.substr(0, (before == std::string_view::npos ? last : before) + 1);
   }
 
   place locate(const std::string& key, const char* op) const {
@@ -550,7 +577,7 @@ class basic_filesystem_kv {
                         " bytes, above 255");
     };
     fits(at.parent, "parent");
-    fits(name, "last segment");
+    fits(name, "last segment");  // the rest of the key below its first segment
     at.path = dir_ + "/" + (at.parent.empty() ? name : at.parent + "/" + name);
     return at;
   }
@@ -666,18 +693,20 @@ class basic_filesystem_kv {
   }
 
   // The keys that start with `start`, with their files (unsorted): the namespace directory's
-  // files, and the files of the parent directories below `start`.
+  // files, and the files of the parent directories that can hold such keys.
   std::vector<std::pair<std::string, std::string>> scan(const std::string& start) const {
     auto starts = [&](const std::string& s) { return s.compare(0, start.size(), start) == 0; };
     std::vector<std::pair<std::string, std::string>> keys;
     for (const auto& name : detail::list_directory<Io>(dir_)) {
       if (name[0] == '.') continue;  // publish temps, hidden files
       auto decoded = detail::fs_unescape(name);
-      if (!decoded || !starts(*decoded)) continue;
+      if (!decoded) continue;
       if (!detail::fs_is_parent_name(name)) {
-        if (decoded->find('/') == std::string::npos) keys.emplace_back(*decoded, dir_ + "/" + name);
+        if (starts(*decoded) && decoded->find('/') == std::string::npos)
+          keys.emplace_back(*decoded, dir_ + "/" + name);
         continue;
       }
+      if (!detail::fs_prefixes_overlap(*decoded, start)) continue;
       std::vector<std::string> files;
       try {
         files = detail::list_directory<Io>(dir_ + "/" + name);
@@ -687,9 +716,9 @@ class basic_filesystem_kv {
       }
       for (const auto& file : files) {
         if (file[0] == '.') continue;
-        auto last = detail::fs_unescape(file);
-        if (last && last->find('/') == std::string::npos)
-          keys.emplace_back(*decoded + *last, dir_ + "/" + name + "/" + file);
+        auto rest = detail::fs_unescape(file);
+        if (rest && starts(*decoded + *rest))
+          keys.emplace_back(*decoded + *rest, dir_ + "/" + name + "/" + file);
       }
     }
     return keys;
