@@ -9,7 +9,8 @@
 //                       thread's attention and puts the run counter read in the same atomic
 //                       operation (so the training thread stops at the next boundary at most)
 //   ctl/r<N>/step       the round's OUTCOME, recorded once (insert-once): the claimant reads the
-//                       N - 1 other acks one by one (a wait each, until its deadline) and
+//                       N - 1 other acks (the machine asks one by one, a wait each, until its
+//                       deadline; the watcher answers from a watch or batched reads) and
 //                       inserts "step <max(counters) + 1>" (XLA's rule: any skew is tolerated; no
 //                       worker is past its published counter + 1 <= the step), or "timeout
 //                       <missing tasks>" when some ack never came; every other worker waits on
@@ -29,6 +30,10 @@
 // Guarantees:
 //   - agreement_key_name is the one place a key's name is spelled; control keys share the
 //     prefix agreement_control_prefix(scope), acks never do.
+//   - The round is the segment before a key's last (ctl/r<N>/step, ack/r<N>/<task>): a store
+//     that groups keys by the prefix before it (filesystem_kv's directories) keeps every
+//     round's control keys together and every round's acks together, so a round makes no new
+//     group there.
 // Caveats:
 //   - `scope` must end with '/' (the handler's is "holdfast/<run_id>/"); nothing here checks it.
 #pragma once
