@@ -47,9 +47,13 @@ using namespace bench::scale;
 // that can be waited on (handler.hpp, "the control watch"): a worker parks on its watch of ctl/
 // and answers the events it brings; control keys not yet seen are read once with try_get (the
 // handler's ctl_seen_); a wait on a control key (the outcome) costs no request while waiting; a
-// wait on an ack key (the claimant's collection) is a blocking get in slices of watch_interval,
-// each slice that ends empty-handed also looking at the outcome key. The store applies each
-// request half a latency after it is sent and answers half a latency later (jittered); a blocking
+// wait on an ack key (the claimant's collection) is, by <collect>, a blocking get in slices of
+// watch_interval (one_by_one), or the watcher's batch_look: the acks read so far, else a list
+// of the round's acks and a blocking get of the awaited one it lacked (list), or one get_many
+// of every ack not read yet (get_many), in slices of max(watch_interval, 1 s); each look or
+// slice that ends empty-handed also looks at the outcome key. A request reaches the store half
+// a latency after it is sent and its answer comes back half a latency after the server sent it
+// (jittered); a blocking
 // get waits in a per-key waiter list, woken by a put or insert of its key or by its deadline; each
 // write of a ctl/ key is delivered to every worker's watch (one delivery each). Task 0 is noticed
 // and claims; a few stalled workers answer the claim late, within ack_timeout. Each worker's run
