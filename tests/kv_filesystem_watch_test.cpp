@@ -208,6 +208,43 @@ TEST_CASE_FIXTURE(fs_kv, "filesystem watch: erase and erase_prefix are seen") {
   CHECK(take_within(w, 1000ms).resync);
 }
 
+// kv_watch_events::writes (issue 32, item 11): the handler erases a round's keys only once
+// nobody reads them, so its watches need not wake for the cleanup; each non-claimant woke for
+// the last round's claim and step erased (2.5 wake-ups a round where 2 are news). inotify
+// queues an event at the syscall, so "not readable" right after the erase is exact.
+// Invariants: a writes-only watch never wakes for an erase, a key's or a flat key's, and wakes
+// for every insert and put; an all-events watch beside it wakes for the erases.
+TEST_CASE_FIXTURE(fs_kv, "filesystem watch: a writes-only watch sleeps through erases") {
+  static_assert(holdfast::has_kv_watch_events_v<holdfast::filesystem_kv>);
+  kv.put("run/ctl/r0/claim", "c");
+  kv.put("run/ctl/r0/step", "s");
+  kv.put("run/stop", "x");
+  auto writes = kv.watch("run/ctl", holdfast::kv_watch_events::writes);
+  auto all = kv.watch("run/ctl");
+  auto flat = kv.watch("run", holdfast::kv_watch_events::writes);
+  REQUIRE(writes.take().resync);
+  REQUIRE(all.take().resync);
+  REQUIRE(flat.take().resync);
+  REQUIRE(kv.erase("run/ctl/r0/claim"));
+  REQUIRE(kv.erase("run/ctl/r0/step"));
+  REQUIRE(kv.erase("run/stop"));  // a key without '/' below "run/": the namespace directory's
+  CHECK_FALSE(readable_within(writes, 0ms));
+  CHECK(readable_within(all, 1000ms));
+  CHECK(take_within(all, 1000ms).resync);
+  CHECK(take_within(flat, 0ms).empty());  // the namespace directory's erase event is no news
+  REQUIRE(kv.insert("run/ctl/r1/claim", "c1"));
+  CHECK(readable_within(writes, 1000ms));
+  CHECK(take_within(writes, 1000ms).resync);
+  kv.put("run/ctl/r1/claim", "c2");  // replaced
+  CHECK(readable_within(writes, 1000ms));
+  CHECK(take_within(writes, 1000ms).resync);
+  CHECK(take_within(flat, 1000ms).resync);  // the insert and the put
+  CHECK_FALSE(readable_within(flat, 0ms));
+  kv.put("run/stop", "y");  // a flat key written: news
+  CHECK(readable_within(flat, 1000ms));
+  CHECK(take_within(flat, 1000ms).resync);
+}
+
 TEST_CASE_FIXTURE(fs_kv,
                   "filesystem watch: keys outside the prefix and publish temps do not count") {
   // "run/ctlx" lives in run%2F/, which can hold keys below "run/ctl/" too ("run/ctl/error"):

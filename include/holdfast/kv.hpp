@@ -196,6 +196,11 @@ class kv_namespace {
 //                                take() reports resync (the caller re-reads with try_get).
 //                                Stores that watch the whole prefix need not have it: a
 //                                caller calls it where it exists, before every blocking wait.
+// A store may also have `W watch(const std::string& prefix, kv_watch_events events)`
+// (OPTIONAL, has_kv_watch_events_v): with kv_watch_events::writes the watch need not wake for a
+// key erased or renamed away (etcd's NODELETE filter): a caller whose keys are erased only once
+// nobody reads them (the handler's round keys) sleeps through the cleanup. A key the watch
+// brought may then still be known after its erase, until the next resync.
 // The first take() after watch() reports resync (the caller reads what it needs once), or,
 // from a store that can list the prefix as it starts the watch (etcd_kv), complete: a snapshot
 // of every key, so the caller needs no read at all. A watch is used by one thread at a time;
@@ -212,6 +217,12 @@ class kv_namespace {
 struct kv_event {
   std::string key;                   ///< the changed key
   std::optional<std::string> value;  ///< its new value; nullopt: erased
+};
+
+/// What a watch must wake for (see "Waiting on a store"): every change, or writes only.
+enum class kv_watch_events : unsigned char {
+  all,     ///< keys written and keys erased
+  writes,  ///< keys written (created or replaced); an erase need not wake it
 };
 
 /// What a watch's take() returns.
@@ -292,6 +303,9 @@ struct has_kv_watch : std::false_type {};
 template <class T>
 struct has_kv_watch<T, std::enable_if_t<detect<kv_watch_members, kv_watch_t<T>>::value>>
     : std::true_type {};
+template <class T>
+using kv_watch_events_t = decltype(std::declval<T&>().watch(std::declval<const std::string&>(),
+                                                            kv_watch_events::writes));
 template <class W>
 using kv_watch_follow = decltype(std::declval<W&>().follow(std::declval<const std::string&>()));
 template <class T>
@@ -329,6 +343,12 @@ inline constexpr bool has_kv_erase_v = detail::detect<detail::kv_erase, T>::valu
 /// and take() (see "Waiting on a store" above).
 template <class T>
 inline constexpr bool has_kv_watch_v = detail::has_kv_watch<T>::value;
+
+/// True when T's watch can be told to wake for writes only: `watch(prefix, kv_watch_events)`
+/// (see "Waiting on a store").
+template <class T>
+inline constexpr bool has_kv_watch_events_v =
+    has_kv_watch_v<T>&& detail::detect<detail::kv_watch_events_t, T>::value;
 
 /// True when watch object W may be told which key matters now (`follow(key)`, see "Waiting on
 /// a store"): a store that waits on named keys only.

@@ -10,6 +10,10 @@
 //   - A resync (a store that only knows something changed, a watch that follows named keys, a
 //     resumed watch that may have missed events) forgets every value, so each is read again; so
 //     does holding more than 256 (a bound: forgetting costs reads, never correctness).
+//   - Its watch wakes for writes only where the store can be told so (has_kv_watch_events_v):
+//     the handler erases a key only once no worker reads it any more (a round's keys, after the
+//     next round's step), so an erase is no news to a watcher; a key erased since may still be
+//     answered as last seen, until the next resync.
 //   - follow(key) tells a watch that waits on named keys (a c10d-like store's wait) which key
 //     matters now; other watches ignore it.
 // Caveats:
@@ -56,7 +60,10 @@ struct watch_cache {
   }
   void open(Kv& kv, const std::string& p) {
     close();
-    watch.emplace(kv.watch(p));
+    if constexpr (has_kv_watch_events_v<Kv>)
+      watch.emplace(kv.watch(p, kv_watch_events::writes));  // erases are cleanup: sleep on
+    else
+      watch.emplace(kv.watch(p));
     prefix = p;
   }
   void close() {

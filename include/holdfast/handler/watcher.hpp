@@ -472,12 +472,20 @@ class agreement_watcher {
     const ms slice = std::min(left, std::max<ms>(options_.watch_interval, std::chrono::seconds(1)));
     if constexpr (has_kv_list_v<Kv>) {
       if (ack_reads_ == ack_reads::list) {
-        for (auto& e : retrying([&] { return kv_.list(ack_batch_.prefix); }, deadline))
-          ack_batch_.present.emplace(std::move(e.first), std::move(e.second));
+        auto list = [&] {
+          for (auto& e : retrying([&] { return kv_.list(ack_batch_.prefix); }, deadline))
+            ack_batch_.present.emplace(std::move(e.first), std::move(e.second));
+        };
+        list();
         if (!ack_batch_.present.count(key))
           if (auto v = retrying([&] { return kv_.get(key, slice); }, deadline))
             ack_batch_.present.emplace(key, std::move(*v));
-        if (Clock::now() >= deadline) ack_batch_.final = true;
+        if (Clock::now() >= deadline) {
+          // the acks that came while the get waited: what a read of each at the deadline
+          // would find (the list before the get is as old as the slice)
+          list();
+          ack_batch_.final = true;
+        }
         return;
       }
     }

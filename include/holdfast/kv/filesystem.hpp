@@ -39,14 +39,17 @@
 //     ignored by list, erase_prefix and watch.
 //   - An agreement round after the first makes no directory and creates one file per key it
 //     writes (each worker's ack, the claim, the step); the acks' writes and erases never wake a
-//     watch on the control keys (issue 32, item 11; counted by benchmarks/fs_agreement_bench.cpp).
+//     watch on the control keys, and the handler's writes-only watches sleep through the
+//     erases of the last round's keys: two wake-ups per worker but the claimant (the claim, the
+//     step) (issue 32, item 11; counted by benchmarks/fs_agreement_bench.cpp).
 //   - watch(prefix) (has_kv_watch_v) keeps one inotify descriptor for its life, with a watch on
 //     the namespace directory (keys without '/', parent directories appearing) and one on each
 //     parent directory that can hold keys below the prefix (added as they appear). Writes to
 //     other parents never wake it: a watch on "h/run/ctl" sleeps through every "h/run/ack/..."
 //     write. It wakes on a key below the prefix created, renamed in (publish), written, renamed
 //     away or removed (a directory's other keys wake it, and are not reported), and on such a
-//     parent directory made or removed; take() then reports resync, never
+//     parent directory made or removed (watch(prefix, kv_watch_events::writes): not on a key
+//     erased or renamed away); take() then reports resync, never
 //     events (a name carries no value: the caller re-reads its keys, a local list). The first
 //     take, an inotify queue overflow and a lost watch (the directory removed or moved:
 //     re-added once it is back) are resyncs too.
@@ -209,13 +212,17 @@ class fs_watch {
   /// Follows the keys of `dir` that start with `start` ("" for all). `recheck`: the re-check
   /// interval where inotify may miss changes; `poll`: the interval without inotify;
   /// `trust_local`: no re-check on a filesystem fs_notifies_all accepts.
+  /// `events`: kv_watch_events::writes leaves erases out of the parent directories' inotify
+  /// mask (and ignores those of keys without '/'), so a key's erase does not wake it.
   fs_watch(std::string dir, std::string start, std::chrono::milliseconds recheck,
-           std::chrono::milliseconds poll, bool trust_local)
+           std::chrono::milliseconds poll, bool trust_local,
+           kv_watch_events events = kv_watch_events::all)
       : dir_(std::move(dir)),
         start_(std::move(start)),
         recheck_(recheck),
         poll_(poll),
         trust_local_(trust_local),
+        writes_only_(events == kv_watch_events::writes),
         due_(clock::now()) {
     int raw = Io::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (raw >= 0) {
@@ -304,7 +311,8 @@ class fs_watch {
 
   // Watches parent directory `name` (standing for `parent`) unless it is watched already.
   bool watch_parent(const char* name, std::string parent) {
-    const int wd = Io::inotify_add_watch(inotify_.get(), (dir_ + "/" + name).c_str(), mask);
+    const std::uint32_t m = writes_only_ ? mask & ~std::uint32_t(IN_DELETE | IN_MOVED_FROM) : mask;
+    const int wd = Io::inotify_add_watch(inotify_.get(), (dir_ + "/" + name).c_str(), m);
     if (wd < 0) return errno == ENOENT || errno == ENOTDIR;  // gone again: nothing to watch
     for (const auto& p : parents_)
       if (p.first == wd) return true;
@@ -347,6 +355,7 @@ class fs_watch {
           unwatched_ = true;
         return true;  // made (it may hold keys already) or removed
       }
+      if (writes_only_ && (ev.mask & (IN_DELETE | IN_MOVED_FROM))) return false;
       auto key = fs_unescape(ev.name);
       return key && key->find('/') == std::string::npos &&
              key->compare(0, start_.size(), start_) == 0;
@@ -369,6 +378,7 @@ class fs_watch {
   std::chrono::milliseconds recheck_;
   std::chrono::milliseconds poll_;
   bool trust_local_;
+  bool writes_only_;  // kv_watch_events::writes: erases do not wake it
   std::chrono::milliseconds interval_ = std::chrono::milliseconds::max();
   basic_fd<Io> inotify_;
   int wd_ = -1;                                       // the namespace directory's watch
@@ -525,9 +535,11 @@ class basic_filesystem_kv {
   /// Follows every key strictly below `prefix + "/"` (all keys for ""), as kv.hpp's "Waiting
   /// on a store" describes: take() reports resync (never events) when such a key may have
   /// changed. One inotify descriptor and one watch on directory(), for the watch's life.
-  watcher watch(const std::string& prefix) const {
+  /// With kv_watch_events::writes, erasing or renaming away a key does not wake it (a
+  /// directory's removal still does).
+  watcher watch(const std::string& prefix, kv_watch_events events = kv_watch_events::all) const {
     return watcher(dir_, scope(prefix, "kv watch"), watch_recheck, watch_poll_interval,
-                   std::is_base_of_v<inotify_wait, Wait>);
+                   std::is_base_of_v<inotify_wait, Wait>, events);
   }
 
  private:
