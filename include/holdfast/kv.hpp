@@ -304,8 +304,8 @@ template <class T>
 struct has_kv_watch<T, std::enable_if_t<detect<kv_watch_members, kv_watch_t<T>>::value>>
     : std::true_type {};
 template <class T>
-using kv_watch_events_t = decltype(std::declval<T&>().watch(std::declval<const std::string&>(),
-                                                            kv_watch_events::writes));
+using kv_watch_events_t =
+    decltype(std::declval<T&>().watch(std::declval<const std::string&>(), kv_watch_events::writes));
 template <class W>
 using kv_watch_follow = decltype(std::declval<W&>().follow(std::declval<const std::string&>()));
 template <class T>
