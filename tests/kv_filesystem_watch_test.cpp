@@ -222,6 +222,9 @@ TEST_CASE_FIXTURE(fs_kv, "filesystem watch: a writes-only watch sleeps through e
   auto writes = kv.watch("run/ctl", holdfast::kv_watch_events::writes);
   auto all = kv.watch("run/ctl");
   auto flat = kv.watch("run", holdfast::kv_watch_events::writes);
+  holdfast::any_kv any(kv);  // forwards the events to the held store
+  auto via_any = any.watch("run/ctl", holdfast::kv_watch_events::writes);
+  REQUIRE(via_any.take().resync);
   REQUIRE(writes.take().resync);
   REQUIRE(all.take().resync);
   REQUIRE(flat.take().resync);
@@ -229,6 +232,7 @@ TEST_CASE_FIXTURE(fs_kv, "filesystem watch: a writes-only watch sleeps through e
   REQUIRE(kv.erase("run/ctl/r0/step"));
   REQUIRE(kv.erase("run/stop"));  // a key without '/' below "run/": the namespace directory's
   CHECK_FALSE(readable_within(writes, 0ms));
+  CHECK_FALSE(readable_within(via_any, 0ms));
   CHECK(readable_within(all, 1000ms));
   CHECK(take_within(all, 1000ms).resync);
   CHECK(take_within(flat, 0ms).empty());  // the namespace directory's erase event is no news

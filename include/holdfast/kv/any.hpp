@@ -19,7 +19,9 @@
 //     (kv_supports) and falls back: it reads each task's key instead of listing, and waits in
 //     blocking gets where there is no watch.
 //   - watch(prefix) returns an any_kv_watch that forwards fd(), buffered(), due() and take() to
-//     the held store's watch, and follow(key) where that watch has it (ignored otherwise).
+//     the held store's watch, and follow(key) where that watch has it (ignored otherwise);
+//     watch(prefix, kv_watch_events::writes) asks the held store for a writes-only watch where
+//     it has one (filesystem_kv), else for its plain watch.
 //   - stats_as<T>() returns the held store's stats() when they are a T (etcd_kv: etcd_stats),
 //     else nullopt.
 //   - Copies share the held store (as the backends' own handles do).
@@ -140,8 +142,12 @@ class any_kv {
                                                    std::chrono::milliseconds timeout) {
     return impl_->get_many(keys, timeout);
   }
-  /// Forwards watch(prefix); holdfast::error(ENOTSUP) when the held store cannot be waited on.
-  any_kv_watch watch(const std::string& prefix) { return impl_->watch(prefix); }
+  /// Forwards watch(prefix, events) (a held store without the events overload gets
+  /// watch(prefix): waking for erases too is always allowed); holdfast::error(ENOTSUP) when the
+  /// held store cannot be waited on.
+  any_kv_watch watch(const std::string& prefix, kv_watch_events events = kv_watch_events::all) {
+    return impl_->watch(prefix, events);
+  }
 
   /// True when the held store has `op` (insert, put, try_get and get always).
   bool supports(kv_op op) const noexcept { return impl_->supports(op); }
@@ -167,7 +173,7 @@ class any_kv {
     virtual std::size_t erase_prefix(const std::string&) = 0;
     virtual std::vector<std::optional<std::string>> get_many(const std::vector<std::string>&,
                                                              std::chrono::milliseconds) = 0;
-    virtual any_kv_watch watch(const std::string&) = 0;
+    virtual any_kv_watch watch(const std::string&, kv_watch_events) = 0;
     virtual bool supports(kv_op) const noexcept = 0;
     // Emplaces the held store's stats into `out` (a std::optional<S>*) when S is `type`.
     virtual void stats(const std::type_info& type, void* out) const = 0;
@@ -203,7 +209,9 @@ class any_kv {
       if constexpr (has_kv_get_many_v<Kv>) return kv.get_many(keys, t);
       detail::kv_unsupported("kv get_many", keys.empty() ? std::string() : keys.front());
     }
-    any_kv_watch watch(const std::string& p) override {
+    any_kv_watch watch(const std::string& p, kv_watch_events events) override {
+      if constexpr (has_kv_watch_events_v<Kv>) return any_kv_watch(kv.watch(p, events));
+      static_cast<void>(events);
       if constexpr (has_kv_watch_v<Kv>) return any_kv_watch(kv.watch(p));
       detail::kv_unsupported("kv watch", p);
     }
