@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/fault_sweep.hpp"  // disarm_on_exit
 #include "support/sanitizers.hpp"
 #include "support/temp_dir.hpp"
 
@@ -28,15 +29,12 @@ using holdfast::testing::fault;
 using holdfast::testing::fault_io;
 using holdfast::testing::fault_plan;
 using holdfast::testing::io_op;
+using holdfast_test::disarm_on_exit;
 using namespace std::chrono_literals;
 
 namespace {
 
 using holdfast_test::sanitized;
-
-struct disarm_on_exit {
-  ~disarm_on_exit() { fault_plan::disarm(); }
-};
 
 std::string slurp(const std::string& path) {
   auto fd = holdfast::open_file(path, O_RDONLY);
