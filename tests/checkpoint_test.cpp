@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/expect_error.hpp"
 #include "support/files.hpp"
 #include "support/kill_io.hpp"
 #include "support/sanitizers.hpp"
@@ -42,6 +43,7 @@ using holdfast::testing::io_op;
 
 namespace {
 
+using holdfast_test::error_text;
 using holdfast_test::sanitized;
 
 using holdfast_test::read_file;
@@ -102,17 +104,6 @@ struct log_lines {
     return false;
   }
 };
-
-template <class E, class F>
-std::string error_text(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("no exception of the expected type was thrown");
-  return {};
-}
 
 template <class Io>
 using local_store = holdfast::basic_store<holdfast::basic_local_filesystem<Io>>;

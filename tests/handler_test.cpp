@@ -218,6 +218,15 @@ std::vector<outcome> run_job(job& j, const scenario& sc, double* notice_to_done_
   return out;
 }
 
+// The handler of task `t` in an `n`-task job under run id `run`, the scenario's defaults
+// otherwise: what the tests that drive the handler themselves start each thread with.
+handler_t task_handler(job& j, int t, int n, const std::string& run, outcome& o) {
+  scenario sc;
+  sc.n = n;
+  return handler_t(make_config(j, t, sc, &o), j.kv, {t, n, run},
+                   holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+}
+
 std::set<std::int64_t> first_saves(const std::vector<outcome>& out) {
   std::set<std::int64_t> s;
   for (auto& o : out)
@@ -347,10 +356,7 @@ TEST_CASE("threads: save_checkpoint_if_preempted serves loops of several steps p
   for (int t = 0; t < 3; ++t)
     th.emplace_back([&, t] {
       auto& o = out[static_cast<std::size_t>(t)];
-      scenario sc;
-      sc.n = 3;
-      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 3, "loop"},
-                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      handler_t h = task_handler(j, t, 3, "loop", o);
       while (h.total_run_calls() < 100000) {
         for (int k = 0; k < 4; ++k) busy(250);  // four steps of a custom loop
         o.st.acc = h.total_run_calls() + 1;     // the state a save at the next call holds
@@ -436,11 +442,8 @@ TEST_CASE("threads: a worker stuck inside a step still acks (steps coupled by a 
     for (int t = 0; t < 3; ++t)
       th.emplace_back([&, t] {
         auto& o = out[static_cast<std::size_t>(t)];
-        scenario sc;
-        sc.n = 3;
         try {
-          handler_t h(make_config(j, t, sc, &o), j.kv, {t, 3, "sync"},
-                      holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+          handler_t h = task_handler(j, t, 3, "sync", o);
           while (h.total_run_calls() < 100000) {
             const std::int64_t k = h.total_run_calls();
             auto st = h.run([&] {
@@ -508,10 +511,7 @@ TEST_CASE("threads: re-armed after an in-process save, a second notice agrees ag
   for (int t = 0; t < 2; ++t)
     th.emplace_back([&, t] {
       auto& o = out[static_cast<std::size_t>(t)];
-      scenario sc;
-      sc.n = 2;
-      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 2, "rearm"},
-                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      handler_t h = task_handler(j, t, 2, "rearm", o);
       int stops = 0;
       while (stops < 2 && h.total_run_calls() < 100000) {
         if (h.run([&] { busy(200); }) == run_status::stopped) {
@@ -833,10 +833,7 @@ TEST_CASE("threads: the restore agreement resumes every worker from the newest c
     th.emplace_back([&, t] {
       auto& o = out[static_cast<std::size_t>(t)];
       o.st.acc = -1;
-      scenario sc;
-      sc.n = 3;
-      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 3, "restore"},
-                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      handler_t h = task_handler(j, t, 3, "restore", o);
       restored[static_cast<std::size_t>(t)] = h.restored_step();
       pinned[static_cast<std::size_t>(t)] = h.checkpointer().pinned();
       o.counter = h.total_run_calls();
@@ -865,10 +862,7 @@ TEST_CASE("threads: the restore agreement with no common step starts every worke
   for (int t = 0; t < 2; ++t)
     th.emplace_back([&, t] {
       auto& o = out[static_cast<std::size_t>(t)];
-      scenario sc;
-      sc.n = 2;
-      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 2, "fresh"},
-                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      handler_t h = task_handler(j, t, 2, "fresh", o);
       restored[static_cast<std::size_t>(t)] = h.restored_step();
       o.counter = h.total_run_calls();
     });

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/fault_sweep.hpp"  // disarm_on_exit
 #include "support/python_absl.hpp"
 #include "support/temp_dir.hpp"
 
@@ -851,9 +852,7 @@ TEST_CASE("a failure at every syscall of the handoff leaves no command, ready fi
   using holdfast::testing::fault_plan;
   using holdfast::testing::io_op;
   holdfast_test::temp_dir dir("handofffault");
-  struct disarm {
-    ~disarm() { fault_plan::disarm(); }
-  } guard;
+  holdfast_test::disarm_on_exit guard;
   command c = sample();
   // the whole exchange: create the root, publish the command, publish a ready file
   auto protocol = [&] {

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/expect_error.hpp"
+#include "support/fault_sweep.hpp"  // disarm_on_exit
 #include "support/http_server.hpp"
 
 using holdfast::detail::http_call;
@@ -25,6 +27,8 @@ using holdfast::testing::fault;
 using holdfast::testing::fault_io;
 using holdfast::testing::fault_plan;
 using holdfast::testing::io_op;
+using holdfast_test::disarm_on_exit;
+using holdfast_test::error_from;
 using holdfast_test::http_server;
 using holdfast_test::reply;
 using holdfast_test::seen_request;
@@ -33,23 +37,7 @@ using steady = std::chrono::steady_clock;
 
 namespace {
 
-struct disarm_on_exit {
-  ~disarm_on_exit() { fault_plan::disarm(); }
-};
-
 http_request get(const std::string& target) { return {"GET", target, {}, {}}; }
-
-// Runs `fn`; returns the holdfast::error it threw (fails the test when none was thrown).
-template <class F>
-holdfast::error error_of(F fn) {
-  try {
-    fn();
-  } catch (const holdfast::error& e) {
-    return e;
-  }
-  FAIL("no holdfast::error was thrown");
-  return holdfast::error(0, "", "");
-}
 
 double ms_since(steady::time_point t0) {
   return std::chrono::duration<double, std::milli>(steady::now() - t0).count();
@@ -188,7 +176,7 @@ TEST_CASE("malformed and truncated responses are EPROTO naming the URL") {
   for (const auto& c : cases) {
     CAPTURE(c.name);
     http_server srv([&](const seen_request&) { return reply::raw(c.bytes); });
-    auto e = error_of([&] { http_call(parse_http_url(srv.url()), get("/meta")); });
+    auto e = error_from([&] { http_call(parse_http_url(srv.url()), get("/meta")); });
     CHECK(e.errnum() == EPROTO);
     CHECK(e.path() == srv.url() + "/meta");
   }
@@ -196,7 +184,7 @@ TEST_CASE("malformed and truncated responses are EPROTO naming the URL") {
 
 TEST_CASE("connect refused is ECONNREFUSED and names the endpoint") {
   std::string url = holdfast_test::refused_url();
-  auto e = error_of([&] { http_call(parse_http_url(url), get("/x")); });
+  auto e = error_from([&] { http_call(parse_http_url(url), get("/x")); });
   CHECK(e.errnum() == ECONNREFUSED);
   CHECK(e.operation() == "connect");
   CHECK(std::string(e.what()).find(url + "/x") != std::string::npos);
@@ -206,7 +194,7 @@ TEST_CASE("a connect that gets no answer times out at the connect timeout") {
   holdfast_test::blackhole hole;
   http_timeouts t{400ms, 5000ms};
   auto t0 = steady::now();
-  auto e = error_of([&] { http_call(parse_http_url(hole.url()), get("/"), t); });
+  auto e = error_from([&] { http_call(parse_http_url(hole.url()), get("/"), t); });
   double took = ms_since(t0);
   CHECK(e.errnum() == ETIMEDOUT);
   CHECK(e.operation() == "connect");
@@ -219,7 +207,7 @@ TEST_CASE("a slow server times out at the read timeout, however it dribbles") {
     http_server srv(
         [](const seen_request&) { return reply::delayed(5s, reply::response(200, "late")); });
     auto t0 = steady::now();
-    auto e = error_of([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
+    auto e = error_from([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
     double took = ms_since(t0);
     CHECK(e.errnum() == ETIMEDOUT);
     CHECK(took >= 390);
@@ -233,7 +221,7 @@ TEST_CASE("a slow server times out at the read timeout, however it dribbles") {
       return r;
     });
     auto t0 = steady::now();
-    auto e = error_of([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
+    auto e = error_from([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
     double took = ms_since(t0);
     CHECK(e.errnum() == ETIMEDOUT);
     CHECK(took < 400 * 1.1 + 150);
@@ -242,7 +230,7 @@ TEST_CASE("a slow server times out at the read timeout, however it dribbles") {
     http_server srv([](const seen_request&) {
       return reply::raw("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc").keep_open();
     });
-    auto e = error_of([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
+    auto e = error_from([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
     CHECK(e.errnum() == ETIMEDOUT);
     CHECK(e.operation() == "recv");
   }
@@ -274,7 +262,7 @@ TEST_CASE("fault_io: EINTR is retried, short transfers are finished, EIO surface
   }
   SUBCASE("EIO on recv names the operation") {
     fault_plan::arm(fault{io_op::recv, 1, EIO});
-    auto e = error_of([&] { http_call<fault_io>(ep, get("/t")); });
+    auto e = error_from([&] { http_call<fault_io>(ep, get("/t")); });
     CHECK(e.errnum() == EIO);
     CHECK(e.operation() == "recv");
     CHECK(e.path() == srv.url() + "/t");
@@ -351,13 +339,13 @@ TEST_CASE("http_stream: a body that ends returns, errors and non-2xx throw") {
   };
   http_stream(ep, get("/short"), {}, far, collect);
   CHECK(got == "all of it");
-  auto e = error_of([&] { http_stream(ep, get("/404"), {}, far, collect); });
+  auto e = error_from([&] { http_stream(ep, get("/404"), {}, far, collect); });
   CHECK(e.errnum() == EPROTO);
   CHECK(std::string(e.what()).find("status 404") != std::string::npos);
   CHECK(std::string(e.what()).find("no such thing") != std::string::npos);
-  CHECK(error_of([&] { http_stream(ep, get("/cut"), {}, far, collect); }).errnum() == EPROTO);
+  CHECK(error_from([&] { http_stream(ep, get("/cut"), {}, far, collect); }).errnum() == EPROTO);
   // the head must come within the read timeout...
-  CHECK(error_of([&] {
+  CHECK(error_from([&] {
           http_stream(ep, get("/slow-head"), {1000ms, 300ms}, far, collect);
         }).errnum() == ETIMEDOUT);
   // ...unless the caller's deadline comes first: then it is a quiet return
@@ -378,7 +366,9 @@ TEST_CASE("a cancel flag ends a call to a slow server within a few tens of milli
       std::this_thread::sleep_for(100ms);  // the call must be waiting by then
       cancel.store(true);
     });
-    auto e = error_of([&] { http_call(parse_http_url(url), get("/"), {3000ms, 3000ms}, &cancel); });
+    auto e = error_from([&] {
+      http_call(parse_http_url(url), get("/"), {3000ms, 3000ms}, &cancel);
+    });
     canceller.join();
     CHECK(e.errnum() == ECANCELED);
     CHECK(ms_since(t0) < 100 + 150);
@@ -392,7 +382,7 @@ TEST_CASE("http_stream: a cancel flag ends a silent stream before its deadline")
   std::atomic<bool> cancel{false};
   std::string got;
   auto t0 = steady::now();
-  auto e = error_of([&] {
+  auto e = error_from([&] {
     http_stream(
         parse_http_url(srv.url()), get("/watch"), {}, t0 + 10s,
         [&](std::string_view b) {

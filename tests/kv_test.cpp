@@ -20,11 +20,14 @@
 #include <holdfast/testing/fault_io.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "support/c10d_like_kv.hpp"
 #include "support/child.hpp"
+#include "support/elapsed.hpp"
 #include "support/etcd_server.hpp"
+#include "support/expect_error.hpp"
 #include "support/key_wait_kv.hpp"
 #include "support/temp_dir.hpp"
 
@@ -32,6 +35,8 @@ using namespace std::chrono_literals;
 using holdfast::kv_namespace;
 using holdfast::kv_pairs;
 using clk = std::chrono::steady_clock;
+using holdfast_test::error_from;
+using holdfast_test::ms_since;
 
 namespace {
 
@@ -60,22 +65,6 @@ struct etcd_backend {
 };
 
 const kv_namespace ns0("run", 0);
-
-long long ms_since(clk::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - t0).count();
-}
-
-// Runs `op`; returns the holdfast::error it threw, or fails the test.
-template <class Op>
-holdfast::error error_from(Op op) {
-  try {
-    op();
-  } catch (const holdfast::error& e) {
-    return e;
-  }
-  FAIL("no holdfast::error was thrown");
-  return holdfast::error(0, "", "");
-}
 
 }  // namespace
 
@@ -427,34 +416,27 @@ TEST_CASE_TEMPLATE_DEFINE("kv across processes: racing inserts of one key, exact
   for (auto& kv : all) CHECK((kv.second >= "0" && kv.second <= "3"));
 }
 
-TEST_CASE_TEMPLATE_INVOKE(kv_fork_get_wakes, filesystem_backend, network_filesystem_backend,
-                          etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_fork_parent_wakes, filesystem_backend, network_filesystem_backend,
-                          etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_fork_insert_race, filesystem_backend, network_filesystem_backend,
-                          etcd_backend);
+// Every backend, and those with a cross-process half (the same lists for each suite).
+using every_backend =
+    std::tuple<in_process_backend, filesystem_backend, network_filesystem_backend, etcd_backend>;
+using cross_process_backends =
+    std::tuple<filesystem_backend, network_filesystem_backend, etcd_backend>;
 
-TEST_CASE_TEMPLATE_INVOKE(kv_insert, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_get_wakes, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_get_timeout, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_erase, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_list, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_erase_prefix, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_invalid_keys, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_namespaces, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_insert_race, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_fork_get_wakes, cross_process_backends);
+TEST_CASE_TEMPLATE_APPLY(kv_fork_parent_wakes, cross_process_backends);
+TEST_CASE_TEMPLATE_APPLY(kv_fork_insert_race, cross_process_backends);
+
+TEST_CASE_TEMPLATE_APPLY(kv_insert, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_get_wakes, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_get_timeout, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_erase, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_list, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_erase_prefix, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_invalid_keys, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_namespaces, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_insert_race, every_backend);
 TEST_CASE_TEMPLATE_INVOKE(kv_incarnation, in_process_backend, filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_counting, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_counting, every_backend);
 
 // ---- backend-independent parts ---------------------------------------------------------------
 

@@ -27,6 +27,7 @@
 #include "support/child.hpp"
 #include "support/http_server.hpp"
 #include "support/sanitizers.hpp"
+#include "support/scoped_disposition.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -35,40 +36,11 @@ using holdfast::exit_context;
 using holdfast::signal_notice;
 using holdfast_test::http_server;
 using holdfast_test::reply;
+using holdfast_test::scoped_disposition;  // a known action under a notice, doctest's restored
 using holdfast_test::seen_request;
 using steady = std::chrono::steady_clock;
 
 namespace {
-
-// doctest reports (and re-raises) SIGTERM from its own handler; a signal test wants a known
-// disposition underneath the notice, so it sets one for its duration and restores doctest's.
-class scoped_disposition {
- public:
-  scoped_disposition(int sig, void (*handler)(int)) : sig_(sig) {
-    struct sigaction sa {};
-    sa.sa_handler = handler;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(sig, &sa, &old_);
-  }
-  scoped_disposition(int sig, void (*action)(int, siginfo_t*, void*)) : sig_(sig) {
-    struct sigaction sa {};
-    sa.sa_sigaction = action;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(sig, &sa, &old_);
-  }
-  // Any disposition (flags and mask included).
-  scoped_disposition(int sig, const struct sigaction& sa) : sig_(sig) {
-    ::sigaction(sig, &sa, &old_);
-  }
-  ~scoped_disposition() { ::sigaction(sig_, &old_, nullptr); }
-  scoped_disposition(const scoped_disposition&) = delete;
-  scoped_disposition& operator=(const scoped_disposition&) = delete;
-
- private:
-  int sig_;
-  struct sigaction old_ {};
-};
 
 struct sigaction current_disposition(int sig) {
   struct sigaction sa {};

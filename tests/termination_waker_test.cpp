@@ -27,33 +27,16 @@
 #include "support/child.hpp"
 #include "support/http_server.hpp"
 #include "support/sanitizers.hpp"
+#include "support/scoped_disposition.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::signal_notice;
 using holdfast::detail::waker;
+using holdfast_test::scoped_disposition;  // SIG_IGN under a notice: a late delivery is dropped
 using steady = std::chrono::steady_clock;
 
 namespace {
-
-// SIG_IGN under a signal test's notice: a delivery after stop() is dropped, not fatal. (The
-// termination suite's scoped_disposition lives in its own file, not in support/.)
-class scoped_ignore {
- public:
-  explicit scoped_ignore(int sig) : sig_(sig) {
-    struct sigaction sa {};
-    sa.sa_handler = SIG_IGN;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(sig, &sa, &old_);
-  }
-  ~scoped_ignore() { ::sigaction(sig_, &old_, nullptr); }
-  scoped_ignore(const scoped_ignore&) = delete;
-  scoped_ignore& operator=(const scoped_ignore&) = delete;
-
- private:
-  int sig_;
-  struct sigaction old_ {};
-};
 
 // poll() for POLLIN on `fd` for up to `timeout`, through EINTR: 1 readable, 0 timed out.
 int wait_readable(int fd, std::chrono::milliseconds timeout) {
@@ -270,7 +253,7 @@ namespace {
 struct signal_fixture {
   using notice_type = signal_notice<SIGUSR1>;
   static constexpr auto within = 50ms;
-  scoped_ignore ign{SIGUSR1};
+  scoped_disposition ign{SIGUSR1, SIG_IGN};
   notice_type make() { return notice_type(); }
   void trigger() { ::raise(SIGUSR1); }
 };
@@ -278,7 +261,7 @@ struct signal_fixture {
 struct two_signal_fixture {
   using notice_type = signal_notice<SIGUSR2, SIGUSR1>;
   static constexpr auto within = 50ms;
-  scoped_ignore ign1{SIGUSR1}, ign2{SIGUSR2};
+  scoped_disposition ign1{SIGUSR1, SIG_IGN}, ign2{SIGUSR2, SIG_IGN};
   notice_type make() { return notice_type(); }
   void trigger() { ::raise(SIGUSR1); }
 };
@@ -322,7 +305,7 @@ struct any_of_fixture {
   using notice_type = holdfast::any_of<signal_notice<SIGUSR1>, holdfast::file_notice>;
   static constexpr auto within = 1000ms;
   holdfast_test::temp_dir dir{"waker"};
-  scoped_ignore ign{SIGUSR1};
+  scoped_disposition ign{SIGUSR1, SIG_IGN};
   notice_type make() {
     return notice_type(signal_notice<SIGUSR1>(), holdfast::file_notice(dir / "preempt", 5ms));
   }
@@ -335,7 +318,7 @@ struct any_of_fixture {
 struct config_fixture {
   using notice_type = holdfast::termination_config<signal_notice<SIGUSR1>, holdfast::no_exit>;
   static constexpr auto within = 50ms;
-  scoped_ignore ign{SIGUSR1};
+  scoped_disposition ign{SIGUSR1, SIG_IGN};
   notice_type make() { return notice_type(); }
   void trigger() { ::raise(SIGUSR1); }
 };
@@ -343,7 +326,7 @@ struct config_fixture {
 struct preset_fixture {
   using notice_type = holdfast::rebind_exit_t<holdfast::presets::slurm, holdfast::no_exit>;
   static constexpr auto within = 50ms;
-  scoped_ignore ign1{SIGUSR1}, ign2{SIGTERM};
+  scoped_disposition ign1{SIGUSR1, SIG_IGN}, ign2{SIGTERM, SIG_IGN};
   notice_type make() {
     return holdfast::with_exit(holdfast::presets::slurm(), holdfast::no_exit{});
   }
@@ -415,7 +398,7 @@ TEST_CASE_TEMPLATE_INVOKE(waker_contract, signal_fixture, two_signal_fixture, po
 // ---- signals from elsewhere ------------------------------------------------------------------
 
 TEST_CASE("a signal sent to the process wakes a thread blocked in poll within 50 ms") {
-  scoped_ignore ign(SIGUSR1);
+  scoped_disposition ign(SIGUSR1, SIG_IGN);
   waker w;
   signal_notice<SIGUSR1> n;
   n.set_waker(&w);
@@ -435,7 +418,7 @@ TEST_CASE("a signal sent to the process wakes a thread blocked in poll within 50
 }
 
 TEST_CASE("pthread_kill on a third thread wakes a thread blocked in poll within 50 ms") {
-  scoped_ignore ign(SIGUSR1);
+  scoped_disposition ign(SIGUSR1, SIG_IGN);
   waker w;
   signal_notice<SIGUSR1> n;
   n.start();
@@ -482,7 +465,7 @@ TEST_CASE("a file that appears wakes a thread blocked in poll, after one poll in
 // ---- attachments ------------------------------------------------------------------------------
 
 TEST_CASE("signal_notice: the waker stays attached across stop and start, stop wakes no one") {
-  scoped_ignore ign(SIGUSR1);
+  scoped_disposition ign(SIGUSR1, SIG_IGN);
   waker w;
   signal_notice<SIGUSR1> n;
   n.set_waker(&w);
@@ -502,7 +485,7 @@ TEST_CASE("signal_notice: the waker stays attached across stop and start, stop w
 }
 
 TEST_CASE("two notices on one signal wake their own wakers, one detached wakes none") {
-  scoped_ignore ign(SIGUSR1);
+  scoped_disposition ign(SIGUSR1, SIG_IGN);
   waker w1, w2;
   signal_notice<SIGUSR1> a, b;
   a.set_waker(&w1);
@@ -527,7 +510,7 @@ TEST_CASE("two notices on one signal wake their own wakers, one detached wakes n
 }
 
 TEST_CASE("any_of with a source that cannot wake: the others still wake, the trait says no") {
-  scoped_ignore ign(SIGUSR1);
+  scoped_disposition ign(SIGUSR1, SIG_IGN);
   std::atomic<bool> asked{false};
   using mixed = holdfast::any_of<signal_notice<SIGUSR1>, asked_notice>;
   static_assert(!holdfast::has_notice_waker_v<mixed>);
@@ -550,7 +533,7 @@ TEST_CASE("detaching while signals fly: no write reaches the descriptor after se
   // A thread raises SIGUSR1 in a loop (its handler runs there) while this one attaches a fresh
   // waker, detaches it and destroys it, then opens an eventfd that reuses the number: nothing
   // may reach it. Sanitized builds run ~10x slower: fewer rounds.
-  scoped_ignore ign(SIGUSR1);
+  scoped_disposition ign(SIGUSR1, SIG_IGN);
   signal_notice<SIGUSR1> n;
   n.start();
   std::atomic<bool> quit{false};
