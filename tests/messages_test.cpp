@@ -60,7 +60,7 @@ TEST_CASE("printable escapes every control byte and nothing else") {
   CHECK(printable("\r\t\x7f") == "\\x0d\\x09\\x7f");
 }
 
-TEST_CASE("error::what() escapes the path and the detail; path() keeps the bytes") {
+TEST_CASE("error::what() escapes the path and the detail, path() keeps the bytes") {
   holdfast::error e(EIO, "put", "job/\x1b[31mkey\n", "peer said: ok\nholdfast: forged");
   CHECK_FALSE(has_control(e.what()));
   CHECK(std::string(e.what()).find("job/\\x1b[31mkey\\x0a") != std::string::npos);
