@@ -686,7 +686,7 @@ TEST_CASE("the lease: a dead pid is trusted only where the lease names this PID 
   holdfast_test::temp_dir dir("lease-scope");
   const std::string d = dir / "ckpt";
   const std::string lease = d + "/.writer.lease";
-  const auto here = holdfast::detail::checkpoint_local_pid_scope<holdfast::posix_io>();
+  const auto here = holdfast::detail::checkpoint_local_pid_scope();
   REQUIRE(here.known());  // /proc is mounted where the tests run
   const std::string text = holdfast::detail::checkpoint_holder_text(7, "h", "n", here);
   CHECK(text.find("pidns " + here.pidns + "\n") != std::string::npos);

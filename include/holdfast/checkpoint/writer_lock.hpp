@@ -130,17 +130,22 @@ struct checkpoint_pid_scope {
   }
 };
 
-// This process's PID namespace and boot id (each "" where /proc cannot be read).
-template <class Io>
-checkpoint_pid_scope checkpoint_local_pid_scope() {
+// This process's PID namespace and boot id (each "" where /proc cannot be read). Plain syscalls,
+// as gethostname: these identify the process, they are not the checkpoint's I/O (the Io policy's
+// fault counts stay those of the lock files).
+inline checkpoint_pid_scope checkpoint_local_pid_scope() {
   checkpoint_pid_scope s;
   char buf[128] = {};
   ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
   if (n > 0) s.pidns.assign(buf, static_cast<std::size_t>(n));
-  try {
-    auto fd = open_file_if_exists<Io>("/proc/sys/kernel/random/boot_id", O_RDONLY);
-    if (fd) s.boot = read_all(fd);
-  } catch (const error&) {
+  int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char id[128] = {};
+    ssize_t r;
+    while ((r = ::read(fd, id, sizeof id - 1)) < 0 && errno == EINTR) {
+    }
+    if (r > 0) s.boot.assign(id, static_cast<std::size_t>(r));
+    ::close(fd);
   }
   while (!s.boot.empty() && (s.boot.back() == '\n' || s.boot.back() == ' ')) s.boot.pop_back();
   if (s.pidns.find('\n') != std::string::npos || s.boot.find('\n') != std::string::npos) return {};
@@ -235,7 +240,7 @@ class checkpoint_writer_lock {
       use_flock = is_flock_trusted_filesystem(detail::filesystem_type<io_type>(fd.get()));
     }
     host = detail::checkpoint_hostname();
-    pid_scope = detail::checkpoint_local_pid_scope<io_type>();
+    pid_scope = detail::checkpoint_local_pid_scope();
     if (use_flock)
       acquire_flock();
     else
