@@ -663,3 +663,31 @@ TEST_CASE("etcd_kv: a watch message longer than the limit is a clear error, not 
     CHECK(contains(e.what(), "watch message from " + fake.url()));
   }
 }
+
+TEST_CASE("etcd_kv: a huge reply body reaches a message capped, saying how long it was") {
+  // Invariant: whatever etcd (or a proxy in front of it) answers, a message shows at most the
+  // first 200 bytes of the reply body (or of the error text in it), then its length.
+  const std::string huge = std::string(std::size_t{3} << 20, 'x');  // 3 MiB
+  std::atomic<int> mode{0};
+  const std::string bodies[] = {
+      "start-" + huge,                                 // status 500, not JSON
+      R"({"message":"start-)" + huge + "\"}",          // status 500, JSON without an error
+      R"(["start-)" + huge + "\"]",                    // status 200, JSON but not an object
+      R"({"error":"start-)" + huge + R"(","code":2})"  // etcd's error text
+  };
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request&) {
+    const int m = mode.load();
+    return reply(m < 2 ? 500 : 200, bodies[m]);
+  });
+  etcd_kv kv(options_for({fake.url()}, 1000ms, 20000ms), ns0);
+  for (int m = 0; m < 4; ++m) {
+    CAPTURE(m);
+    mode = m;
+    const auto e = error_from([&] { kv.insert("some/key", "v"); });
+    const std::string what = e.what();
+    INFO(what.substr(0, 600));
+    CHECK(contains(what, "start-xxx"));
+    CHECK(contains(what, "bytes)"));
+    CHECK(what.size() < 700);
+  }
+}

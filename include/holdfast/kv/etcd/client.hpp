@@ -30,7 +30,9 @@
 //     in time (a connection closed before the reply is ECONNRESET), EAGAIN for etcd's
 //     "unavailable" answers, ETIMEDOUT for its deadline-exceeded ones, EPROTO for a malformed
 //     HTTP or JSON reply, EIO for any other error etcd reported (gateway.hpp).
-//     is_transient_kv_error is true for the first three kinds.
+//     is_transient_kv_error is true for the first three kinds. A reply body, or etcd's error
+//     text, shows in a message as its first 200 bytes and its length (http_body_excerpt), never
+//     whole (a reply may be 64 MiB).
 //   - With `lease_ttl` > 0, the client grants a lease, attaches it to every key it writes and
 //     keeps it alive from one background thread (a keep-alive every ttl/3). When the process
 //     dies the keep-alives stop and etcd deletes its keys after the TTL. The thread is stopped
@@ -454,7 +456,7 @@ class etcd_client {
       if (text.find("authentication is not enabled") != std::string::npos) return {};
       const int errnum = etcd_errno(c, text);
       throw error(errnum == EIO ? EACCES : errnum, op, key,
-                  who + ": " + text + " (gRPC code " + std::to_string(c) + ")");
+                  who + ": " + http_body_excerpt(text) + " (gRPC code " + std::to_string(c) + ")");
     }
     const json_value* tok = v.is_object() ? v.find("token") : nullptr;
     if (resp.status != 200 || !tok || !tok->is_string() || tok->as_string().empty())
@@ -559,14 +561,17 @@ class etcd_client {
       v = parse_json(body, url);
     } catch (const error& e) {
       if (status != 200)
-        throw error(EIO, op, key,
-                    "etcd answered status " + std::to_string(status) + ": " + body.substr(0, 200));
+        throw error(
+            EIO, op, key,
+            "etcd answered status " + std::to_string(status) + ": " + http_body_excerpt(body));
       throw error(EPROTO, op, key, "malformed reply from etcd: " + std::string(e.what()));
     }
     if (const json_value* err = v.is_object() ? v.find("error") : nullptr)
       throw_gateway_error(v, *err, url, op, key);
     if (status != 200 || !v.is_object())
-      throw error(EIO, op, key, "etcd answered status " + std::to_string(status) + ": " + body);
+      throw error(
+          EIO, op, key,
+          "etcd answered status " + std::to_string(status) + ": " + http_body_excerpt(body));
     return v;
   }
 
@@ -581,8 +586,8 @@ class etcd_client {
     const json_value* msg = nested ? err.find("message") : &err;
     const std::string text = msg && msg->is_string() ? msg->as_string() : to_json(err);
     const std::int64_t c = code && code->is_integer() ? code->as_int64() : -1;
-    std::string detail =
-        "etcd error: " + text + " (gRPC code " + std::to_string(c) + ", " + url + ")";
+    std::string detail = "etcd error: " + http_body_excerpt(text) + " (gRPC code " +
+                         std::to_string(c) + ", " + url + ")";
     if (text.find("user name is empty") != std::string::npos)
       detail +=
           "; the cluster requires authentication: set a user and a password file or "
