@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <holdfast/testing/fault_io.hpp>
 
@@ -690,4 +691,51 @@ TEST_CASE("etcd_kv: a huge reply body reaches a message capped, saying how long 
     CHECK(contains(what, "bytes)"));
     CHECK(what.size() < 700);
   }
+}
+
+TEST_CASE("etcd_kv: a password over plain http:// is refused unless every member is loopback") {
+  using holdfast::testing::fault;
+  using holdfast::testing::fault_io;
+  using holdfast::testing::fault_plan;
+  using holdfast::testing::io_op;
+  holdfast_test::disarm_on_exit guard;
+  ::setenv("HOLDFAST_TEST_ETCD_PW", "hunter2", 1);
+  auto with_user = [](std::vector<std::string> endpoints) {
+    auto o = options_for(std::move(endpoints));
+    o.user = "trainer";
+    o.password_env = "HOLDFAST_TEST_ETCD_PW";
+    return o;
+  };
+  // Refused at construction, before any call is made: a lease is asked for, so a client that
+  // did not refuse would resolve and connect at once; and every call fails, so even then no
+  // packet leaves for TEST-NET-1 (192.0.2.0/24, never to be contacted).
+  for (const auto& endpoints :
+       std::vector<std::vector<std::string>>{{"http://192.0.2.1:2379"},
+                                             {"http://127.0.0.1:2379", "http://192.0.2.1:2379"},
+                                             {"http://[::1]:2379", "http://192.0.2.1"},
+                                             {"http://127.0.0.1.example:2379"}}) {
+    CAPTURE(endpoints.back());
+    auto o = with_user(endpoints);
+    o.lease_ttl = 5s;
+    fault_plan::arm(fault{io_op::any, 1, EACCES, 1, 1000});
+    const auto e = error_from([&] { holdfast::basic_etcd_kv<fault_io> kv(o, ns0); });
+    INFO(std::string(e.what()));
+    CHECK(fault_plan::calls(io_op::any) == 0);
+    fault_plan::disarm();
+    CHECK(e.errnum() == EINVAL);
+    CHECK(contains(e.what(), "allow_plaintext_auth"));
+    CHECK_FALSE(contains(e.what(), "hunter2"));
+  }
+  // Accepted with the flag (no lease: nothing is contacted), and where every member is loopback.
+  auto flagged = with_user({"http://192.0.2.1:2379"});
+  flagged.allow_plaintext_auth = true;
+  etcd_kv accepted(flagged, ns0);
+  etcd_kv local_names(with_user({"http://localhost:2379", "http://[::1]:2379",
+                                 "http://127.5.6.7:2379", "http://LOCALHOST:1"}),
+                      ns0);
+  holdfast_test::etcd_server server;  // no authentication: the client finds it off and goes on
+  etcd_kv loopback(with_user({server.url()}), ns0);
+  CHECK(loopback.insert("k", "v"));
+  CHECK(loopback.try_get("k") == std::optional<std::string>("v"));
+  ::unsetenv("HOLDFAST_TEST_ETCD_PW");
 }

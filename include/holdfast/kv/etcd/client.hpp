@@ -49,10 +49,14 @@
 //     --auth-token-ttl) makes the client authenticate again and retry the request once. Neither
 //     the password nor the token appears in an error message. A wrong password or user is
 //     EACCES.
+//   - A user (a password) with http:// endpoints is refused (EINVAL, when the client is made,
+//     before anything is read or sent) unless every endpoint is loopback (127.0.0.0/8, ::1,
+//     localhost) or `allow_plaintext_auth` is set: the password would cross the network in
+//     clear text.
 //   - Every member is safe to call from several threads at once.
 // Caveats:
-//   - Without a TLS transport the traffic, and a password, cross the network in clear text: use
-//     https:// endpoints on any network that is not trusted.
+//   - Without a TLS transport the traffic crosses the network in clear text (and, with
+//     `allow_plaintext_auth`, the password too): use https:// on any network that is not trusted.
 //   - etcd's gateway cannot authenticate a user by client-certificate name: with --client-cert-auth
 //     and auth enabled it ignores the certificate's CommonName ("CommonName of client sending a
 //     request against gateway will be ignored"). Client certificates authenticate the host to
@@ -357,6 +361,14 @@ class etcd_client {
     if (!out.front().tls && !o.tls.empty())
       throw error(EINVAL, "etcd connect", out.front().url(),
                   "TLS options are set but the endpoints are http://: use https://");
+    if (!out.front().tls && !o.user.empty() && !o.allow_plaintext_auth)
+      for (const auto& ep : out)
+        if (!http_loopback_host(ep.host))
+          throw error(EINVAL, "etcd auth", ep.url(),
+                      "user '" + o.user +
+                          "' would send its password in clear text to an http:// endpoint that "
+                          "is not loopback: use https:// (etcds:// in a store URL), or set "
+                          "etcd_options::allow_plaintext_auth on a trusted network");
     return out;
   }
 
