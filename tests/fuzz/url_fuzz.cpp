@@ -38,11 +38,10 @@ void http_url(std::string_view in, bool allow_https) {
 }
 
 // What a store URL holds that no error message may show: the password of user info
-// ("etcd://user:secret@host"), user info without ':' (a token: "etcd://secret@host") and the values
-// of query parameters not known to be harmless
-// ("?password=secret"). Only secrets of 4 bytes or more that occur once in the URL are checked
-// (a shorter or repeated one may be in the message for another reason, e.g. as the host), in
-// the URL the error shows (error::path()).
+// ("etcd://user:secret@host"), user info without ':' (a token: "etcd://secret@host") and the
+// values of query parameters not known to be harmless ("?password=secret"). Only secrets of 4 bytes
+// or more that occur once in the URL are checked (a shorter or repeated one may be in the message
+// for another reason, e.g. as the host), in the URL the error shows (error::path()).
 std::vector<std::string> secrets_of(std::string_view url) {
   std::vector<std::string> out;
   auto unique = [&](std::string_view s) {

@@ -13,7 +13,8 @@
 // Caveats:
 //   - The options are checked when a client is made, not here: no endpoints, mixed http:// and
 //     https://, TLS options with http:// endpoints, a user without exactly one password source,
-//     or an invalid prefix throw holdfast::error (EINVAL) then.
+//     a user with http:// endpoints not all loopback (unless allow_plaintext_auth), or an
+//     invalid prefix throw holdfast::error (EINVAL) then.
 #pragma once
 
 #include <chrono>
