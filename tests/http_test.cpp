@@ -396,3 +396,29 @@ TEST_CASE("http_stream: a cancel flag ends a silent stream before its deadline")
   CHECK(got == "first");
   CHECK(ms_since(t0) < 1000);
 }
+
+TEST_CASE("a huge error body reaches a message capped, saying how long it was") {
+  // Invariant: a message shows at most the first 200 bytes of a reply body, then its length,
+  // however long the body (an error body may be up to 64 MiB).
+  const std::string body = "start-" + std::string(std::size_t{3} << 20, 'x');  // 3 MiB
+  http_server srv([&](const seen_request&) { return reply(500, body); });
+  const auto ep = parse_http_url(srv.url());
+  const std::string length = "(" + std::to_string(body.size()) + " bytes)";
+  auto check_capped = [&](const holdfast::error& e) {
+    const std::string what = e.what();
+    INFO(what.substr(0, 600));
+    CHECK(e.errnum() == EPROTO);
+    CHECK(what.find("status 500: start-xxx") != std::string::npos);
+    CHECK(what.find(length) != std::string::npos);
+    CHECK(what.size() < 600);
+  };
+  const http_timeouts t{1000ms, 20000ms};  // ample for 3 MiB on a loaded machine
+  check_capped(error_of([&] {
+    http_stream(ep, get("/stream"), t, steady::now() + 20s, [](std::string_view) { return true; });
+  }));
+  using transport = holdfast::plain_transport<holdfast::posix_io>;
+  check_capped(error_of([&] {
+    holdfast::detail::http_open_stream<holdfast::posix_io, transport> open(
+        transport().connect(ep, t.connect, srv.url(), nullptr), ep, get("/watch"), t, nullptr);
+  }));
+}

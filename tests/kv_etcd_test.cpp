@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <holdfast/testing/fault_io.hpp>
 
@@ -662,4 +663,79 @@ TEST_CASE("etcd_kv: a watch message longer than the limit is a clear error, not 
     CHECK(e.errnum() == EMSGSIZE);
     CHECK(contains(e.what(), "watch message from " + fake.url()));
   }
+}
+
+TEST_CASE("etcd_kv: a huge reply body reaches a message capped, saying how long it was") {
+  // Invariant: whatever etcd (or a proxy in front of it) answers, a message shows at most the
+  // first 200 bytes of the reply body (or of the error text in it), then its length.
+  const std::string huge = std::string(std::size_t{3} << 20, 'x');  // 3 MiB
+  std::atomic<int> mode{0};
+  const std::string bodies[] = {
+      "start-" + huge,                                 // status 500, not JSON
+      R"({"message":"start-)" + huge + "\"}",          // status 500, JSON without an error
+      R"(["start-)" + huge + "\"]",                    // status 200, JSON but not an object
+      R"({"error":"start-)" + huge + R"(","code":2})"  // etcd's error text
+  };
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request&) {
+    const int m = mode.load();
+    return reply(m < 2 ? 500 : 200, bodies[m]);
+  });
+  etcd_kv kv(options_for({fake.url()}, 1000ms, 20000ms), ns0);
+  for (int m = 0; m < 4; ++m) {
+    CAPTURE(m);
+    mode = m;
+    const auto e = error_from([&] { kv.insert("some/key", "v"); });
+    const std::string what = e.what();
+    INFO(what.substr(0, 600));
+    CHECK(contains(what, "start-xxx"));
+    CHECK(contains(what, "bytes)"));
+    CHECK(what.size() < 700);
+  }
+}
+
+TEST_CASE("etcd_kv: a password over plain http:// is refused unless every member is loopback") {
+  using holdfast::testing::fault;
+  using holdfast::testing::fault_io;
+  using holdfast::testing::fault_plan;
+  using holdfast::testing::io_op;
+  holdfast_test::disarm_on_exit guard;
+  ::setenv("HOLDFAST_TEST_ETCD_PW", "hunter2", 1);
+  auto with_user = [](std::vector<std::string> endpoints) {
+    auto o = options_for(std::move(endpoints));
+    o.user = "trainer";
+    o.password_env = "HOLDFAST_TEST_ETCD_PW";
+    return o;
+  };
+  // Refused at construction, before any call is made: a lease is asked for, so a client that
+  // did not refuse would resolve and connect at once; and every call fails, so even then no
+  // packet leaves for TEST-NET-1 (192.0.2.0/24, never to be contacted).
+  for (const auto& endpoints :
+       std::vector<std::vector<std::string>>{{"http://192.0.2.1:2379"},
+                                             {"http://127.0.0.1:2379", "http://192.0.2.1:2379"},
+                                             {"http://[::1]:2379", "http://192.0.2.1"},
+                                             {"http://127.0.0.1.example:2379"}}) {
+    CAPTURE(endpoints.back());
+    auto o = with_user(endpoints);
+    o.lease_ttl = 5s;
+    fault_plan::arm(fault{io_op::any, 1, EACCES, 1, 1000});
+    const auto e = error_from([&] { holdfast::basic_etcd_kv<fault_io> kv(o, ns0); });
+    INFO(std::string(e.what()));
+    CHECK(fault_plan::calls(io_op::any) == 0);
+    fault_plan::disarm();
+    CHECK(e.errnum() == EINVAL);
+    CHECK(contains(e.what(), "allow_plaintext_auth"));
+    CHECK_FALSE(contains(e.what(), "hunter2"));
+  }
+  // Accepted with the flag (no lease: nothing is contacted), and where every member is loopback.
+  auto flagged = with_user({"http://192.0.2.1:2379"});
+  flagged.allow_plaintext_auth = true;
+  etcd_kv accepted(flagged, ns0);
+  etcd_kv local_names(with_user({"http://localhost:2379", "http://[::1]:2379",
+                                 "http://127.5.6.7:2379", "http://LOCALHOST:1"}),
+                      ns0);
+  holdfast_test::etcd_server server;  // no authentication: the client finds it off and goes on
+  etcd_kv loopback(with_user({server.url()}), ns0);
+  CHECK(loopback.insert("k", "v"));
+  CHECK(loopback.try_get("k") == std::optional<std::string>("v"));
+  ::unsetenv("HOLDFAST_TEST_ETCD_PW");
 }

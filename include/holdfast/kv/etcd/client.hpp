@@ -30,7 +30,9 @@
 //     in time (a connection closed before the reply is ECONNRESET), EAGAIN for etcd's
 //     "unavailable" answers, ETIMEDOUT for its deadline-exceeded ones, EPROTO for a malformed
 //     HTTP or JSON reply, EIO for any other error etcd reported (gateway.hpp).
-//     is_transient_kv_error is true for the first three kinds.
+//     is_transient_kv_error is true for the first three kinds. A reply body, or etcd's error
+//     text, shows in a message as its first 200 bytes and its length (http_body_excerpt), never
+//     whole (a reply may be 64 MiB).
 //   - With `lease_ttl` > 0, the client grants a lease, attaches it to every key it writes and
 //     keeps it alive from one background thread (a keep-alive every ttl/3). When the process
 //     dies the keep-alives stop and etcd deletes its keys after the TTL. The thread is stopped
@@ -47,10 +49,14 @@
 //     --auth-token-ttl) makes the client authenticate again and retry the request once. Neither
 //     the password nor the token appears in an error message. A wrong password or user is
 //     EACCES.
+//   - A user (a password) with http:// endpoints is refused (EINVAL, when the client is made,
+//     before anything is read or sent) unless every endpoint is loopback (127.0.0.0/8, ::1,
+//     localhost) or `allow_plaintext_auth` is set: the password would cross the network in
+//     clear text.
 //   - Every member is safe to call from several threads at once.
 // Caveats:
-//   - Without a TLS transport the traffic, and a password, cross the network in clear text: use
-//     https:// endpoints on any network that is not trusted.
+//   - Without a TLS transport the traffic crosses the network in clear text (and, with
+//     `allow_plaintext_auth`, the password too): use https:// on any network that is not trusted.
 //   - etcd's gateway cannot authenticate a user by client-certificate name: with --client-cert-auth
 //     and auth enabled it ignores the certificate's CommonName ("CommonName of client sending a
 //     request against gateway will be ignored"). Client certificates authenticate the host to
@@ -355,6 +361,14 @@ class etcd_client {
     if (!out.front().tls && !o.tls.empty())
       throw error(EINVAL, "etcd connect", out.front().url(),
                   "TLS options are set but the endpoints are http://: use https://");
+    if (!out.front().tls && !o.user.empty() && !o.allow_plaintext_auth)
+      for (const auto& ep : out)
+        if (!http_loopback_host(ep.host))
+          throw error(EINVAL, "etcd auth", ep.url(),
+                      "user '" + o.user +
+                          "' would send its password in clear text to an http:// endpoint that "
+                          "is not loopback: use https:// (etcds:// in a store URL), or set "
+                          "etcd_options::allow_plaintext_auth on a trusted network");
     return out;
   }
 
@@ -454,7 +468,7 @@ class etcd_client {
       if (text.find("authentication is not enabled") != std::string::npos) return {};
       const int errnum = etcd_errno(c, text);
       throw error(errnum == EIO ? EACCES : errnum, op, key,
-                  who + ": " + text + " (gRPC code " + std::to_string(c) + ")");
+                  who + ": " + http_body_excerpt(text) + " (gRPC code " + std::to_string(c) + ")");
     }
     const json_value* tok = v.is_object() ? v.find("token") : nullptr;
     if (resp.status != 200 || !tok || !tok->is_string() || tok->as_string().empty())
@@ -559,14 +573,17 @@ class etcd_client {
       v = parse_json(body, url);
     } catch (const error& e) {
       if (status != 200)
-        throw error(EIO, op, key,
-                    "etcd answered status " + std::to_string(status) + ": " + body.substr(0, 200));
+        throw error(
+            EIO, op, key,
+            "etcd answered status " + std::to_string(status) + ": " + http_body_excerpt(body));
       throw error(EPROTO, op, key, "malformed reply from etcd: " + std::string(e.what()));
     }
     if (const json_value* err = v.is_object() ? v.find("error") : nullptr)
       throw_gateway_error(v, *err, url, op, key);
     if (status != 200 || !v.is_object())
-      throw error(EIO, op, key, "etcd answered status " + std::to_string(status) + ": " + body);
+      throw error(
+          EIO, op, key,
+          "etcd answered status " + std::to_string(status) + ": " + http_body_excerpt(body));
     return v;
   }
 
@@ -581,8 +598,8 @@ class etcd_client {
     const json_value* msg = nested ? err.find("message") : &err;
     const std::string text = msg && msg->is_string() ? msg->as_string() : to_json(err);
     const std::int64_t c = code && code->is_integer() ? code->as_int64() : -1;
-    std::string detail =
-        "etcd error: " + text + " (gRPC code " + std::to_string(c) + ", " + url + ")";
+    std::string detail = "etcd error: " + http_body_excerpt(text) + " (gRPC code " +
+                         std::to_string(c) + ", " + url + ")";
     if (text.find("user name is empty") != std::string::npos)
       detail +=
           "; the cluster requires authentication: set a user and a password file or "

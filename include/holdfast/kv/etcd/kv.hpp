@@ -261,7 +261,7 @@ class basic_etcd_kv {
       const auto* why = result->find("cancel_reason");
       const std::string reason = why && why->is_string() ? why->as_string() : std::string();
       if (detail::etcd_int(result->find("compact_revision")) != 0 || reason.empty()) return false;
-      const std::string text = "etcd cancelled the watch: " + reason;
+      const std::string text = "etcd cancelled the watch: " + detail::http_body_excerpt(reason);
       if (detail::etcd_token_problem(0, reason))
         throw detail::etcd_unauthenticated(EACCES, "etcd get", key, text);
       throw error(reason.find("permission denied") != std::string::npos ? EACCES : EIO, "etcd get",

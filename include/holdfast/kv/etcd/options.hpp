@@ -13,7 +13,8 @@
 // Caveats:
 //   - The options are checked when a client is made, not here: no endpoints, mixed http:// and
 //     https://, TLS options with http:// endpoints, a user without exactly one password source,
-//     or an invalid prefix throw holdfast::error (EINVAL) then.
+//     a user with http:// endpoints not all loopback (unless allow_plaintext_auth), or an
+//     invalid prefix throw holdfast::error (EINVAL) then.
 #pragma once
 
 #include <chrono>
@@ -55,6 +56,9 @@ struct etcd_options {
   std::string password_file;
   /// ...or the name of an environment variable holding it. Exactly one of the two with a user.
   std::string password_env;
+  /// Send the password over http:// endpoints that are not all loopback (127.0.0.0/8, ::1,
+  /// localhost); without it such options are refused (EINVAL) when the client is made.
+  bool allow_plaintext_auth = false;
   /// Idle connections kept for reuse by one client (all endpoints together); 0: one
   /// connection per request.
   std::size_t idle_connections = 4;

@@ -283,7 +283,7 @@ class etcd_watcher {
         return false;
       }
       throw error(reason.find("permission denied") != std::string::npos ? EACCES : EIO,
-                  "etcd watch", prefix_, "etcd cancelled the watch: " + reason);
+                  "etcd watch", prefix_, "etcd cancelled the watch: " + http_body_excerpt(reason));
     }
     if (const auto* events = result->find("events"))
       for (const auto& ev : events->as_array()) {
