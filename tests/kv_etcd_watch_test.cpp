@@ -267,6 +267,7 @@ TEST_CASE("etcd_kv watch: with a lease, the keep-alives are the probes and nothi
   holdfast_test::etcd_server server;
   etcd_options o = options_for({server.url()}, 2000ms);
   o.lease_ttl = std::chrono::seconds(3);  // a keep-alive every second, on the watched endpoint
+  o.leased_prefix = "live";
   etcd_kv kv(o, ns0);
   auto w = kv.watch("ctl");
   CHECK(w.probe_interval() == 1500ms);  // 1.5 keep-alive periods
