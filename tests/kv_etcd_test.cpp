@@ -1,7 +1,7 @@
 // etcd_kv beyond the shared contract: failures (server stopped, hung, garbage, unreachable
 // endpoints) each end in a clear holdfast::error within their timeout; failover; the watch is
-// one request (no polling); leases keep a live client's keys and drop a dead one's; the fixture
-// fails (never skips) without etcd.
+// one request (no polling); leases keep a live client's leased keys (below leased_prefix) and
+// drop a dead one's, and never go on another key; the fixture fails (never skips) without etcd.
 #include <doctest/doctest.h>
 #include <signal.h>
 
@@ -388,14 +388,15 @@ TEST_CASE("etcd_kv: an endpoint that timed out is skipped for suspect_for, then 
   CHECK(ms_since(t0) < 300);  // a healed suspect is tried before a fresh one
 }
 
-TEST_CASE("etcd_kv lease: a live client keeps its keys, a SIGKILLed one loses them") {
+TEST_CASE("etcd_kv lease: a live client keeps its leased keys, a SIGKILLed one loses them only") {
   holdfast_test::etcd_server server;
   etcd_kv observer(options_for({server.url()}), ns0);
   int fds[2];
   REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
   holdfast_test::child worker([&] {
     auto o = options_for({server.url()});
-    o.lease_ttl = 2s;  // keep-alives every ~670 ms: a loaded machine still keeps it
+    o.lease_ttl = 2s;             // keep-alives every ~670 ms: a loaded machine still keeps it
+    o.leased_prefix = "workers";  // liveness keys; "step/1" records a decision: never leased
     etcd_kv kv(o, ns0);
     CHILD_REQUIRE(kv.lease_id() != 0);
     CHILD_REQUIRE(kv.insert("workers/1", "alive"));
@@ -416,9 +417,9 @@ TEST_CASE("etcd_kv lease: a live client keeps its keys, a SIGKILLed one loses th
   CHECK(r.term_signal == SIGKILL);
   auto t0 = clk::now();
   CHECK(wait_gone(observer, "workers/1", 6s));
-  CHECK(wait_gone(observer, "step/1", 1s));
   CHECK(ms_since(t0) < 5000);                          // TTL 2 s + etcd's expiry sweep, well inside
   CHECK(observer.insert("workers/1", "replacement"));  // the slot is free again
+  CHECK(observer.try_get("step/1") == std::optional<std::string>("10"));  // outside: it stays
 }
 
 TEST_CASE("etcd_kv lease: destruction stops the keep-alive promptly and revoke deletes at once") {
@@ -426,31 +427,38 @@ TEST_CASE("etcd_kv lease: destruction stops the keep-alive promptly and revoke d
   etcd_kv observer(options_for({server.url()}), ns0);
   auto o = options_for({server.url()});
   o.lease_ttl = 2s;
+  o.leased_prefix = "live";
   {
     std::optional<etcd_kv> kv(std::in_place, o, ns0);
-    kv->put("kept", "v");
+    kv->put("live/kept", "v");
     CHECK(kv->lease_alive());
     auto copy = kv->with_namespace(kv_namespace("run", 1));  // shares the lease
     CHECK(copy.lease_id() == kv->lease_id());
-    copy.put("other-ns", "v");
+    copy.put("live/other-ns", "v");
     kv.reset();
     CHECK(copy.lease_alive());  // the last handle still keeps the lease
     auto t0 = clk::now();
     { auto gone = std::move(copy); }
     CHECK(ms_since(t0) < 200);
   }
-  CHECK(observer.try_get("kept").has_value());  // not revoked on destruction
+  CHECK(observer.try_get("live/kept").has_value());  // not revoked on destruction
 
   {
     etcd_kv kv(o, ns0);
-    kv.put("revoked", "v");
+    kv.put("live/revoked", "v");
+    CHECK(kv.insert("live/inserted", "v"));  // an insert below leased_prefix is leased too
+    kv.put("decision", "v");                 // outside leased_prefix: no lease
+    CHECK(kv.insert("live", "v"));           // the prefix itself is not below it
     kv.revoke_lease();
     CHECK_FALSE(kv.lease_alive());
-    CHECK_FALSE(observer.try_get("revoked").has_value());
+    CHECK_FALSE(observer.try_get("live/revoked").has_value());
+    CHECK_FALSE(observer.try_get("live/inserted").has_value());
+    CHECK(observer.try_get("decision") == std::optional<std::string>("v"));
+    CHECK(observer.try_get("live") == std::optional<std::string>("v"));
     kv.revoke_lease();  // idempotent
     CHECK(kv.lease_id() == 0);
-    kv.put("after-revoke", "v");  // writes go on, without a lease
-    CHECK(observer.try_get("after-revoke") == std::optional<std::string>("v"));
+    kv.put("live/after-revoke", "v");  // writes go on, without a lease
+    CHECK(observer.try_get("live/after-revoke") == std::optional<std::string>("v"));
   }
 
   {  // a keep-alive in flight to a hung server does not hold up destruction
@@ -493,7 +501,18 @@ TEST_CASE("etcd_kv: bad options are rejected up front") {
   o.prefix = "a//b";
   CHECK(error_from([&] { etcd_kv(o, ns0); }).errnum() == EINVAL);
   o.prefix = "ok";
-  o.lease_ttl = 5s;  // granting the lease needs the server: a clear error now, not later
+  o.lease_ttl = 5s;  // and no leased_prefix: a lease for no key
+  auto bad = error_from([&] { etcd_kv(o, ns0); });
+  CHECK(bad.errnum() == EINVAL);
+  CHECK(contains(bad.what(), "lease_ttl without leased_prefix"));
+  o.lease_ttl = 0s;
+  o.leased_prefix = "live";  // and no lease_ttl
+  CHECK(error_from([&] { etcd_kv(o, ns0); }).errnum() == EINVAL);
+  o.lease_ttl = 5s;
+  o.leased_prefix = "live//x";
+  CHECK(error_from([&] { etcd_kv(o, ns0); }).errnum() == EINVAL);
+  o.leased_prefix = "live/";  // a trailing '/' is accepted, as list() accepts it
+  // granting the lease needs the server: a clear error now, not later
   auto e = error_from([&] { etcd_kv(o, ns0); });
   CHECK(e.errnum() == ECONNREFUSED);
   CHECK(contains(e.what(), "etcd lease grant"));

@@ -33,11 +33,13 @@
 //     is_transient_kv_error is true for the first three kinds. A reply body, or etcd's error
 //     text, shows in a message as its first 200 bytes and its length (http_body_excerpt), never
 //     whole (a reply may be 64 MiB).
-//   - With `lease_ttl` > 0, the client grants a lease, attaches it to every key it writes and
-//     keeps it alive from one background thread (a keep-alive every ttl/3). When the process
-//     dies the keep-alives stop and etcd deletes its keys after the TTL. The thread is stopped
-//     and joined when the client is destroyed (with its last handle), within ~20 ms even with a
-//     keep-alive in flight to a hung server (the request is cancelled).
+//   - With `lease_ttl` > 0 (and a `leased_prefix`), the client grants a lease and keeps it alive
+//     from one background thread (a keep-alive every ttl/3); etcd_kv attaches it to the keys
+//     below leased_prefix only (lease_for(key)), never to another key. When the process dies the
+//     keep-alives stop and etcd deletes its leased keys after the TTL; what it wrote elsewhere
+//     (a recorded outcome) stays. The thread is stopped and joined when the client is destroyed
+//     (with its last handle), within ~20 ms even with a keep-alive in flight to a hung server
+//     (the request is cancelled).
 //   - Connections are reused (HTTP/1.1 keep-alive, detail/http/pool.hpp): up to
 //     `idle_connections` idle ones per client, so a TLS handshake is paid per connection, not
 //     per request. A suspect endpoint's idle connections are closed; streams (a get's watch, each
@@ -65,7 +67,10 @@
 //     apply it when it resumes): read the key before retrying.
 //   - Suspect marks belong to one client (one etcd_kv and its copies), not to the process.
 //   - The lease is not revoked on destruction (other workers may still need the keys); call
-//     revoke_lease() to delete this client's keys at once.
+//     revoke_lease() to delete this client's leased keys at once.
+//   - Once the lease expired (the process was paused, or cut off, longer than the TTL), writes
+//     of leased keys fail with EIO ("requested lease not found"); no new lease is granted.
+//     Other keys are written as before.
 #pragma once
 
 #include <algorithm>
@@ -127,8 +132,16 @@ class etcd_client {
 
   /// The options it was made with.
   const etcd_options& options() const noexcept { return opts_; }
-  /// The lease attached to writes, or 0.
+  /// The lease attached to writes of leased keys (lease_for()), or 0.
   std::int64_t lease_id() const noexcept { return lease_id_.load(); }
+  /// The lease a write of `key` (relative to a handle's namespace) carries: lease_id() when
+  /// `key` is strictly below `leased_prefix + "/"`, else 0 (no lease).
+  std::int64_t lease_for(std::string_view key) const noexcept {
+    const std::string& p = opts_.leased_prefix;
+    const bool leased = !p.empty() && key.size() > p.size() && key.compare(0, p.size(), p) == 0 &&
+                        key[p.size()] == '/';
+    return leased ? lease_id_.load() : 0;
+  }
   /// False once the lease expired or was revoked.
   bool lease_alive() const noexcept { return lease_alive_.load(); }
 
@@ -312,8 +325,9 @@ class etcd_client {
     return k ? pool_.idle(&endpoints_.at(*k)) : pool_.idle();
   }
 
-  /// Revokes the lease now (etcd deletes every key attached to it) and stops the keep-alives;
-  /// later writes carry no lease. Does nothing without a lease or when already revoked.
+  /// Revokes the lease now (etcd deletes every key attached to it: the leased keys) and stops
+  /// the keep-alives; later writes carry no lease. Does nothing without a lease or when already
+  /// revoked.
   void revoke_lease() {
     const std::int64_t id = lease_id_.load();
     if (id == 0) return;
@@ -344,6 +358,13 @@ class etcd_client {
                   "a user needs exactly one of password_file and password_env");
     if (o.user.empty() && (!o.password_file.empty() || !o.password_env.empty()))
       throw error(EINVAL, "etcd auth", "", "a password source without a user");
+    o.leased_prefix = normalize_prefix(o.leased_prefix, "etcd leased_prefix");
+    if (o.lease_ttl.count() > 0 && o.leased_prefix.empty())
+      throw error(EINVAL, "etcd lease", "",
+                  "lease_ttl without leased_prefix: the lease goes only on keys below "
+                  "leased_prefix (liveness keys), never on keys that record decisions");
+    if (o.lease_ttl.count() <= 0 && !o.leased_prefix.empty())
+      throw error(EINVAL, "etcd lease", o.leased_prefix, "leased_prefix without a lease_ttl");
     return o;
   }
 
