@@ -25,6 +25,7 @@
 #include "support/c10d_like_kv.hpp"
 #include "support/child.hpp"
 #include "support/handler_harness.hpp"
+#include "support/own_write_kv.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -1239,4 +1240,79 @@ TEST_CASE(
   INFO("final save durable " << std::chrono::duration_cast<milliseconds>(durable - noticed).count()
                              << " ms after the notice; grace " << grace.count() << " ms");
   CHECK(durable <= noticed + grace);
+}
+
+using own_kv = holdfast_test::own_write_kv<holdfast::in_process_kv>;
+using own_handler_t =
+    holdfast::preemption_handler<config_t, own_kv, holdfast_test::memory_checkpoints>;
+
+// Four workers over `kv`; task 0 alone is noticed once every worker ran 20 steps, so it claims.
+// Returns the outcomes and (through notice_to_done_ms) the time from the notice until the last
+// worker's run() returned stopped (or threw).
+std::vector<outcome> run_own_write_team(own_kv kv, const scenario& sc, double& notice_to_done_ms) {
+  job j(sc.n);
+  std::vector<outcome> out(static_cast<std::size_t>(sc.n));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < sc.n; ++t)
+    threads.emplace_back([&, t] {
+      outcome& o = out[static_cast<std::size_t>(t)];
+      try {
+        own_handler_t h(make_config(j, t, sc, &o), kv, {t, sc.n, sc.run_id},
+                        holdfast_test::memory_checkpoints{&o.st}, opts(sc));
+        while (h.total_run_calls() < sc.max_steps) {
+          o.last = h.run([&] {
+            ++o.st.acc;
+            busy(200);
+          });
+          j.b.set(t, h.total_run_calls());
+          if (o.last == run_status::stopped) break;
+        }
+        o.finished = true;
+      } catch (const std::exception& e) {
+        o.error = e.what();
+      }
+      o.stopped_at = std::chrono::steady_clock::now();
+      j.b.set(t, std::numeric_limits<std::int64_t>::max());
+    });
+  CHECK(j.b.wait_all(sc.notice_at, 20s));
+  const auto noticed_at = std::chrono::steady_clock::now();
+  j.flags[0]->store(true);
+  for (auto& th : threads) th.join();
+  auto last = noticed_at;
+  for (auto& o : out) last = std::max(last, o.stopped_at);
+  notice_to_done_ms = std::chrono::duration<double, std::milli>(last - noticed_at).count();
+  return out;
+}
+
+// The invariant: the claimant recognises the claim it created (its own value, its nonce), so it
+// collects the acks and every worker saves once at one step, promptly: not at its deadline.
+void check_claimant_recognised_its_claim(holdfast_test::own_write_fault fault) {
+  scenario sc;
+  sc.ack_timeout = 4000ms;  // every worker would wait this long for a claim nobody serves
+  sc.max_steps = 200000;    // a bound on a worker that never stops (200 µs steps: 40 s)
+  own_kv kv(holdfast::in_process_kv(holdfast::kv_namespace("own", "0")), fault, "/claim");
+  double ms = 0;
+  auto out = run_own_write_team(kv, sc, ms);
+  CHECK(kv.fired() == 1);
+  for (auto& o : out) {
+    CAPTURE(o.error);
+    CHECK(o.finished);
+    CHECK(o.last == run_status::stopped);
+    CHECK(o.st.saves == 1);
+  }
+  CHECK(first_saves(out).size() == 1);
+  auto claim =
+      holdfast::parse_agreement_value(kv.inner().try_get("holdfast/run/ctl/r0/claim").value_or(""));
+  REQUIRE(claim);
+  CHECK(claim->writer == 0);
+  CHECK(ms < static_cast<double>(sc.ack_timeout.count()) / 2);  // not a deadline's wait
+}
+}  // namespace
+
+TEST_CASE("threads: a claim applied but answered false is the claimant's own: no stall") {
+  check_claimant_recognised_its_claim(holdfast_test::own_write_fault::lost_answer);
+}
+
+TEST_CASE("threads: a claim that commits late, after the retry read nothing, is the claimant's") {
+  check_claimant_recognised_its_claim(holdfast_test::own_write_fault::late_commit);
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <holdfast/detail/http.hpp>
 #include <holdfast/testing/fault_io.hpp>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -421,4 +422,56 @@ TEST_CASE("a huge error body reaches a message capped, saying how long it was") 
     holdfast::detail::http_open_stream<holdfast::posix_io, transport> open(
         transport().connect(ep, t.connect, srv.url(), nullptr), ep, get("/watch"), t, nullptr);
   }));
+}
+
+namespace {
+
+using pool_t =
+    holdfast::detail::http_pool<holdfast::posix_io, holdfast::plain_transport<holdfast::posix_io>>;
+
+// A server that answers "/first" (keeping the connection), then reads the next request on that
+// connection and closes it without a byte of reply, as a server that applied a request and then
+// lost its connection; the same request again (on a fresh connection) is answered.
+holdfast_test::http_server::handler closes_the_second() {
+  auto seen = std::make_shared<int>(0);
+  return [seen](const seen_request& r) {
+    if (r.target == "/first") return reply(200, "one").keep_alive();
+    return ++*seen == 1 ? reply() : reply(200, "again");
+  };
+}
+
+std::vector<std::string> targets(const http_server& srv) {
+  std::vector<std::string> out;
+  for (const auto& r : srv.requests()) out.push_back(r.target);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("http_pool: a request that may have been applied is never sent twice") {
+  using holdfast::detail::http_resend;
+  http_server srv(closes_the_second());
+  auto ep = parse_http_url(srv.url());
+  pool_t pool({}, 4);
+  REQUIRE(pool.call(ep, {"POST", "/first", {}, "{}"}, {}, http_resend::on_stale).body == "one");
+  REQUIRE(pool.idle(&ep) == 1);  // the write below goes on this reused connection
+  CHECK_THROWS_AS(pool.call(ep, {"POST", "/txn", {}, "{}"}, {}, http_resend::never),
+                  holdfast::detail::http_connection_closed);
+  // The invariant: the server saw the write once. A call after it is the next request it saw.
+  CHECK(pool.call(ep, {"POST", "/first", {}, "{}"}, {}, http_resend::on_stale).body == "one");
+  CHECK(targets(srv) == std::vector<std::string>{"/first", "/txn", "/first"});
+  CHECK(pool.requests() == 3);
+}
+
+TEST_CASE("http_pool: a read whose reused connection closed unanswered is sent once more") {
+  using holdfast::detail::http_resend;
+  http_server srv(closes_the_second());
+  auto ep = parse_http_url(srv.url());
+  pool_t pool({}, 4);
+  REQUIRE(pool.call(ep, {"POST", "/first", {}, "{}"}, {}, http_resend::on_stale).body == "one");
+  REQUIRE(pool.idle(&ep) == 1);
+  CHECK(pool.call(ep, {"POST", "/range", {}, "{}"}, {}, http_resend::on_stale).body == "again");
+  CHECK(targets(srv) == std::vector<std::string>{"/first", "/range", "/range"});
+  CHECK(pool.requests() == 3);
+  CHECK(pool.connections() == 2);  // the resend went on a fresh connection
 }

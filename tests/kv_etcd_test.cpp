@@ -758,3 +758,28 @@ TEST_CASE("etcd_kv: a password over plain http:// is refused unless every member
   CHECK(loopback.try_get("k") == std::optional<std::string>("v"));
   ::unsetenv("HOLDFAST_TEST_ETCD_PW");
 }
+
+TEST_CASE("etcd_kv: a write whose reused connection closed unanswered is not sent again") {
+  // etcd may apply a txn and then lose the connection: sending it again would answer
+  // "succeeded: false" for this caller's own write. A read is safe to send again.
+  std::atomic<int> ranges{0}, txns{0};
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request& r) {
+    if (r.target == "/v3/kv/txn") {
+      ++txns;
+      return reply();  // applied, say, but the connection closes before a byte of the reply
+    }
+    if (++ranges == 2) return reply();  // the reused connection closes unanswered
+    return reply(200, R"({"header":{"revision":"1"}})").keep_alive();
+  });
+  etcd_kv kv(options_for({fake.url()}), ns0);
+  CHECK_FALSE(kv.try_get("a").has_value());
+  REQUIRE(kv.idle_connections() == 1);
+  CHECK_FALSE(kv.try_get("a").has_value());  // sent again on a fresh connection
+  CHECK(ranges == 3);
+  REQUIRE(kv.idle_connections() == 1);
+  auto e = error_from([&] { kv.insert("k", "v"); });
+  CHECK(holdfast::is_transient_kv_error(e));
+  CHECK(contains(e.what(), "outcome unknown"));
+  CHECK(contains(e.what(), "etcd insert 'k'"));
+  CHECK(txns == 1);  // the invariant: a write that may have been applied is sent once
+}

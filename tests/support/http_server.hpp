@@ -8,7 +8,9 @@
 //
 // The handler runs on the server's one thread, once per connection, and returns a `reply`: a
 // list of steps (pause, then send bytes), after which the server closes the connection (or,
-// with `hold_open`, keeps it open until the client closes or the server stops). Pauses end early
+// with `hold_open`, keeps it open until the client closes or the server stops; with
+// `serve_next`, reads the next request on it and calls the handler again: keep-alive). A reply
+// with no steps closes the connection without answering. Pauses end early
 // when the client disconnects or the server is destroyed, so a "slow server" never slows
 // shutdown. Connections are served one at a time. Requests are recorded for assertions.
 //
@@ -62,6 +64,8 @@ struct reply {
   std::vector<step> steps;
   /// After the last step, keep the connection open until the client closes or the server stops.
   bool hold_open = false;
+  /// After the last step, read the next request on the same connection (HTTP keep-alive).
+  bool serve_next = false;
 
   reply() = default;
   /// A complete response with Content-Length and optional extra header lines ("K: V\r\n...").
@@ -88,6 +92,11 @@ struct reply {
   /// Keeps the connection open after the last step.
   reply& keep_open() {
     hold_open = true;
+    return *this;
+  }
+  /// Serves the next request on this connection after the last step (keep-alive).
+  reply& keep_alive() {
+    serve_next = true;
     return *this;
   }
 
@@ -278,20 +287,24 @@ class http_server {
   }
 
   void serve(int fd) {
-    seen_request req;
-    if (!read_request(fd, req)) return;
-    handler h;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      seen_.push_back(req);
-      h = handler_;
+    for (;;) {
+      seen_request req;
+      if (!read_request(fd, req)) return;
+      handler h;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        seen_.push_back(req);
+        h = handler_;
+      }
+      reply r = h(req);
+      for (const auto& s : r.steps) {
+        if (s.pause.count() > 0 && !pause(fd, s.pause)) return;
+        send_all(fd, s.bytes);
+      }
+      if (r.serve_next) continue;
+      if (r.hold_open) pause(fd, std::chrono::seconds(60));
+      return;
     }
-    reply r = h(req);
-    for (const auto& s : r.steps) {
-      if (s.pause.count() > 0 && !pause(fd, s.pause)) return;
-      send_all(fd, s.bytes);
-    }
-    if (r.hold_open) pause(fd, std::chrono::seconds(60));
   }
 
   void run() {

@@ -114,9 +114,8 @@ std::optional<std::int64_t> agree_on_restore(Kv& kv, Checkpointer& checkpoints,
                                   : w.value_text(agreement_value::kind::none);
   std::optional<agreement_value> decided;
   try {
-    bool created = party.store.insert_once(kv, outcome_key, proposal, recording);
-    auto text = created ? std::optional<std::string>(proposal)
-                        : party.store.retrying([&] { return kv.try_get(outcome_key); }, recording);
+    auto text = party.store.insert_or_read(kv, outcome_key, proposal, recording).current;
+    if (!text) text = party.store.retrying([&] { return kv.try_get(outcome_key); }, recording);
     decided = parse_agreement_value(text.value_or(std::string()));
     if (!decided) throw format_error(outcome_key, "not an outcome: '" + text.value_or("") + "'");
   } catch (const format_error&) {

@@ -20,8 +20,11 @@
 //       * for reads (try_get, list, get's ranges and watches, lease keep-alives) also after a
 //         timeout, a lost connection or an "unavailable" answer;
 //       * never for writes that were sent (put, insert, erase, erase_prefix, lease grant and
-//         revoke): their outcome is unknown, so they throw that transient error at once and the
-//         caller's retry goes to another endpoint.
+//         revoke): their outcome is unknown, so they throw that transient error at once ("sent,
+//         outcome unknown") and the caller's retry goes to another endpoint. Nor does the
+//         connection pool send a write again when its reused connection closes before any byte
+//         of the reply (etcd may have applied it): only reads (etcd_request::read) are resent
+//         there, once, on a fresh connection.
 //     Connecting (with a TLS handshake) is bounded by `connect_timeout`, a request by
 //     `request_timeout`. The suspect marks are shared by every handle on the client and updated
 //     lock-free.
@@ -100,8 +103,8 @@
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
 
-/// Whether a request may go to another endpoint after it was sent: reads may, writes (whose
-/// outcome is then unknown) may not.
+/// Whether a request may go to another endpoint, or again on a fresh connection, after it was
+/// sent: reads may, writes (whose outcome is then unknown) may not.
 enum class etcd_request { read, write };
 
 /// The connection to an etcd cluster, shared by every handle: endpoints, failover, connections,
@@ -154,7 +157,7 @@ class etcd_client {
     with_endpoint(kind, op, key, [&](const http_endpoint& ep) {
       authorized(ep, op, key, cancel, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
-        http_response resp = pool_.call(ep, req, timeouts(), cancel);
+        http_response resp = pool_.call(ep, req, timeouts(), resend_for(kind), cancel);
         bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
         out = reply(resp.status, resp.body, ep.url() + target, op, key);
       });
@@ -241,7 +244,7 @@ class etcd_client {
       authorized(ep, op, key, nullptr, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
         if (probe) probes_.fetch_add(1, std::memory_order_relaxed);
-        http_response resp = pool_.call(ep, req, timeouts(), nullptr);
+        http_response resp = pool_.call(ep, req, timeouts(), http_resend::on_stale, nullptr);
         bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
         out = reply(resp.status, resp.body, ep.url() + target, op, key);
       });
@@ -340,6 +343,12 @@ class etcd_client {
 
  private:
   using clock = std::chrono::steady_clock;
+
+  // Whether the pool may resend a request whose reused connection closed unanswered: a read
+  // may; a write, which etcd may have applied before the connection dropped, may not.
+  static http_resend resend_for(etcd_request kind) noexcept {
+    return kind == etcd_request::read ? http_resend::on_stale : http_resend::never;
+  }
 
   http_timeouts timeouts() const {
     return http_timeouts{opts_.connect_timeout, opts_.request_timeout};
@@ -472,7 +481,8 @@ class etcd_client {
     const http_request req{
         "POST", target, headers_with(nullptr),
         "{\"name\":" + json_quote(opts_.user) + ",\"password\":" + json_quote(password_) + "}"};
-    http_response resp = pool_.call(ep, req, timeouts(), cancel);
+    // a token request changes nothing etcd keeps: safe to send again
+    http_response resp = pool_.call(ep, req, timeouts(), http_resend::on_stale, cancel);
     bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
     const std::string who = "authenticating as user '" + opts_.user + "' at " + url;
     json_value v;
