@@ -1242,6 +1242,7 @@ TEST_CASE(
   CHECK(durable <= noticed + grace);
 }
 
+namespace {
 using own_kv = holdfast_test::own_write_kv<holdfast::in_process_kv>;
 using own_handler_t =
     holdfast::preemption_handler<config_t, own_kv, holdfast_test::memory_checkpoints>;

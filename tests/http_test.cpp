@@ -414,11 +414,11 @@ TEST_CASE("a huge error body reaches a message capped, saying how long it was") 
     CHECK(what.size() < 600);
   };
   const http_timeouts t{1000ms, 20000ms};  // ample for 3 MiB on a loaded machine
-  check_capped(error_of([&] {
+  check_capped(error_from([&] {
     http_stream(ep, get("/stream"), t, steady::now() + 20s, [](std::string_view) { return true; });
   }));
   using transport = holdfast::plain_transport<holdfast::posix_io>;
-  check_capped(error_of([&] {
+  check_capped(error_from([&] {
     holdfast::detail::http_open_stream<holdfast::posix_io, transport> open(
         transport().connect(ep, t.connect, srv.url(), nullptr), ep, get("/watch"), t, nullptr);
   }));

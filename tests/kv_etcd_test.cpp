@@ -736,6 +736,7 @@ TEST_CASE("etcd_kv: a password over plain http:// is refused unless every member
     CAPTURE(endpoints.back());
     auto o = with_user(endpoints);
     o.lease_ttl = 5s;
+    o.leased_prefix = "live";
     fault_plan::arm(fault{io_op::any, 1, EACCES, 1, 1000});
     const auto e = error_from([&] { holdfast::basic_etcd_kv<fault_io> kv(o, ns0); });
     INFO(std::string(e.what()));

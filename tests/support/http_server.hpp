@@ -68,9 +68,13 @@ struct reply {
   bool serve_next = false;
 
   reply() = default;
-  /// A complete response with Content-Length and optional extra header lines ("K: V\r\n...").
+  /// A complete response with Content-Length and optional extra header lines ("K: V\r\n..."),
+  /// saying `Connection: close` (the server closes after it, unless keep_alive() is asked): a
+  /// client must not pool a connection the server is about to close, or its next request races
+  /// the close (and a write is never resent).
   reply(int status, const std::string& body, const std::string& extra_headers = "") {
-    steps.push_back({std::chrono::milliseconds(0), response(status, body, extra_headers)});
+    steps.push_back(
+        {std::chrono::milliseconds(0), response(status, body, close_header + extra_headers)});
   }
   /// Any bytes, sent at once, then close.
   static reply raw(std::string bytes) {
@@ -97,8 +101,14 @@ struct reply {
   /// Serves the next request on this connection after the last step (keep-alive).
   reply& keep_alive() {
     serve_next = true;
+    for (auto& st : steps) {
+      auto at = st.bytes.find(close_header);
+      if (at != std::string::npos) st.bytes.erase(at, close_header.size());
+    }
     return *this;
   }
+  /// The header reply(status, body) adds and keep_alive() removes.
+  static inline const std::string close_header = "Connection: close\r\n";
 
   static std::string reason(int status) {
     switch (status) {
