@@ -254,7 +254,8 @@ TEST_CASE(
   set_history(dir, 0, 20, "hA");
   set_history(dir, 1, 20, "hB");
   holdfast::in_process_kv kv({"job", 0});
-  auto r = launch(dir, 2, [&](int) { return kv; }, nothing);
+  auto r = launch(
+      dir, 2, [&](int) { return kv; }, nothing);
   for (int t = 0; t < 2; ++t) {
     INFO("task " << t << ": " << r.errors[static_cast<std::size_t>(t)]);
     CHECK(r.restored[static_cast<std::size_t>(t)] == 10);
@@ -263,7 +264,8 @@ TEST_CASE(
   // no step with one identity: every task starts fresh
   set_history(dir, 1, 10, "hX");
   holdfast::in_process_kv kv1({"job", 1});
-  r = launch(dir, 2, [&](int) { return kv1; }, nothing);
+  r = launch(
+      dir, 2, [&](int) { return kv1; }, nothing);
   for (int t = 0; t < 2; ++t) {
     INFO("task " << t << ": " << r.errors[static_cast<std::size_t>(t)]);
     CHECK(r.errors[static_cast<std::size_t>(t)].empty());
@@ -302,7 +304,8 @@ void stale_launch_is_refused(const holdfast_test::temp_dir& dir, MakeKv make_kv)
 template <class Kv>
 void stale_control_key_is_refused(const holdfast_test::temp_dir& dir, Kv kv) {
   kv.put("holdfast/run/ctl/r0/step", "step 57 by 1/0123456789abcdef");
-  auto r = launch(dir, 2, [&](int) { return kv; }, nothing);
+  auto r = launch(
+      dir, 2, [&](int) { return kv; }, nothing);
   for (int t = 0; t < 2; ++t) {
     const std::string& e = r.errors[static_cast<std::size_t>(t)];
     INFO("task " << t << " restored " << r.restored[static_cast<std::size_t>(t)].value_or(-1));
@@ -313,17 +316,20 @@ void stale_control_key_is_refused(const holdfast_test::temp_dir& dir, Kv kv) {
 
 }  // namespace
 
-TEST_CASE("threads: a reused run id and incarnation is refused, naming the stale key (in-process)") {
+TEST_CASE(
+    "threads: a reused run id and incarnation is refused, naming the stale key (in-process)") {
   holdfast_test::temp_dir dir("restore-stale-mem");
   holdfast::in_process_kv kv({"job", 7});
   stale_launch_is_refused(dir, [&](int) { return kv; });
   // a fresh incarnation restores step 20: both tasks saved it in one launch, whose history the
   // restore agreement gave both managers
   holdfast::in_process_kv fresh({"job", 8});
-  auto r = launch(dir, 2, [&](int) { return fresh; }, [](int, auto& h) {
-    CHECK(h.checkpointer().metadata(20)->history.size() == 16);  // the first launch's nonce
-    CHECK(h.checkpointer().history() != h.checkpointer().metadata(20)->history);  // a new one
-  });
+  auto r = launch(
+      dir, 2, [&](int) { return fresh; },
+      [](int, auto& h) {
+        CHECK(h.checkpointer().metadata(20)->history.size() == 16);  // the first launch's nonce
+        CHECK(h.checkpointer().history() != h.checkpointer().metadata(20)->history);  // a new one
+      });
   for (int t = 0; t < 2; ++t) {
     INFO("task " << t << ": " << r.errors[static_cast<std::size_t>(t)]);
     CHECK(r.restored[static_cast<std::size_t>(t)] == 20);
@@ -333,7 +339,8 @@ TEST_CASE("threads: a reused run id and incarnation is refused, naming the stale
   stale_control_key_is_refused(dir2, holdfast::in_process_kv({"job", 7}));
 }
 
-TEST_CASE("threads: a reused run id and incarnation is refused, naming the stale key (filesystem)") {
+TEST_CASE(
+    "threads: a reused run id and incarnation is refused, naming the stale key (filesystem)") {
   holdfast_test::temp_dir dir("restore-stale-fs");
   const std::string root = dir / "kv";
   stale_launch_is_refused(dir, [&](int) { return holdfast::filesystem_kv(root, {"job", 7}); });

@@ -506,7 +506,8 @@ class checkpoint_manager<Store>::impl
     auto list = complete_list();  // of each step, the one listed last (as find_step)
     std::vector<checkpoint_identity> out;
     for (std::int64_t st : all_steps()) {
-      auto c = std::find_if(list.rbegin(), list.rend(), [&](const auto& x) { return x.step == st; });
+      auto c =
+          std::find_if(list.rbegin(), list.rend(), [&](const auto& x) { return x.step == st; });
       out.push_back(detail::checkpoint_load_identity<io_type>(c->path, st));
     }
     return out;

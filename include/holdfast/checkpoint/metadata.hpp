@@ -33,7 +33,7 @@
 #include <string_view>
 
 #include "../agreement/step_list.hpp"  // checkpoint_identity: the step and its history
-#include "../detail/json.hpp"            // the metadata file's format
+#include "../detail/json.hpp"          // the metadata file's format
 #include "../error.hpp"
 #include "../io.hpp"     // basic_fd, open_file_if_exists, read_all, write_all
 #include "../store.hpp"  // detail::store_join
@@ -155,8 +155,7 @@ checkpoint_identity checkpoint_load_identity(const std::string& checkpoint_path,
 template <class Io>
 void checkpoint_write_metadata(const std::string& work, std::int64_t step,
                                std::chrono::system_clock::time_point time,
-                               const checkpoint_metrics* metrics,
-                               const std::string& history = {}) {
+                               const checkpoint_metrics* metrics, const std::string& history = {}) {
   std::string path = detail::store_join(work, checkpoint_metadata_file_name);
   int fd = Io::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
