@@ -23,7 +23,8 @@
 //     task passes the agreement without this task's list), so a value there was written by an
 //     earlier launch under the same run id and incarnation: construction throws holdfast::error
 //     (EEXIST) naming the key and the run id and incarnation, rather than following it. (A
-//     restore/step holding a timeout that names this task is this launch's: it is followed.)
+//     restore/step holding a timeout may be this launch's, this task having started late: it
+//     throws agreement_timeout, as following it would.)
 //   - A task that never starts makes the agreement throw agreement_timeout naming it, on every
 //     task; a store that cannot be reached to record or read the outcome throws
 //     agreement_unreachable; a list or an outcome that is not the grammar throws format_error.
@@ -116,7 +117,8 @@ std::vector<checkpoint_identity> restore_held(const Checkpointer& checkpoints) {
 
 // Refuses keys an earlier launch under the same run id and incarnation left: none of them can
 // exist in this launch before this task has put its list (see the Guarantees). A recorded
-// timeout naming this task is this launch's own: it is thrown as the agreement would.
+// timeout may be this launch's (this task started late): it is thrown as the agreement would,
+// which refuses a stale one too.
 template <class Clock, class Kv>
 void refuse_stale_restore_keys(Kv& kv, const restore_party<Clock>& party,
                                typename Clock::time_point deadline) {
@@ -130,9 +132,7 @@ void refuse_stale_restore_keys(Kv& kv, const restore_party<Clock>& party,
     if (!v) continue;
     if (key == keys[1]) {
       auto d = parse_agreement_value(*v);
-      if (d && d->what == agreement_value::kind::timeout &&
-          std::binary_search(d->tasks.begin(), d->tasks.end(), party.cluster.task))
-        throw agreement_timeout(key, d->tasks);
+      if (d && d->what == agreement_value::kind::timeout) throw agreement_timeout(key, d->tasks);
     }
     throw error(EEXIST, "restore agreement", key,
                 "a value left by an earlier launch under " + restore_launch_name(kv) + " ('" +
