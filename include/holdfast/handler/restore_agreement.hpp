@@ -27,12 +27,14 @@
 //     throws agreement_timeout, as following it would.)
 //   - A task that never starts makes the agreement throw agreement_timeout naming it, on every
 //     task; a store that cannot be reached to record or read the outcome throws
-//     agreement_unreachable; a list or an outcome that is not the grammar throws format_error.
+//     agreement_unreachable; a list or an outcome that is not the grammar, or a checkpoint's
+//     damaged metadata (all_identities), throws format_error.
 //   - Without those members each task restores its own latest checkpoint (weaker: a worker whose
 //     last save failed resumes from an older step than its peers).
 // Caveats:
-//   - Stale keys are detected by task: a task id the earlier launch did not have finds only the
-//     shared keys (restore/step, ctl/); each launch needs a fresh incarnation (take_incarnation).
+//   - Stale keys are detected by the restore agreement only (not without it), and by task: a task
+//     id the earlier launch did not have finds only the shared keys (restore/step, ctl/); each
+//     launch needs a fresh incarnation (take_incarnation).
 //   - The keys live in the kv namespace (run id + incarnation): a restart with a different
 //     number of tasks agrees among the new tasks only, each reading its own task's checkpoint
 //     directory; a task id that did not exist before holds nothing, so the common step is none
