@@ -1923,3 +1923,49 @@ TEST_CASE("restore agreement: step lists and the newest common step") {
   CHECK(holdfast::newest_common_step(lists{{4}}) == 4);
   CHECK(holdfast::newest_common_step(lists{}) == std::nullopt);
 }
+
+TEST_CASE("restore agreement: checkpoint identities, identity lists and the newest common one") {
+  using holdfast::checkpoint_identity;
+  CHECK(holdfast::format_checkpoint_identity({57, ""}) == "57");
+  CHECK(holdfast::format_checkpoint_identity({57, "9f3a"}) == "57@9f3a");
+  CHECK(holdfast::parse_checkpoint_identity("57@9f3a") == checkpoint_identity{57, "9f3a"});
+  CHECK(holdfast::parse_checkpoint_identity("0") == checkpoint_identity{0, ""});
+  for (const char* bad : {"", "@a", "5@", "5@a b", "-5@a", "05@a", "5@a@b", "x",
+                          "5@123456789012345678901234567890123"})
+    CHECK_MESSAGE(!holdfast::parse_checkpoint_identity(bad), bad);
+  CHECK_THROWS_AS(holdfast::format_checkpoint_identity({-1, "a"}), std::invalid_argument);
+  CHECK_THROWS_AS(holdfast::format_checkpoint_identity({1, "a/b"}), std::invalid_argument);
+  try {
+    holdfast::read_checkpoint_identity("5@a b", "ckpt/step-5/holdfast-metadata.json");
+    FAIL("a bad identity was read");
+  } catch (const holdfast::format_error& e) {
+    CHECK(e.path() == "ckpt/step-5/holdfast-metadata.json");
+    CHECK(std::string(e.what()).find("5@a b") != std::string::npos);
+  }
+
+  using ids = std::vector<checkpoint_identity>;
+  CHECK(holdfast::format_identity_list({{1, ""}, {5, "h1"}, {9, "h2"}}) == "1,5@h1,9@h2");
+  CHECK(holdfast::format_identity_list({{1, ""}, {5, "h1"}, {9, "h2"}}, 1) == "9@h2");
+  CHECK(holdfast::parse_identity_list("1,5@h1,9@h2") == ids{{1, ""}, {5, "h1"}, {9, "h2"}});
+  CHECK(holdfast::parse_identity_list("") == ids{});
+  CHECK(holdfast::parse_identity_list("3,4") == ids{{3, ""}, {4, ""}});  // a plain step list
+  for (const char* bad : {",", "1@a,", "5@a,1@a", "1@a,1@b", "1@", "1,,2"})
+    CHECK_MESSAGE(!holdfast::parse_identity_list(bad), bad);
+
+  // Invariant: a chosen identity is held, with that history, by every list.
+  using lists = std::vector<ids>;
+  // diverged at 20 (two launches saved it): the newest shared one is 10
+  CHECK(holdfast::newest_common_identity(lists{
+            {{10, "h0"}, {20, "hA"}}, {{10, "h0"}, {20, "hB"}}}) == checkpoint_identity{10, "h0"});
+  // diverged everywhere: none
+  CHECK(
+      !holdfast::newest_common_identity(lists{{{10, "h0"}, {20, "hA"}}, {{10, "hX"}, {20, "hB"}}}));
+  // unknown histories match by step only where every list's is unknown
+  CHECK(holdfast::newest_common_identity(lists{{{10, ""}, {20, "h1"}}, {{10, ""}, {20, "h1"}}}) ==
+        checkpoint_identity{20, "h1"});
+  CHECK(holdfast::newest_common_identity(lists{{{10, ""}, {20, ""}}, {{10, ""}, {20, "h1"}}}) ==
+        checkpoint_identity{10, ""});
+  CHECK(!holdfast::newest_common_identity(lists{{{10, "h1"}}, {{10, ""}}}));
+  CHECK(!holdfast::newest_common_identity(lists{}));
+  CHECK(holdfast::newest_common_identity(lists{{{4, "h"}}}) == checkpoint_identity{4, "h"});
+}
