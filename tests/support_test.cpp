@@ -1,6 +1,6 @@
-// The test support itself: kill_io reaches every file call of the Io policy, and an etcd started
-// by a test does not outlive the test process (CTest's TIMEOUT ends a test with SIGTERM, then
-// SIGKILL; a crash ends it with SIGKILL).
+// The test support itself: kill_io reaches every file call of the Io policy, an etcd started by a
+// test does not outlive the test process (CTest's TIMEOUT ends a test with SIGTERM, then SIGKILL;
+// a crash ends it with SIGKILL), and thread_state sees which thread sleeps in poll().
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -9,16 +9,20 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "support/child.hpp"
 #include "support/etcd_server.hpp"
 #include "support/kill_io.hpp"
 #include "support/temp_dir.hpp"
+#include "support/thread_state.hpp"
 
 using holdfast_test::kill_io;
 
@@ -129,4 +133,33 @@ TEST_CASE("an etcd started by a test process dies with it when that process is S
   ::close(pidfd);
   if (!data.empty()) remove_scratch(data.parent_path());
   if (!log.empty()) remove_scratch(log.parent_path());
+}
+
+TEST_CASE("thread_state tells a thread asleep in poll() from one asleep elsewhere") {
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  std::atomic<bool> stop{false};
+  const auto before = holdfast_test::thread_ids();
+  std::thread in_poll([&] {
+    pollfd pfd{p[0], POLLIN, 0};
+    ::poll(&pfd, 1, 30000);  // until the write below
+  });
+  std::thread in_nanosleep([&] {
+    while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  const auto both = holdfast_test::new_threads(before);
+  CHECK(both.size() == 2);
+  CHECK(holdfast_test::wait_asleep_in_poll(both, std::chrono::seconds(10)));
+  std::vector<pid_t> sleeper;  // the one not in poll()
+  for (pid_t t : both)
+    if (!holdfast_test::asleep_in_poll(t)) sleeper.push_back(t);
+  CHECK(sleeper.size() == 1);
+  CHECK_FALSE(holdfast_test::wait_asleep_in_poll(sleeper, std::chrono::milliseconds(200)));
+  char c = 1;
+  CHECK(::write(p[1], &c, 1) == 1);
+  in_poll.join();
+  stop.store(true);
+  in_nanosleep.join();
+  ::close(p[0]);
+  ::close(p[1]);
 }
