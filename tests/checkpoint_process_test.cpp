@@ -192,7 +192,8 @@ TEST_CASE("a second writer waits writer_lock_timeout, then names the holder — 
     CHILD_REQUIRE(m.uses_flock());
     m.save(1, write_small);
     signal_file(dir / "ready");
-    std::this_thread::sleep_for(1500ms);
+    // holds the lock until the parent's refused openers are done (not for a time they must fit)
+    CHILD_REQUIRE(holdfast::await_file(dir / "go", 60s));
     m.save(2, write_small);  // undisturbed by the refused opener
   });
   REQUIRE(holdfast::await_file(dir / "ready", 20s));
@@ -223,11 +224,13 @@ TEST_CASE("a second writer waits writer_lock_timeout, then names the holder — 
   CHECK_THROWS_AS(checkpoint_manager<>(d, directory_commit::rename, o),
                   holdfast::checkpoint_locked);
 
-  // An overlapping restart: the new writer waits for the old one to go, then carries on.
+  // An overlapping restart: the new writer waits for the old one to go, then carries on. The
+  // holder saves step 2 only after "go" and keeps the lock until it exits, so a restore of
+  // step 2 below shows the new writer waited for it.
   o.writer_lock_timeout = 20s;
+  signal_file(dir / "go");
   std::optional<checkpoint_manager<>> next;
-  waited = elapsed_ms([&] { next.emplace(d, directory_commit::rename, o); });
-  CHECK(waited >= 100);  // it waited: and it restores the holder's last save, step 2, below
+  next.emplace(d, directory_commit::rename, o);
   auto res = holder.wait(20s);
   CHECK(res.ok());
   CHECK(res.failures.empty());

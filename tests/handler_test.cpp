@@ -333,7 +333,10 @@ TEST_CASE("threads: simultaneous notices on 2 or all workers → one claim, one 
 TEST_CASE("threads: grace path → exactly two saves, before the grace period ends") {
   job j(4);
   scenario sc;
-  sc.grace = 800ms;
+  // The final save is aimed a quarter of the grace period before its end (grace_margin), so a
+  // stall of up to 500 ms on this loaded machine still ends before the deadline itself.
+  sc.grace = 2000ms;
+  sc.grace_margin = 500ms;
   sc.step_us = {10000, 10000, 10000, 10000};
   sc.noticed = {2};
   double ms = 0;
@@ -346,8 +349,8 @@ TEST_CASE("threads: grace path → exactly two saves, before the grace period en
   std::set<std::vector<std::int64_t>> all;
   for (auto& o : out) all.insert(o.st.saved_steps);
   CHECK(all.size() == 1);  // the same two steps everywhere
-  CHECK(ms < 800 * 1.1);   // deadline + 10%: a loaded 2-core machine can stall any thread
-  CHECK(ms > 300);         // it did train through most of the grace period
+  CHECK(ms < 2000);        // before the grace period ends: the deadline itself, no slack past it
+  CHECK(ms > 1000);        // it did train through most of the grace period
 }
 
 TEST_CASE("threads: save_checkpoint_if_preempted serves loops of several steps per call") {
@@ -557,7 +560,7 @@ TEST_CASE("threads: a dead worker gives agreement_timeout naming it, within the 
     auto& o = out[static_cast<std::size_t>(t)];
     CHECK(o.error == "timeout");
     CHECK(o.missing == std::vector<int>{2});
-    CHECK(o.error_ms < 500 * 1.1 + 50);
+    CHECK(o.error_ms < 500 * 1.5);  // at its deadline, not an ack_timeout later
   }
 }
 
@@ -585,33 +588,39 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
     } catch (const holdfast::error&) {
     }
   };
+  using as = holdfast::agreement_state;
+  // Until `want(h.state())` holds (stepping the handler when `run`), for up to 10 s: the state
+  // the destruction is meant to meet is observed, not assumed after a pause.
+  auto reach = [&](handler_t& h, auto want, bool run) {
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (!want(h.state()) && std::chrono::steady_clock::now() < end) {
+      if (run) step(h);
+      std::this_thread::sleep_for(2ms);
+    }
+    return want(h.state());
+  };
+  auto is = [](as want) { return [want](as s) { return s == want; }; };
   check_state("idle", [&](handler_t& h, job&) { step(h); });
   check_state("noticed, not yet run", [&](handler_t& h, job& j) {
     j.flags[0]->store(true);
-    std::this_thread::sleep_for(20ms);  // let the watcher pick it up
-    (void)h;
+    // the watcher picked it up: the agreement left idle (noticed, or further on its own)
+    CHECK(reach(
+        h, [](as s) { return s != as::idle; }, false));
   });
   check_state("claim seen by the watcher", [&](handler_t& h, job& j) {
     j.kv.insert("holdfast/d/ctl/r0/claim", "claim by 1/peer");
-    std::this_thread::sleep_for(20ms);
-    (void)h;
+    // without a run() call: the peer's claim is seen (and perhaps acked) by the watcher
+    CHECK(reach(
+        h, [](as s) { return s == as::claimed || s == as::acked; }, false));
   });
   check_state("step published", [&](handler_t& h, job& j) {
     j.kv.put("holdfast/d/ack/r0/1", "100");
     j.kv.insert("holdfast/d/ctl/r0/claim", "claim by 1/peer");
-    for (int i = 0; i < 50 && h.state() != holdfast::agreement_state::step_published; ++i) {
-      step(h);
-      std::this_thread::sleep_for(2ms);
-    }
-    CHECK(h.state() == holdfast::agreement_state::step_published);
+    CHECK(reach(h, is(as::step_published), true));
   });
   check_state("failed: agreement timeout", [&](handler_t& h, job& j) {
     j.flags[0]->store(true);
-    for (int i = 0; i < 100 && h.state() != holdfast::agreement_state::failed; ++i) {
-      step(h);
-      std::this_thread::sleep_for(2ms);
-    }
-    CHECK(h.state() == holdfast::agreement_state::failed);
+    CHECK(reach(h, is(as::failed), true));
   });
   check_state("failed: local error", [&](handler_t& h, job&) {
     CHECK_THROWS_AS(h.run([] { throw std::logic_error("x"); }), std::logic_error);
@@ -621,7 +630,8 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
     j.kv.insert("holdfast/d/ctl/error", "1\nE\nm");  // as a failing peer does: the error, then
     j.kv.insert("holdfast/d/ctl/r0/claim", "abort by 1/peer");  // and abort the keys peers wait on
     bool raised = false;
-    for (int i = 0; i < 100 && !raised; ++i) {
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (!raised && std::chrono::steady_clock::now() < end) {
       try {
         h.run([] {});
       } catch (const holdfast::peer_error& e) {
@@ -1103,7 +1113,7 @@ struct repeat_notice {
 
 // `rounds` agreements in a row between 2 threads over `kv` (no_exit: each save re-arms; task 0
 // is noticed anew once both served the last); returns the number of keys under the job's scope
-// after round 1 and after the last, each read once the cleanup settled.
+// after round 1 (once stable) and after the last (once down to round 1's count, or at 10 s).
 template <class Kv, class Count>
 std::pair<std::size_t, std::size_t> rounds_in_a_row(Kv kv, int rounds, Count count_keys) {
   using cfg = holdfast::termination_config<repeat_notice, holdfast::no_exit>;
@@ -1161,7 +1171,15 @@ std::pair<std::size_t, std::size_t> rounds_in_a_row(Kv kv, int rounds, Count cou
     REQUIRE(served[1].load() == r);
     if (r == 1) after_one = settled();
   }
-  std::size_t after_all = settled();
+  // After the last round: wait (up to 10 s) until the cleanup is down to round 1's count; a
+  // cleanup that leaks keys never gets there. (after_one, read once stable, is only the
+  // reference: read early it is larger, which makes this wait shorter, never a false failure.)
+  std::size_t after_all = count_keys();
+  const auto cleaned = std::chrono::steady_clock::now() + 10s;
+  while (after_all > after_one && std::chrono::steady_clock::now() < cleaned) {
+    std::this_thread::sleep_for(1ms);
+    after_all = count_keys();
+  }
   done.store(true);
   for (auto& x : th) x.join();
   CHECK(st[0].saved_steps == st[1].saved_steps);  // every round agreed on one step

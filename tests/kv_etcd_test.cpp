@@ -24,6 +24,7 @@
 #include "support/expect_error.hpp"
 #include "support/fault_sweep.hpp"
 #include "support/http_server.hpp"
+#include "support/thread_state.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::etcd_kv;
@@ -61,12 +62,12 @@ TEST_CASE("etcd_kv: stopping the server fails a blocked get and later calls, qui
   holdfast_test::etcd_server server;
   etcd_kv kv(options_for({server.url()}), ns0);
   kv.put("before", "ok");
-  std::atomic<bool> started{false};
+  std::atomic<pid_t> tid{0};
   std::string what;
   int errnum = 0;
   long long elapsed = -1;
   std::thread waiter([&] {
-    started = true;
+    tid = holdfast_test::this_thread_id();
     auto t0 = clk::now();
     try {
       kv.get("never/inserted", 8s);
@@ -76,8 +77,12 @@ TEST_CASE("etcd_kv: stopping the server fails a blocked get and later calls, qui
     }
     elapsed = ms_since(t0);
   });
-  while (!started) std::this_thread::yield();
-  std::this_thread::sleep_for(300ms);  // the get is now blocked in its watch
+  while (tid.load() == 0) std::this_thread::yield();
+  // the get is blocked in its watch: the watch is open and the thread observed asleep in poll()
+  const auto opened = clk::now() + 10s;
+  while (kv.stats().watch_opens == 0 && clk::now() < opened) std::this_thread::sleep_for(1ms);
+  CHECK(kv.stats().watch_opens == 1);
+  CHECK(holdfast_test::wait_asleep_in_poll({tid.load()}, 10s));
   server.stop();
   waiter.join();
   INFO(what);
