@@ -30,9 +30,11 @@
 //     Checkpointer that has all_steps() and restore_step() (checkpoint_manager does) the workers
 //     first agree on it (handler_options::agree_on_restore, on by default): each puts the steps
 //     it holds under restore/have/<task>, reads every task's list (waiting at most ack_timeout),
-//     and proposes the newest step all of them hold; insert-once on restore/step records the
-//     first proposal and every worker restores exactly that step (and pins it, when the
-//     Checkpointer has pin(), so retention keeps it until a newer common step is known). A task
+//     and proposes the newest checkpoint all of them hold with one identity (the step and its
+//     history, handler/restore_agreement.hpp: a step saved by another launch is not the same
+//     checkpoint); insert-once on restore/step records the first proposal and every worker
+//     restores exactly that step (and pins it, when the Checkpointer has pin(), so retention
+//     keeps it until a newer common step is known). A task
 //     that never starts makes construction throw agreement_timeout naming it, on every task.
 //     Without those members each worker restores its own latest checkpoint (weaker: a worker
 //     whose last save failed resumes from an older step than its peers).
