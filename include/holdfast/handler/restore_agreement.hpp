@@ -138,7 +138,7 @@ void refuse_stale_restore_keys(Kv& kv, const restore_party<Clock>& party,
     }
     throw error(EEXIST, "restore agreement", key,
                 "a value left by an earlier launch under " + restore_launch_name(kv) + " ('" +
-                    detail::printable(v->substr(0, 200)) +
+                    v->substr(0, 200) +
                     "'): refusing to follow it; give each launch a fresh incarnation "
                     "(take_incarnation)");
   }
