@@ -31,24 +31,19 @@
 #include <vector>
 
 #include "../tests/support/child.hpp"
-#include "../tests/support/etcd_server.hpp"
 #include "../tests/support/temp_dir.hpp"
 #include "bench.hpp"
+#include "etcd.hpp"
+#include "stamps.hpp"
 
 namespace {
 
 using clk = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now().time_since_epoch())
-      .count();
-}
-
-std::uint64_t next_id() {
-  static std::uint64_t id = 0;
-  return ++id;
-}
+using bench::etcd;     // the binary's one etcd, shared with the scale cases
+using bench::next_id;  // fresh namespaces
+using bench::now_ns;   // when a worker saved
 
 template <class T>
 inline void keep(T& v) {
@@ -206,18 +201,6 @@ bench::registrar threads16{{"handler/notice->saved/threads/in_process/16",
                             [](std::size_t) { return threads_broadcast(16); }, agreement_cfg}};
 
 // ---- notice → all saved, processes -----------------------------------------------------------
-
-holdfast_test::etcd_server* etcd() {
-  static std::unique_ptr<holdfast_test::etcd_server> s = [] {
-    try {
-      return std::make_unique<holdfast_test::etcd_server>();
-    } catch (const std::exception& e) {
-      std::printf("# handler: no etcd (%s): etcd cases report 0\n", e.what());
-      return std::unique_ptr<holdfast_test::etcd_server>();
-    }
-  }();
-  return s.get();
-}
 
 struct fs_backend {
   holdfast_test::temp_dir dir{"handler-bench"};

@@ -40,6 +40,7 @@
 #include "../tests/support/etcd_server.hpp"
 #include "../tests/support/temp_dir.hpp"
 #include "bench.hpp"
+#include "stamps.hpp"
 #ifdef HOLDFAST_BENCH_TLS
 #include "../examples/tls/openssl_transport.hpp"
 #include "../tests/support/tls_etcd.hpp"
@@ -47,22 +48,14 @@
 
 namespace {
 
-using clk = std::chrono::steady_clock;
 using holdfast::kv_namespace;
 
 // Latency cases: one operation per repetition, so min/median/p99 are per operation.
 const bench::config latency{1, 300, 10, 0};
 const bench::config wakeup{1, 60, 3, 0};
 
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now().time_since_epoch())
-      .count();
-}
-
-std::uint64_t next_id() {
-  static std::uint64_t id = 0;
-  return ++id;
-}
+using bench::next_id;  // fresh keys
+using bench::now_ns;   // when a waiter woke
 
 // Fills `kv` with the keys the get and list cases read.
 template <class Kv>
@@ -354,14 +347,20 @@ holdfast::etcd_kv& etcd_store() {
   return kv;
 }
 
-// One JSON POST over a raw socket: connect, send, read to EOF (Connection: close).
-std::string bare_post(const std::string& target, const std::string& body) {
+// A raw TCP connection to the plain etcd (what the bare baselines talk over).
+int connect_etcd() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(etcd().port());
   ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  return fd;
+}
+
+// One JSON POST over a raw socket: connect, send, read to EOF (Connection: close).
+std::string bare_post(const std::string& target, const std::string& body) {
+  int fd = connect_etcd();
   std::string req =
       "POST " + target + " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(etcd().port()) +
       "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
@@ -377,12 +376,7 @@ std::string bare_post(const std::string& target, const std::string& body) {
 std::string b64q(const std::string& s);
 // Blocks on a bare watch of `key` until an event arrives (or the stream ends).
 void bare_watch(const std::string& key) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(etcd().port());
-  ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  int fd = connect_etcd();
   std::string body =
       "{\"create_request\":{\"key\":\"" + holdfast::detail::base64_encode(key) + "\"}}";
   std::string req = "POST /v3/watch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " +

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "stamps.hpp"  // now_ns
+
 namespace bench::scale {
 
 using clk = std::chrono::steady_clock;
@@ -28,11 +30,7 @@ inline std::int64_t cpu_ns() {
   return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-/// The steady clock, ns since its epoch.
-inline std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now().time_since_epoch())
-      .count();
-}
+using bench::now_ns;  // the steady clock, ns since its epoch
 
 /// True the first time it is asked about `name` (a figure line is printed once per name).
 inline bool first_time(const std::string& name) {

@@ -4,9 +4,9 @@
 // fires, a Checkpointer that stamps the save time, and a gate the threads start behind.
 //
 // Guarantees:
-//   - etcd() starts one etcd on loopback for the whole binary (support/etcd_server.hpp) on first
-//     use; without etcd it prints one "# handler/scale: no etcd" line and returns null, and the
-//     etcd cases report 0 instead of failing the run.
+//   - etcd() is the binary's one etcd (etcd.hpp), shared with the handler cases: started on first
+//     use; without etcd it prints one "# handler: no etcd" line and returns null, and the etcd
+//     cases report 0 instead of failing the run.
 //   - Each client from etcd_clients() has its own connections, suspect marks and counters;
 //     counting_kv forwards watch() and stats(), so a handler takes the same evented path as over
 //     a bare etcd_kv.
@@ -21,38 +21,22 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <cstdio>
-#include <exception>
 #include <holdfast/handler.hpp>
 #include <holdfast/kv/etcd.hpp>
-#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 
-#include "../tests/support/etcd_server.hpp"
-#include "scale.hpp"  // now_ns: when a save happened
+#include "etcd.hpp"    // the binary's one etcd
+#include "scale.hpp"   // now_ns: when a save happened
+#include "stamps.hpp"  // next_id: run ids
 
 namespace bench::scale {
 
-/// The binary's etcd, started on first use; null (after one "# handler/scale" line) without one.
-inline holdfast_test::etcd_server* etcd() {
-  static std::unique_ptr<holdfast_test::etcd_server> s = [] {
-    try {
-      return std::make_unique<holdfast_test::etcd_server>();
-    } catch (const std::exception& e) {
-      std::printf("# handler/scale: no etcd (%s): etcd cases report 0\n", e.what());
-      return std::unique_ptr<holdfast_test::etcd_server>();
-    }
-  }();
-  return s.get();
-}
+using bench::etcd;  // the binary's etcd, shared with the handler cases
 
 /// A run id not handed out before in this binary: a fresh key namespace per case run.
-inline std::uint64_t next_run() {
-  static std::uint64_t id = 0;
-  return ++id;
-}
+inline std::uint64_t next_run() { return bench::next_id(); }
 
 // An etcd client whose operations are counted by kind (copies share the counters; watch() and
 // stats() are forwarded, so the handler takes the same evented path as with a bare etcd_kv).

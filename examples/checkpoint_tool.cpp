@@ -1,6 +1,7 @@
 // checkpoint_tool — look at, check and repair a run's checkpoint directory.
 //
-//   checkpoint_tool list   [options] DIR    the checkpoints in use (step, name, saved at, metrics)
+//   checkpoint_tool list   [options] DIR    the checkpoints in use (step, name, history, saved at,
+//                                           metrics; history "-" when unknown)
 //                                           and the pointer's state; changes nothing
 //   checkpoint_tool verify [options] DIR    exit 0 when the pointer is sound and every checkpoint
 //                                           it keeps is complete, else 1; changes nothing
@@ -104,10 +105,12 @@ int list(const args& a) {
     const auto& c = r.checkpoints[i];
     auto meta = m.metadata(c.step);
     std::string when = meta ? utc(meta->time) : "-";
+    std::string history = meta && meta->identity().known() ? meta->history : "-";
     std::string metrics =
         meta && !meta->metrics.is_null() ? hf::detail::to_json(meta->metrics) : "-";
-    std::printf("  %12lld  %-24s %-20s %s%s\n", static_cast<long long>(c.step), c.name.c_str(),
-                when.c_str(), metrics.c_str(), i + 1 == r.checkpoints.size() ? "  (latest)" : "");
+    std::printf("  %12lld  %-24s %-16s %-20s %s%s\n", static_cast<long long>(c.step),
+                c.name.c_str(), history.c_str(), when.c_str(), metrics.c_str(),
+                i + 1 == r.checkpoints.size() ? "  (latest)" : "");
   }
   print_report(r);
   return 0;
@@ -133,6 +136,7 @@ int repair(const args& a) {
 int demo(const args& a) {
   if (a.steps <= 0) return usage();
   hf::checkpoint_manager<> m(a.dir, mode_of(a), options_of(a));
+  m.begin_history("demo");  // what the handler's restore agreement sets: list shows it
   std::int64_t first = m.latest_step() ? *m.latest_step() + 1 : 0;
   for (std::int64_t step = first; step < first + a.steps; ++step) {
     m.save(step,

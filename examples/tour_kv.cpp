@@ -40,7 +40,8 @@ void tour(const std::string& shared_dir) {
 
   holdfast::etcd_options o;
   o.endpoints = {"http://etcd-0:2379", "http://etcd-1:2379"};  // failover in this order
-  o.lease_ttl = std::chrono::seconds(10);  // a dead worker's keys vanish 10 s after it dies
+  o.lease_ttl = std::chrono::seconds(10);  // a dead worker's liveness keys vanish 10 s later
+  o.leased_prefix = "live";  // only keys below live/; claims and outcomes are never leased
   // holdfast::etcd_kv cluster(o, ns);  claim_and_wait(cluster, 3);
   static_assert(holdfast::check_kv_store<holdfast::etcd_kv>());
 }

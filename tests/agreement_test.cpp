@@ -1713,28 +1713,41 @@ TEST_CASE("simulation: no_exit, overlapping rounds with random notices — one o
   }
 }
 
+// A job for the no_exit round simulations with faults: 2 to 6 workers of skews 1 to 4, an ack
+// timeout of 60 to 259 ms, up to 5 stalls of 1 to 300 ticks within the first 3000, and one time
+// in five a worker dead from a tick within them (drawn from `rng` in that order).
+struct stalled_job {
+  int n;
+  std::vector<int> skews;
+  sim_faults f;
+};
+stalled_job stalled_rounds_job(std::mt19937& rng) {
+  stalled_job j;
+  j.n = 2 + static_cast<int>(rng() % 5);
+  for (int i = 0; i < j.n; ++i) j.skews.push_back(1 + static_cast<int>(rng() % 4));
+  j.f.ack_timeout = milliseconds(60 + rng() % 200);
+  for (int k = 0, stalls = static_cast<int>(rng() % 6); k < stalls; ++k) {
+    const int from = static_cast<int>(rng() % 3000);
+    const int who = static_cast<int>(rng() % static_cast<unsigned>(j.n));
+    j.f.stalls.emplace_back(who, from, from + 1 + static_cast<int>(rng() % 300));
+  }
+  if (rng() % 5 == 0) {
+    j.f.dead = static_cast<int>(rng() % static_cast<unsigned>(j.n));
+    j.f.dead_from = static_cast<int>(rng() % 3000);
+  }
+  return j;
+}
+
 TEST_CASE("simulation: no_exit rounds with stalls, deaths and short deadlines — one outcome") {
   // Until a round times out (then every live worker fails with that timeout), each round saves
   // at one step; no worker ever acts otherwise than the recorded outcome of its round says.
   std::mt19937 rng(5150);
   int failed_runs = 0, full_runs = 0, outcome_seen = 0;
   for (int run = 0; run < 300; ++run) {
-    const int n = 2 + static_cast<int>(rng() % 5);
-    std::vector<int> skews;
-    for (int i = 0; i < n; ++i) skews.push_back(1 + static_cast<int>(rng() % 4));
-    sim_faults f;
-    f.ack_timeout = milliseconds(60 + rng() % 200);
-    for (int k = 0, stalls = static_cast<int>(rng() % 6); k < stalls; ++k) {
-      const int from = static_cast<int>(rng() % 3000);
-      const int who = static_cast<int>(rng() % static_cast<unsigned>(n));
-      f.stalls.emplace_back(who, from, from + 1 + static_cast<int>(rng() % 300));
-    }
-    if (rng() % 5 == 0) {
-      f.dead = static_cast<int>(rng() % static_cast<unsigned>(n));
-      f.dead_from = static_cast<int>(rng() % 3000);
-    }
-    sim_engine e(n, skews, rng, f, milliseconds(0), false);
-    auto r = simulate_rounds(e, 30, rng() % 2 == 0, rng, 30 * 2000, f);
+    const stalled_job job = stalled_rounds_job(rng);
+    const int n = job.n;
+    sim_engine e(n, job.skews, rng, job.f, milliseconds(0), false);
+    auto r = simulate_rounds(e, 30, rng() % 2 == 0, rng, 30 * 2000, job.f);
     INFO("run " << run << " n " << n);
     std::string why;
     REQUIRE_MESSAGE(all_follow_recorded(e, why), why);
@@ -1756,23 +1769,11 @@ TEST_CASE("simulation: no_exit rounds on the grace path with stalls and deaths �
   std::mt19937 rng(8086);
   int failed_runs = 0, full_runs = 0;
   for (int run = 0; run < 200; ++run) {
-    const int n = 2 + static_cast<int>(rng() % 5);
-    std::vector<int> skews;
-    for (int i = 0; i < n; ++i) skews.push_back(1 + static_cast<int>(rng() % 4));
-    sim_faults f;
-    f.ack_timeout = milliseconds(60 + rng() % 200);
-    for (int k = 0, stalls = static_cast<int>(rng() % 6); k < stalls; ++k) {
-      const int from = static_cast<int>(rng() % 3000);
-      const int who = static_cast<int>(rng() % static_cast<unsigned>(n));
-      f.stalls.emplace_back(who, from, from + 1 + static_cast<int>(rng() % 300));
-    }
-    if (rng() % 5 == 0) {
-      f.dead = static_cast<int>(rng() % static_cast<unsigned>(n));
-      f.dead_from = static_cast<int>(rng() % 3000);
-    }
+    const stalled_job job = stalled_rounds_job(rng);
+    const int n = job.n;
     const auto grace = milliseconds(20 + rng() % 50);
-    sim_engine e(n, skews, rng, f, grace, false);
-    auto r = simulate_rounds(e, 20, rng() % 2 == 0, rng, 20 * 4000, f);
+    sim_engine e(n, job.skews, rng, job.f, grace, false);
+    auto r = simulate_rounds(e, 20, rng() % 2 == 0, rng, 20 * 4000, job.f);
     INFO("run " << run << " n " << n);
     std::string why;
     REQUIRE_MESSAGE(all_follow_recorded(e, why), why);
@@ -1921,4 +1922,50 @@ TEST_CASE("restore agreement: step lists and the newest common step") {
   CHECK(holdfast::newest_common_step(lists{{}, {1}}) == std::nullopt);
   CHECK(holdfast::newest_common_step(lists{{4}}) == 4);
   CHECK(holdfast::newest_common_step(lists{}) == std::nullopt);
+}
+
+TEST_CASE("restore agreement: checkpoint identities, identity lists and the newest common one") {
+  using holdfast::checkpoint_identity;
+  CHECK(holdfast::format_checkpoint_identity({57, ""}) == "57");
+  CHECK(holdfast::format_checkpoint_identity({57, "9f3a"}) == "57@9f3a");
+  CHECK(holdfast::parse_checkpoint_identity("57@9f3a") == checkpoint_identity{57, "9f3a"});
+  CHECK(holdfast::parse_checkpoint_identity("0") == checkpoint_identity{0, ""});
+  for (const char* bad : {"", "@a", "5@", "5@a b", "-5@a", "05@a", "5@a@b", "x",
+                          "5@123456789012345678901234567890123"})
+    CHECK_MESSAGE(!holdfast::parse_checkpoint_identity(bad), bad);
+  CHECK_THROWS_AS(holdfast::format_checkpoint_identity({-1, "a"}), std::invalid_argument);
+  CHECK_THROWS_AS(holdfast::format_checkpoint_identity({1, "a/b"}), std::invalid_argument);
+  try {
+    holdfast::read_checkpoint_identity("5@a b", "ckpt/step-5/holdfast-metadata.json");
+    FAIL("a bad identity was read");
+  } catch (const holdfast::format_error& e) {
+    CHECK(e.path() == "ckpt/step-5/holdfast-metadata.json");
+    CHECK(std::string(e.what()).find("5@a b") != std::string::npos);
+  }
+
+  using ids = std::vector<checkpoint_identity>;
+  CHECK(holdfast::format_identity_list({{1, ""}, {5, "h1"}, {9, "h2"}}) == "1,5@h1,9@h2");
+  CHECK(holdfast::format_identity_list({{1, ""}, {5, "h1"}, {9, "h2"}}, 1) == "9@h2");
+  CHECK(holdfast::parse_identity_list("1,5@h1,9@h2") == ids{{1, ""}, {5, "h1"}, {9, "h2"}});
+  CHECK(holdfast::parse_identity_list("") == ids{});
+  CHECK(holdfast::parse_identity_list("3,4") == ids{{3, ""}, {4, ""}});  // a plain step list
+  for (const char* bad : {",", "1@a,", "5@a,1@a", "1@a,1@b", "1@", "1,,2"})
+    CHECK_MESSAGE(!holdfast::parse_identity_list(bad), bad);
+
+  // Invariant: a chosen identity is held, with that history, by every list.
+  using lists = std::vector<ids>;
+  // diverged at 20 (two launches saved it): the newest shared one is 10
+  CHECK(holdfast::newest_common_identity(lists{
+            {{10, "h0"}, {20, "hA"}}, {{10, "h0"}, {20, "hB"}}}) == checkpoint_identity{10, "h0"});
+  // diverged everywhere: none
+  CHECK(
+      !holdfast::newest_common_identity(lists{{{10, "h0"}, {20, "hA"}}, {{10, "hX"}, {20, "hB"}}}));
+  // unknown histories match by step only where every list's is unknown
+  CHECK(holdfast::newest_common_identity(lists{{{10, ""}, {20, "h1"}}, {{10, ""}, {20, "h1"}}}) ==
+        checkpoint_identity{20, "h1"});
+  CHECK(holdfast::newest_common_identity(lists{{{10, ""}, {20, ""}}, {{10, ""}, {20, "h1"}}}) ==
+        checkpoint_identity{10, ""});
+  CHECK(!holdfast::newest_common_identity(lists{{{10, "h1"}}, {{10, ""}}}));
+  CHECK(!holdfast::newest_common_identity(lists{}));
+  CHECK(holdfast::newest_common_identity(lists{{{4, "h"}}}) == checkpoint_identity{4, "h"});
 }

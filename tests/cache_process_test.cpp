@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/fault_sweep.hpp"  // disarm_on_exit
 #include "support/sanitizers.hpp"
 #include "support/temp_dir.hpp"
 
@@ -32,6 +33,7 @@ using hf::testing::fault;
 using hf::testing::fault_io;
 using hf::testing::fault_plan;
 using hf::testing::io_op;
+using holdfast_test::disarm_on_exit;
 
 namespace {
 
@@ -40,10 +42,6 @@ using holdfast_test::sanitized;
 // The stress counts of the issue; scaled down under sanitizers only (they run ~10x slower).
 constexpr std::uint64_t total_ops = sanitized ? 20000 : 100000;
 constexpr int kill_runs = sanitized ? 20 : 100;
-
-struct disarm_on_exit {
-  ~disarm_on_exit() { fault_plan::disarm(); }
-};
 
 hf::cache_options in(const holdfast_test::temp_dir& dir) {
   hf::cache_options o;

@@ -25,6 +25,7 @@
 
 #include "support/files.hpp"
 #include "support/temp_dir.hpp"
+#include "support/thread_state.hpp"
 
 namespace fs = std::filesystem;
 using holdfast::checkpoint_manager;
@@ -424,17 +425,19 @@ TEST_CASE("async save: returns once the writer ran — one in flight — restore
   CHECK(!m.should_save(2));  // in flight counts as saved
 
   // restore() waits for the save in flight.
+  const pid_t me = holdfast_test::this_thread_id();
+  std::atomic<bool> restore_blocked{false};
   std::thread opener([&] {
-    std::this_thread::sleep_for(100ms);
+    // once restore() is observed waiting (asleep on a futex) for the save in flight
+    restore_blocked = holdfast_test::wait_asleep_in({me}, {SYS_futex}, 10s);
     g.release();
   });
   std::int64_t restored = -1;
-  auto t0 = std::chrono::steady_clock::now();
   CHECK(m.restore([&](const std::string& p, std::int64_t st) {
     restored = holds(p, st) ? st : -2;
   }) == 2);
-  CHECK(std::chrono::steady_clock::now() - t0 >= 90ms);
   opener.join();
+  CHECK(restore_blocked);
   CHECK(restored == 2);
   CHECK(deferred_ran);
   CHECK(deferred_thread != std::this_thread::get_id());
@@ -450,7 +453,8 @@ TEST_CASE("async save: returns once the writer ran — one in flight — restore
     };
   });
   std::thread opener2([&] {
-    std::this_thread::sleep_for(50ms);
+    // once the next save is observed waiting for the previous commit
+    (void)holdfast_test::wait_asleep_in({me}, {SYS_futex}, 10s);
     g2.release();
   });
   bool first_done_when_second_wrote = false;

@@ -5,9 +5,11 @@
 // restore 300 times, and SIGKILL at random moments of async saves.
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <sched.h>  // unshare(CLONE_NEWPID): a writer in another PID namespace
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/wait.h>  // waitpid: the writer forked inside the new PID namespace
 #include <unistd.h>
 
 #include <chrono>
@@ -190,7 +192,8 @@ TEST_CASE("a second writer waits writer_lock_timeout, then names the holder — 
     CHILD_REQUIRE(m.uses_flock());
     m.save(1, write_small);
     signal_file(dir / "ready");
-    std::this_thread::sleep_for(1500ms);
+    // holds the lock until the parent's refused openers are done (not for a time they must fit)
+    CHILD_REQUIRE(holdfast::await_file(dir / "go", 60s));
     m.save(2, write_small);  // undisturbed by the refused opener
   });
   REQUIRE(holdfast::await_file(dir / "ready", 20s));
@@ -221,11 +224,13 @@ TEST_CASE("a second writer waits writer_lock_timeout, then names the holder — 
   CHECK_THROWS_AS(checkpoint_manager<>(d, directory_commit::rename, o),
                   holdfast::checkpoint_locked);
 
-  // An overlapping restart: the new writer waits for the old one to go, then carries on.
+  // An overlapping restart: the new writer waits for the old one to go, then carries on. The
+  // holder saves step 2 only after "go" and keeps the lock until it exits, so a restore of
+  // step 2 below shows the new writer waited for it.
   o.writer_lock_timeout = 20s;
+  signal_file(dir / "go");
   std::optional<checkpoint_manager<>> next;
-  waited = elapsed_ms([&] { next.emplace(d, directory_commit::rename, o); });
-  CHECK(waited >= 100);  // it waited: and it restores the holder's last save, step 2, below
+  next.emplace(d, directory_commit::rename, o);
   auto res = holder.wait(20s);
   CHECK(res.ok());
   CHECK(res.failures.empty());
@@ -604,4 +609,122 @@ TEST_CASE("SIGKILL during an async save: the previous checkpoint stays the lates
                           << rename_out.next << " after it; marker mode: " << marker_out.previous
                           << " inside, " << marker_out.next << " after");
   CHECK(rename_out.previous + marker_out.previous > 0);  // some kills landed inside a commit
+}
+
+namespace {
+// Runs `fn` in a process of a new PID namespace (as in a container that shares the hostname but
+// not the PID namespace: a host-network pod): a child unshares CLONE_NEWPID and forks `fn` as
+// the namespace's pid 1. Returns fn's exit code, or 77 when the kernel refused the namespace.
+template <class F>
+holdfast_test::child_result in_new_pid_namespace(F fn, std::chrono::milliseconds timeout) {
+  holdfast_test::child c([&] {
+    if (::unshare(CLONE_NEWPID) != 0) ::_exit(77);
+    pid_t inner = ::fork();
+    if (inner < 0) ::_exit(78);
+    if (inner == 0) {
+      fn();  // CHILD_REQUIRE reports through the pipe this process inherited
+      ::_exit(0);
+    }
+    int status = 0;
+    while (::waitpid(inner, &status, 0) < 0 && errno == EINTR) {
+    }
+    ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 3);
+  });
+  return c.wait(timeout);
+}
+}  // namespace
+
+TEST_CASE("the lease: a live writer in another PID namespace on this host keeps it") {
+  // Invariant: while its holder is alive and beating, nobody else takes the lease, even where
+  // kill(holder pid, 0) answers ESRCH because the holder's pid lives in another PID namespace;
+  // the holder's next save then succeeds.
+  holdfast_test::temp_dir dir("lease-pidns");
+  const std::string d = dir / "ckpt";
+  const std::string lease = d + "/.writer.lease";
+  checkpoint_options o{2};
+  o.lock = checkpoint_lock::lease;
+  o.lease_stale_after = 20s;  // the heartbeat stays fresh: only the pid check can tell them apart
+  o.writer_lock_timeout = 300ms;
+
+  holdfast_test::child holder([&] {
+    checkpoint_manager<> m(d, directory_commit::rename, o);
+    m.save(1, write_small);
+    signal_file(dir / "ready");
+    CHILD_REQUIRE(holdfast::await_file(dir / "go", 60s));
+    m.save(2, write_small);  // still the writer: check() finds its own lease
+    CHILD_REQUIRE(m.all_steps() == steps_t({1, 2}));
+  });
+  REQUIRE(holdfast::await_file(dir / "ready", 20s));
+  const std::string holder_pid = "pid " + std::to_string(holder.pid()) + "\n";
+  REQUIRE(read_file(lease).find(holder_pid) != std::string::npos);
+
+  auto r = in_new_pid_namespace(
+      [&] {
+        CHILD_REQUIRE(::getpid() == 1);  // the holder's pid is not in this namespace: ESRCH
+        CHILD_REQUIRE(::kill(holder.pid(), 0) != 0 && errno == ESRCH);
+        try {
+          checkpoint_manager<> m(d, directory_commit::rename, o);
+          const bool took_a_live_writers_lease = true;
+          CHILD_REQUIRE(!took_a_live_writers_lease);
+        } catch (const holdfast::checkpoint_locked& e) {
+          CHILD_REQUIRE(e.holder_pid() == holder.pid());
+        }
+      },
+      20s);
+  if (r.exit_code == 77)
+    FAIL("unshare(CLONE_NEWPID) was refused (this test needs root or CAP_SYS_ADMIN"
+         << (std::getenv("CI") ? "; CI must run the tests as root" : "") << ")");
+  CHECK(r.failures == "");
+  CHECK(r.ok());
+  CHECK(read_file(lease).find(holder_pid) != std::string::npos);  // still the holder's
+  signal_file(dir / "go");
+  auto h = holder.wait(20s);
+  CHECK(h.failures == "");
+  CHECK(h.ok());
+}
+
+TEST_CASE("the lease: a dead pid is trusted only where the lease names this PID namespace") {
+  // Invariant: kill(pid, 0) = ESRCH makes a fresh lease stale only when the lease names this
+  // host, PID namespace and boot; a lease without them (0.1.0) or naming another PID namespace
+  // is stale by its heartbeat only.
+  holdfast_test::temp_dir dir("lease-scope");
+  const std::string d = dir / "ckpt";
+  const std::string lease = d + "/.writer.lease";
+  const auto here = holdfast::detail::checkpoint_local_pid_scope();
+  REQUIRE(here.known());  // /proc is mounted where the tests run
+  const std::string text = holdfast::detail::checkpoint_holder_text(7, "h", "n", here);
+  CHECK(text.find("pidns " + here.pidns + "\n") != std::string::npos);
+  CHECK(holdfast::detail::checkpoint_parse_pid_scope(text).same_as(here));
+  CHECK(!holdfast::detail::checkpoint_parse_pid_scope("holdfast-writer 1\npid 7\n").known());
+
+  holdfast_test::child gone([] {});  // a pid that no longer names a process
+  const long gone_pid = gone.pid();  // wait() forgets it
+  REQUIRE(gone.wait(20s).ok());
+  const std::string pid = std::to_string(gone_pid);
+  const std::string old_format = "holdfast-writer 1\npid " + pid + "\nhost " + hostname() + "\n";
+  const std::string other_ns = old_format + "pidns pid:[1]\nboot " + here.boot + "\n";
+  const std::string this_ns = old_format + "pidns " + here.pidns + "\nboot " + here.boot + "\n";
+  log_lines log;
+  checkpoint_options o{2};
+  o.lock = checkpoint_lock::lease;
+  o.lease_stale_after = 20s;
+  o.writer_lock_timeout = 300ms;
+  o.log = log.sink();
+  { checkpoint_manager<> m(d, directory_commit::rename, o); }  // creates the directory
+  for (const std::string& fresh : {old_format, other_ns}) {
+    write_plain(lease, fresh);
+    try {
+      checkpoint_manager<> m(d, directory_commit::rename, o);
+      FAIL("a fresh lease was taken on a pid check across PID namespaces: " << fresh);
+    } catch (const holdfast::checkpoint_locked& e) {
+      CHECK(e.holder_pid() == gone_pid);
+    }
+    fs::last_write_time(lease, fs::file_time_type::clock::now() - 30s);  // its heartbeat stopped
+    { checkpoint_manager<> m(d, directory_commit::rename, o); }
+    CHECK(log.any("of pid " + pid + " on host '" + hostname() + "' taken over: no heartbeat"));
+    log.lines->clear();
+  }
+  write_plain(lease, this_ns);  // this PID namespace: the pid check is trusted, at once
+  { checkpoint_manager<> m(d, directory_commit::rename, o); }
+  CHECK(log.any("taken over: its process is gone"));
 }

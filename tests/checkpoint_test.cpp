@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/expect_error.hpp"
 #include "support/files.hpp"
 #include "support/kill_io.hpp"
 #include "support/sanitizers.hpp"
@@ -42,6 +43,7 @@ using holdfast::testing::io_op;
 
 namespace {
 
+using holdfast_test::error_text;
 using holdfast_test::sanitized;
 
 using holdfast_test::read_file;
@@ -102,17 +104,6 @@ struct log_lines {
     return false;
   }
 };
-
-template <class E, class F>
-std::string error_text(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("no exception of the expected type was thrown");
-  return {};
-}
 
 template <class Io>
 using local_store = holdfast::basic_store<holdfast::basic_local_filesystem<Io>>;
@@ -1098,4 +1089,57 @@ TEST_CASE("SIGKILL at random points of save and retention: latest() is always co
   SUBCASE("commit-marker mode") {
     crash_trials<remote_store<holdfast_test::kill_io>>(dir / "remote", runs, 11);
   }
+}
+
+TEST_CASE(
+    "checkpoint identity: saves record the history begun, old metadata reads as unknown, "
+    "a damaged file is named") {
+  holdfast_test::temp_dir dir("identity");
+  auto s = holdfast::store::create(dir.path());
+  const std::string d = s.checkpoint_path("r");
+  checkpoint_manager<> m(s, "r", {0});
+  const auto w = [](const std::string& p, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(p, step);
+  };
+  m.save(10, w);  // before begin_history: unknown
+  CHECK(m.history().empty());
+  m.begin_history("9f3a0c1d");
+  m.save(20, w);
+  CHECK_THROWS_AS(m.begin_history("not one/id"), std::invalid_argument);
+  CHECK(m.metadata(10)->history.empty());
+  CHECK(m.metadata(20)->identity() == holdfast::checkpoint_identity{20, "9f3a0c1d"});
+  CHECK(read_file(m.checkpoints().back().path + "/holdfast-metadata.json")
+            .find("\"history\": \"9f3a0c1d\"") != std::string::npos);
+  CHECK(m.all_identities() ==
+        std::vector<holdfast::checkpoint_identity>{{10, ""}, {20, "9f3a0c1d"}});
+
+  // a checkpoint without metadata (holdfast 0.1.0) is of unknown history
+  fs::create_directories(d + "/step-5");
+  write_checkpoint<holdfast::posix_io>(d + "/step-5", 5);
+  const std::string meta = m.checkpoints().back().path + "/holdfast-metadata.json";
+  CHECK(holdfast::detail::checkpoint_load_identity<holdfast::posix_io>(d + "/step-5", 5) ==
+        holdfast::checkpoint_identity{5, ""});
+
+  // a damaged history: metadata reads as none (never throws), the identity names the file
+  for (const std::string& text :
+       {std::string("{\"format\": \"holdfast-checkpoint-metadata 1\", \"step\": 20, "
+                    "\"history\": \"a b\", \"time_unix_ns\": 1, \"metrics\": null}"),
+        std::string("{\"format\": \"holdfast-checkpoint-metadata 1\", \"step\": 21, "
+                    "\"history\": \"h\", \"time_unix_ns\": 1, \"metrics\": null}"),
+        std::string("{\"format\": \"holdfast-checkpoint-metadata 1\", \"step\": 20, "
+                    "\"history\": 7}"),
+        std::string("not json")}) {
+    INFO(text);
+    write_plain(meta, text);
+    try {
+      (void)m.all_identities();
+      FAIL("a damaged metadata file read as an identity");
+    } catch (const holdfast::format_error& e) {
+      CHECK(e.path() == meta);
+    }
+  }
+  write_plain(meta,
+              "{\"format\": \"holdfast-checkpoint-metadata 1\", \"step\": 20, "
+              "\"history\": \"a b\"}");
+  CHECK(!m.metadata(20));
 }

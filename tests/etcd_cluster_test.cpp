@@ -22,6 +22,7 @@
 #include "support/elapsed.hpp"
 #include "support/etcd_client.hpp"
 #include "support/etcd_cluster_case.hpp"
+#include "support/thread_state.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::etcd_kv;
@@ -200,7 +201,9 @@ TEST_CASE("etcd_kv on a cluster: a get whose member freezes under its watch move
   std::optional<std::string> got;
   long long ms = -1;
   std::string failure;
+  std::atomic<pid_t> tid{0};
   std::thread getter([&] {
+    tid = holdfast_test::this_thread_id();
     auto t0 = clk::now();
     try {
       got = kv.get("late", 20s);
@@ -209,10 +212,14 @@ TEST_CASE("etcd_kv on a cluster: a get whose member freezes under its watch move
     }
     ms = ms_since(t0);
   });
-  std::this_thread::sleep_for(300ms);  // the get is watching on `first`
+  // the get is watching on `first`: its watch is open and its thread observed asleep in poll()
+  while (tid.load() == 0) std::this_thread::yield();
+  const auto opened = clk::now() + 10s;
+  while (kv.stats().watch_opens == 0 && clk::now() < opened) std::this_thread::sleep_for(1ms);
+  CHECK(kv.stats().watch_opens == 1);
+  CHECK(holdfast_test::wait_asleep_in_poll({tid.load()}, 10s));
   {
-    frozen_member f(first);
-    std::this_thread::sleep_for(100ms);
+    frozen_member f(first);       // returns once the member is stopped
     healthy.put("late", "seen");  // the frozen watch never delivers it: the next range must
     getter.join();
   }

@@ -2,21 +2,28 @@
 // real exits, over filesystem_kv and over etcd_kv (a real etcd on loopback): TF's
 // failure-handling cases — one notice, skew, simultaneous notices, grace, exit codes 42/143/
 // custom, save override, step errors, restart with exact total work, a SIGKILLed worker — and a
-// forked share of the randomized trials (handler_stress_test has the rest). The workers and the
-// parent's side live in support/process_job.hpp. The parent process starts no thread (fork +
-// TSAN).
+// forked share of the randomized trials (handler_stress_test has the rest); and, over etcd with
+// a lease, a worker frozen past its peer's lease TTL that still follows the recorded step. The
+// workers and the parent's side live in support/process_job.hpp. The parent process starts no
+// thread (fork + TSAN).
 #include <doctest/doctest.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <holdfast/agreement.hpp>
+#include <optional>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
+#include "support/etcd_client.hpp"
 #include "support/process_job.hpp"
+#include "support/watch_follow.hpp"
 
 using namespace std::chrono_literals;
 using holdfast_test::check_agreed_exit;
@@ -228,3 +235,149 @@ TEST_CASE_TEMPLATE_DEFINE("processes", Backend, processes_suite) {
 }
 
 TEST_CASE_TEMPLATE_INVOKE(processes_suite, filesystem_backend, etcd_backend);
+
+// ---- issue 32, item 2: a lease must not delete a recorded outcome
+// --------------------------------
+
+namespace lease_case {
+
+using namespace std::chrono_literals;
+
+// The claimant's store: etcd_kv whose insert of `gated` (the round's outcome key) first waits for
+// the file `gate`, so the parent can freeze a peer after its ack and before the outcome exists.
+struct gated_outcome_kv {
+  holdfast::etcd_kv inner;
+  std::string gated, gate;
+  bool insert(const std::string& key, std::string_view value) {
+    if (key == gated && !holdfast::await_file(gate, std::chrono::seconds(20)))
+      throw std::runtime_error("the gate never opened");
+    return inner.insert(key, value);
+  }
+  void put(const std::string& key, std::string_view value) { inner.put(key, value); }
+  std::optional<std::string> try_get(const std::string& key) const { return inner.try_get(key); }
+  std::optional<std::string> get(const std::string& key, std::chrono::milliseconds t) const {
+    return inner.get(key, t);
+  }
+  holdfast::kv_pairs list(const std::string& prefix) const { return inner.list(prefix); }
+  bool erase(const std::string& key) { return inner.erase(key); }
+};
+
+// Saves by logging "save <step>"; restores nothing.
+struct logged_saves {
+  std::string log;
+  void save(std::int64_t step) { holdfast_test::append_line(log, "save " + std::to_string(step)); }
+  std::optional<std::int64_t> restore() { return std::nullopt; }
+};
+
+// One worker: a handler (SIGTERM notice, exit 42 after its save) over `kv`, 1 ms steps; touches
+// `ready` after 5 steps. A failure is logged and ends the process with 4 (agreement_timeout),
+// 6 (agreement_unreachable) or 7 (anything else).
+template <class Kv>
+[[noreturn]] void worker(Kv kv, int task, const std::string& log, const std::string& ready) {
+  ::signal(SIGTERM, SIG_DFL);  // doctest's crash handler came with the fork
+  try {
+    holdfast::handler_options o;
+    o.ack_timeout = 10s;
+    holdfast::preemption_handler<holdfast::presets::generic, Kv, logged_saves> h(
+        holdfast::presets::generic(), std::move(kv), {task, 2, "run"}, logged_saves{log}, o);
+    for (;;) {
+      h.run([] { std::this_thread::sleep_for(1ms); });
+      if (h.total_run_calls() == 5) holdfast_test::append_line(ready, "ready");
+    }
+  } catch (const holdfast::agreement_timeout& e) {
+    holdfast_test::append_line(log, std::string("timeout ") + e.what());
+    holdfast_test::end_worker(holdfast_test::worker_exit::timeout);
+  } catch (const holdfast::agreement_unreachable& e) {
+    holdfast_test::append_line(log, std::string("unreachable ") + e.what());
+    holdfast_test::end_worker(holdfast_test::worker_exit::unreachable);
+  } catch (const std::exception& e) {
+    holdfast_test::append_line(log, std::string("error ") + e.what());
+    holdfast_test::end_worker(holdfast_test::worker_exit::store);
+  }
+}
+
+// Blocks until `c` is stopped (or ended); true when stopped.
+bool await_stopped(const holdfast_test::child& c) {
+  siginfo_t si{};
+  while (::waitid(P_PID, static_cast<id_t>(c.pid()), &si, WSTOPPED | WEXITED | WNOWAIT) != 0)
+    if (errno != EINTR) return false;
+  return si.si_code == CLD_STOPPED;
+}
+
+// True once `key` is absent, polled every 20 ms for at most `timeout`.
+bool gone_within(holdfast::etcd_kv& kv, const std::string& key, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (kv.try_get(key)) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+}  // namespace lease_case
+
+// W0 claims, collects W1's ack and records the round's step; W1 is frozen (SIGSTOP) after its ack
+// and before the step exists; W0 saves and exits, its lease (TTL 1 s) expires while W1 is still
+// frozen. Invariant: the outcome key holds one outcome for the round, from the moment it is
+// recorded (a lease expiry must not delete it), and W1 thawed follows it: it saves at that step.
+// Before issue 32 every write carried the lease, so the step key vanished with W0's lease and the
+// thawed W1 never saw the step.
+TEST_CASE("etcd lease: a worker frozen past the lease TTL still follows the recorded step") {
+  holdfast_test::job j;
+  const holdfast::kv_namespace ns(j.run, "0");
+  holdfast::etcd_options o;
+  o.endpoints = {holdfast_test::shared_etcd().url()};
+  o.request_timeout = 5000ms;
+  o.lease_ttl = 1s;
+  o.leased_prefix = "live";  // liveness keys only: the handler's keys are never leased
+  const std::string step_key = "holdfast/run/ctl/r0/step", gate = j.dir / "gate";
+  holdfast::etcd_kv observer(holdfast_test::etcd_client_options(o.endpoints, 5000ms), ns);
+  auto ctl = observer.watch("holdfast/run/ctl");  // every value the outcome key ever holds
+
+  std::vector<holdfast_test::child> kids;
+  kids.emplace_back([&] {  // W0, the claimant, with a liveness key under its lease
+    holdfast::etcd_kv kv(o, ns);
+    kv.put("live/0", "up");
+    lease_case::worker(lease_case::gated_outcome_kv{kv, step_key, gate}, 0, j.log(0), j.ready(0));
+  });
+  kids.emplace_back([&] { lease_case::worker(holdfast::etcd_kv(o, ns), 1, j.log(1), j.ready(1)); });
+  for (int t = 0; t < 2; ++t) REQUIRE(holdfast::await_file(j.ready(t), std::chrono::seconds(20)));
+
+  kids[0].kill(SIGTERM);                                    // W0's notice: it claims
+  REQUIRE(observer.get("holdfast/run/ack/r0/1", 20000ms));  // W1 acked ...
+  kids[1].kill(SIGSTOP);                                    // ... and is frozen
+  REQUIRE(lease_case::await_stopped(kids[1]));
+  holdfast_test::append_line(gate, "go");  // now W0 records the step
+  auto r0 = kids[0].wait(20s);
+  INFO("W0: " << r0.failures);
+  REQUIRE(r0.exit_code == holdfast_test::worker_exit::saved);
+  const auto log0 = holdfast_test::read_lines(j.log(0));
+  REQUIRE(log0.size() == 1);
+  const auto recorded = observer.try_get(step_key);
+  REQUIRE(recorded);
+  const auto outcome = holdfast::parse_agreement_value(*recorded);
+  REQUIRE(outcome);
+  REQUIRE(outcome->what == holdfast::agreement_value::kind::step);
+  CHECK(log0[0] == "save " + std::to_string(outcome->step));
+
+  // W0's lease expires (its liveness key goes) while W1 is frozen.
+  REQUIRE(lease_case::gone_within(observer, "live/0", 10000ms));
+  CHECK(observer.try_get(step_key) == recorded);  // the outcome outlives its writer's lease
+
+  kids[1].kill(SIGCONT);
+  auto r1 = kids[1].wait(30s);
+  const auto log1 = holdfast_test::read_lines(j.log(1));
+  INFO("W1: " << r1.failures << " " << (log1.empty() ? "" : log1.back()));
+  CHECK(r1.exit_code == holdfast_test::worker_exit::saved);
+  CHECK(log1 == std::vector<std::string>{log0[0]});  // W1 saved at the recorded step
+
+  observer.put("holdfast/run/ctl/end", "");  // its event ends the follow: all before it came
+  auto events = holdfast_test::follow_watch(ctl, 10000ms, [](const auto& evs) {
+    return !evs.empty() && evs.back().key == "holdfast/run/ctl/end";
+  });
+  std::set<std::string> outcomes;
+  for (const auto& e : events)
+    if (e.key == step_key && e.value) outcomes.insert(*e.value);
+  CHECK(outcomes == std::set<std::string>{*recorded});  // never a second, different outcome
+  CHECK(observer.try_get(step_key) == recorded);
+}

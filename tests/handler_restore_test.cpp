@@ -5,10 +5,12 @@
 #include <doctest/doctest.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <holdfast/handler.hpp>
 #include <holdfast/kv/filesystem.hpp>
+#include <holdfast/kv/in_process.hpp>
 #include <holdfast/testing/fault_io.hpp>
 #include <holdfast/wait.hpp>
 #include <set>
@@ -160,4 +162,188 @@ TEST_CASE(
   REQUIRE(v);
   CHECK(v->what == holdfast::agreement_value::kind::step);
   CHECK(v->step == S1);
+}
+
+// --- histories and stale keys (issue 32, item 6) ----------------------------------------------
+
+namespace {
+
+using flag_config = holdfast::termination_config<holdfast_test::flag_notice, holdfast::no_exit>;
+
+// What each task of one launch restored (its step and the data it loaded), or the error its
+// construction threw.
+struct launch_result {
+  std::vector<std::optional<std::int64_t>> restored;
+  std::vector<std::int64_t> acc;
+  std::vector<std::string> errors;
+};
+
+// One launch of `n` tasks as threads, task t on make_kv(t) and its checkpoints in
+// <dir>/ckpt-<t>; `then(t, handler)` runs after a construction that succeeded.
+template <class MakeKv, class Then>
+launch_result launch(const holdfast_test::temp_dir& dir, int n, MakeKv make_kv, Then then) {
+  launch_result r{std::vector<std::optional<std::int64_t>>(static_cast<std::size_t>(n)),
+                  std::vector<std::int64_t>(static_cast<std::size_t>(n), -1),
+                  std::vector<std::string>(static_cast<std::size_t>(n))};
+  std::atomic<bool> never{false};
+  std::vector<std::thread> th;
+  for (int t = 0; t < n; ++t)
+    th.emplace_back([&, t] {
+      const auto i = static_cast<std::size_t>(t);
+      holdfast_test::worker_state st;
+      st.acc = -1;
+      try {
+        holdfast::handler_options o;
+        o.ack_timeout = 10s;  // every task starts at once: only a hang would use it
+        o.watch_interval = 20ms;
+        flag_config c(holdfast_test::flag_notice(holdfast_test::flag_poll{&never}, 1ms),
+                      holdfast::no_exit{}, 0ms);
+        using kv_t = decltype(make_kv(0));
+        holdfast::preemption_handler<flag_config, kv_t> h(
+            std::move(c), make_kv(t), {t, n, "run"},
+            holdfast_test::make_checkpoints(dir / ("ckpt-" + std::to_string(t)), &st), o);
+        r.restored[i] = h.restored_step();
+        r.acc[i] = st.acc;
+        then(t, h);
+      } catch (const std::exception& e) {
+        r.errors[i] = e.what();
+      }
+    });
+  for (auto& x : th) x.join();
+  return r;
+}
+
+const auto nothing = [](int, auto&) {};
+
+// Rewrites the metadata of `task`'s checkpoint of `step` as saved in history `h`.
+void set_history(const holdfast_test::temp_dir& dir, int task, std::int64_t step,
+                 const std::string& h) {
+  holdfast_test::worker_state st;
+  auto m = holdfast_test::make_checkpoints(dir / ("ckpt-" + std::to_string(task)), &st);
+  for (const auto& c : m.checkpoints())
+    if (c.step == step)
+      std::ofstream(c.path + "/holdfast-metadata.json", std::ios::trunc)
+          << "{\"format\": \"holdfast-checkpoint-metadata 1\", \"step\": " << step
+          << ", \"history\": \"" << h << "\", \"time_unix_ns\": 1, \"metrics\": null}";
+}
+
+// Saves `steps` in `task`'s checkpoints, the data of step s being s.
+void hold(const holdfast_test::temp_dir& dir, int task, std::vector<std::int64_t> steps) {
+  holdfast_test::worker_state st;
+  auto m = holdfast_test::make_checkpoints(dir / ("ckpt-" + std::to_string(task)), &st);
+  for (auto s : steps) {
+    st.acc = s;
+    m.save(s);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "threads: checkpoints of one step from different histories are not taken for one: the "
+    "agreement picks the newest step held with one identity, or none") {
+  // Invariant: every task restores the same step, and every task's checkpoint of it has the
+  // same identity (step and history).
+  holdfast_test::temp_dir dir("restore-history");
+  hold(dir, 0, {10, 20});
+  hold(dir, 1, {10, 20});
+  // step 10 from one launch (h0); step 20 saved by task 0 in launch hA, whose save failed on
+  // task 1, and by task 1 in launch hB, which restored 10 again, after task 0's save failed
+  set_history(dir, 0, 10, "h0");
+  set_history(dir, 1, 10, "h0");
+  set_history(dir, 0, 20, "hA");
+  set_history(dir, 1, 20, "hB");
+  holdfast::in_process_kv kv({"job", 0});
+  auto r = launch(
+      dir, 2, [&](int) { return kv; }, nothing);
+  for (int t = 0; t < 2; ++t) {
+    INFO("task " << t << ": " << r.errors[static_cast<std::size_t>(t)]);
+    CHECK(r.restored[static_cast<std::size_t>(t)] == 10);
+    CHECK(r.acc[static_cast<std::size_t>(t)] == 10);
+  }
+  // no step with one identity: every task starts fresh
+  set_history(dir, 1, 10, "hX");
+  holdfast::in_process_kv kv1({"job", 1});
+  r = launch(
+      dir, 2, [&](int) { return kv1; }, nothing);
+  for (int t = 0; t < 2; ++t) {
+    INFO("task " << t << ": " << r.errors[static_cast<std::size_t>(t)]);
+    CHECK(r.errors[static_cast<std::size_t>(t)].empty());
+    CHECK(r.restored[static_cast<std::size_t>(t)] == std::nullopt);
+  }
+}
+
+namespace {
+
+// A reused run id + incarnation: a launch leaves its restore and control keys; the next launch
+// on the same namespace must refuse them, naming the key and the namespace, not follow them.
+template <class MakeKv>
+void stale_launch_is_refused(const holdfast_test::temp_dir& dir, MakeKv make_kv) {
+  hold(dir, 0, {10});
+  hold(dir, 1, {10});
+  auto first = launch(dir, 2, make_kv, [](int, auto& h) {
+    // this launch trains on and saves 20 (an outcome recorded as round 0's step, as a
+    // preemption would)
+    h.checkpointer().save(20);
+  });
+  for (int t = 0; t < 2; ++t) CHECK(first.restored[static_cast<std::size_t>(t)] == 10);
+  // the job is relaunched with the same run id and incarnation: restore/step says "step 10",
+  // but the tasks hold 20 now; following the stale value would restore 10
+  auto second = launch(dir, 2, make_kv, nothing);
+  for (int t = 0; t < 2; ++t) {
+    const std::string& e = second.errors[static_cast<std::size_t>(t)];
+    INFO("task " << t << " restored " << second.restored[static_cast<std::size_t>(t)].value_or(-1));
+    CHECK(e.find("holdfast/run/restore/have/" + std::to_string(t)) != std::string::npos);
+    CHECK(e.find("earlier launch") != std::string::npos);
+    CHECK(e.find("run id 'job' incarnation '7'") != std::string::npos);
+  }
+}
+
+// A round-0 outcome left in the control keys (an earlier launch under the same incarnation that
+// ran no restore agreement, or crashed before it): refused before it can be followed.
+template <class Kv>
+void stale_control_key_is_refused(const holdfast_test::temp_dir& dir, Kv kv) {
+  kv.put("holdfast/run/ctl/r0/step", "step 57 by 1/0123456789abcdef");
+  auto r = launch(
+      dir, 2, [&](int) { return kv; }, nothing);
+  for (int t = 0; t < 2; ++t) {
+    const std::string& e = r.errors[static_cast<std::size_t>(t)];
+    INFO("task " << t << " restored " << r.restored[static_cast<std::size_t>(t)].value_or(-1));
+    CHECK(e.find("holdfast/run/ctl/r0/step") != std::string::npos);
+    CHECK(e.find("step 57 by 1/0123456789abcdef") != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "threads: a reused run id and incarnation is refused, naming the stale key (in-process)") {
+  holdfast_test::temp_dir dir("restore-stale-mem");
+  holdfast::in_process_kv kv({"job", 7});
+  stale_launch_is_refused(dir, [&](int) { return kv; });
+  // a fresh incarnation restores step 20: both tasks saved it in one launch, whose history the
+  // restore agreement gave both managers
+  holdfast::in_process_kv fresh({"job", 8});
+  auto r = launch(
+      dir, 2, [&](int) { return fresh; },
+      [](int, auto& h) {
+        CHECK(h.checkpointer().metadata(20)->history.size() == 16);  // the first launch's nonce
+        CHECK(h.checkpointer().history() != h.checkpointer().metadata(20)->history);  // a new one
+      });
+  for (int t = 0; t < 2; ++t) {
+    INFO("task " << t << ": " << r.errors[static_cast<std::size_t>(t)]);
+    CHECK(r.restored[static_cast<std::size_t>(t)] == 20);
+    CHECK(r.acc[static_cast<std::size_t>(t)] == 10);  // what step 20 saved: no step ran
+  }
+  holdfast_test::temp_dir dir2("restore-stale-mem-ctl");
+  stale_control_key_is_refused(dir2, holdfast::in_process_kv({"job", 7}));
+}
+
+TEST_CASE(
+    "threads: a reused run id and incarnation is refused, naming the stale key (filesystem)") {
+  holdfast_test::temp_dir dir("restore-stale-fs");
+  const std::string root = dir / "kv";
+  stale_launch_is_refused(dir, [&](int) { return holdfast::filesystem_kv(root, {"job", 7}); });
+  holdfast_test::temp_dir dir2("restore-stale-fs-ctl");
+  stale_control_key_is_refused(dir2, holdfast::filesystem_kv(dir2 / "kv", {"job", 7}));
 }

@@ -25,6 +25,7 @@
 #include "support/c10d_like_kv.hpp"
 #include "support/child.hpp"
 #include "support/handler_harness.hpp"
+#include "support/own_write_kv.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -218,6 +219,15 @@ std::vector<outcome> run_job(job& j, const scenario& sc, double* notice_to_done_
   return out;
 }
 
+// The handler of task `t` in an `n`-task job under run id `run`, the scenario's defaults
+// otherwise: what the tests that drive the handler themselves start each thread with.
+handler_t task_handler(job& j, int t, int n, const std::string& run, outcome& o) {
+  scenario sc;
+  sc.n = n;
+  return handler_t(make_config(j, t, sc, &o), j.kv, {t, n, run},
+                   holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+}
+
 std::set<std::int64_t> first_saves(const std::vector<outcome>& out) {
   std::set<std::int64_t> s;
   for (auto& o : out)
@@ -242,13 +252,14 @@ TEST_CASE("threads: no notice → the handler never saves and makes no store tra
     CHECK(o.last == run_status::ran);
   }
   // the restore agreement at construction only: each worker puts the steps it has, reads the
-  // four lists and proposes the outcome (one insert wins, the three others read it); nothing per
-  // step (1000 steps each)
+  // four lists and proposes the outcome (one insert wins, the three others read it), after
+  // reading the five keys an earlier launch could have left (restore_agreement.hpp); nothing
+  // per step (1000 steps each)
   auto c = j.kv.counts();
   CHECK(c.insert == 4);
   CHECK(c.put == 4);
   CHECK(c.list == 0);
-  CHECK(c.try_get == 3);
+  CHECK(c.try_get == 3 + 4 * 5);
   CHECK(c.get <= 4 * 4 + 4 * 6);  // 4 lists each, then one blocking get per watch interval
 }
 
@@ -322,7 +333,10 @@ TEST_CASE("threads: simultaneous notices on 2 or all workers → one claim, one 
 TEST_CASE("threads: grace path → exactly two saves, before the grace period ends") {
   job j(4);
   scenario sc;
-  sc.grace = 800ms;
+  // The final save is aimed a quarter of the grace period before its end (grace_margin), so a
+  // stall of up to 500 ms on this loaded machine still ends before the deadline itself.
+  sc.grace = 2000ms;
+  sc.grace_margin = 500ms;
   sc.step_us = {10000, 10000, 10000, 10000};
   sc.noticed = {2};
   double ms = 0;
@@ -335,8 +349,8 @@ TEST_CASE("threads: grace path → exactly two saves, before the grace period en
   std::set<std::vector<std::int64_t>> all;
   for (auto& o : out) all.insert(o.st.saved_steps);
   CHECK(all.size() == 1);  // the same two steps everywhere
-  CHECK(ms < 800 * 1.1);   // deadline + 10%: a loaded 2-core machine can stall any thread
-  CHECK(ms > 300);         // it did train through most of the grace period
+  CHECK(ms < 2000);        // before the grace period ends: the deadline itself, no slack past it
+  CHECK(ms > 1000);        // it did train through most of the grace period
 }
 
 TEST_CASE("threads: save_checkpoint_if_preempted serves loops of several steps per call") {
@@ -347,10 +361,7 @@ TEST_CASE("threads: save_checkpoint_if_preempted serves loops of several steps p
   for (int t = 0; t < 3; ++t)
     th.emplace_back([&, t] {
       auto& o = out[static_cast<std::size_t>(t)];
-      scenario sc;
-      sc.n = 3;
-      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 3, "loop"},
-                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      handler_t h = task_handler(j, t, 3, "loop", o);
       while (h.total_run_calls() < 100000) {
         for (int k = 0; k < 4; ++k) busy(250);  // four steps of a custom loop
         o.st.acc = h.total_run_calls() + 1;     // the state a save at the next call holds
@@ -436,11 +447,8 @@ TEST_CASE("threads: a worker stuck inside a step still acks (steps coupled by a 
     for (int t = 0; t < 3; ++t)
       th.emplace_back([&, t] {
         auto& o = out[static_cast<std::size_t>(t)];
-        scenario sc;
-        sc.n = 3;
         try {
-          handler_t h(make_config(j, t, sc, &o), j.kv, {t, 3, "sync"},
-                      holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+          handler_t h = task_handler(j, t, 3, "sync", o);
           while (h.total_run_calls() < 100000) {
             const std::int64_t k = h.total_run_calls();
             auto st = h.run([&] {
@@ -508,10 +516,7 @@ TEST_CASE("threads: re-armed after an in-process save, a second notice agrees ag
   for (int t = 0; t < 2; ++t)
     th.emplace_back([&, t] {
       auto& o = out[static_cast<std::size_t>(t)];
-      scenario sc;
-      sc.n = 2;
-      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 2, "rearm"},
-                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      handler_t h = task_handler(j, t, 2, "rearm", o);
       int stops = 0;
       while (stops < 2 && h.total_run_calls() < 100000) {
         if (h.run([&] { busy(200); }) == run_status::stopped) {
@@ -555,7 +560,7 @@ TEST_CASE("threads: a dead worker gives agreement_timeout naming it, within the 
     auto& o = out[static_cast<std::size_t>(t)];
     CHECK(o.error == "timeout");
     CHECK(o.missing == std::vector<int>{2});
-    CHECK(o.error_ms < 500 * 1.1 + 50);
+    CHECK(o.error_ms < 500 * 1.5);  // at its deadline, not an ack_timeout later
   }
 }
 
@@ -583,33 +588,39 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
     } catch (const holdfast::error&) {
     }
   };
+  using as = holdfast::agreement_state;
+  // Until `want(h.state())` holds (stepping the handler when `run`), for up to 10 s: the state
+  // the destruction is meant to meet is observed, not assumed after a pause.
+  auto reach = [&](handler_t& h, auto want, bool run) {
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (!want(h.state()) && std::chrono::steady_clock::now() < end) {
+      if (run) step(h);
+      std::this_thread::sleep_for(2ms);
+    }
+    return want(h.state());
+  };
+  auto is = [](as want) { return [want](as s) { return s == want; }; };
   check_state("idle", [&](handler_t& h, job&) { step(h); });
   check_state("noticed, not yet run", [&](handler_t& h, job& j) {
     j.flags[0]->store(true);
-    std::this_thread::sleep_for(20ms);  // let the watcher pick it up
-    (void)h;
+    // the watcher picked it up: the agreement left idle (noticed, or further on its own)
+    CHECK(reach(
+        h, [](as s) { return s != as::idle; }, false));
   });
   check_state("claim seen by the watcher", [&](handler_t& h, job& j) {
     j.kv.insert("holdfast/d/ctl/r0/claim", "claim by 1/peer");
-    std::this_thread::sleep_for(20ms);
-    (void)h;
+    // without a run() call: the peer's claim is seen (and perhaps acked) by the watcher
+    CHECK(reach(
+        h, [](as s) { return s == as::claimed || s == as::acked; }, false));
   });
   check_state("step published", [&](handler_t& h, job& j) {
     j.kv.put("holdfast/d/ack/r0/1", "100");
     j.kv.insert("holdfast/d/ctl/r0/claim", "claim by 1/peer");
-    for (int i = 0; i < 50 && h.state() != holdfast::agreement_state::step_published; ++i) {
-      step(h);
-      std::this_thread::sleep_for(2ms);
-    }
-    CHECK(h.state() == holdfast::agreement_state::step_published);
+    CHECK(reach(h, is(as::step_published), true));
   });
   check_state("failed: agreement timeout", [&](handler_t& h, job& j) {
     j.flags[0]->store(true);
-    for (int i = 0; i < 100 && h.state() != holdfast::agreement_state::failed; ++i) {
-      step(h);
-      std::this_thread::sleep_for(2ms);
-    }
-    CHECK(h.state() == holdfast::agreement_state::failed);
+    CHECK(reach(h, is(as::failed), true));
   });
   check_state("failed: local error", [&](handler_t& h, job&) {
     CHECK_THROWS_AS(h.run([] { throw std::logic_error("x"); }), std::logic_error);
@@ -619,7 +630,8 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
     j.kv.insert("holdfast/d/ctl/error", "1\nE\nm");  // as a failing peer does: the error, then
     j.kv.insert("holdfast/d/ctl/r0/claim", "abort by 1/peer");  // and abort the keys peers wait on
     bool raised = false;
-    for (int i = 0; i < 100 && !raised; ++i) {
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (!raised && std::chrono::steady_clock::now() < end) {
       try {
         h.run([] {});
       } catch (const holdfast::peer_error& e) {
@@ -833,10 +845,7 @@ TEST_CASE("threads: the restore agreement resumes every worker from the newest c
     th.emplace_back([&, t] {
       auto& o = out[static_cast<std::size_t>(t)];
       o.st.acc = -1;
-      scenario sc;
-      sc.n = 3;
-      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 3, "restore"},
-                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      handler_t h = task_handler(j, t, 3, "restore", o);
       restored[static_cast<std::size_t>(t)] = h.restored_step();
       pinned[static_cast<std::size_t>(t)] = h.checkpointer().pinned();
       o.counter = h.total_run_calls();
@@ -865,10 +874,7 @@ TEST_CASE("threads: the restore agreement with no common step starts every worke
   for (int t = 0; t < 2; ++t)
     th.emplace_back([&, t] {
       auto& o = out[static_cast<std::size_t>(t)];
-      scenario sc;
-      sc.n = 2;
-      handler_t h(make_config(j, t, sc, &o), j.kv, {t, 2, "fresh"},
-                  holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+      handler_t h = task_handler(j, t, 2, "fresh", o);
       restored[static_cast<std::size_t>(t)] = h.restored_step();
       o.counter = h.total_run_calls();
     });
@@ -981,7 +987,7 @@ struct async_checkpoints {
 };
 }  // namespace
 
-TEST_CASE("threads: an async Checkpointer is waited for before the preemption save") {
+TEST_CASE("threads: an async Checkpointer is waited for before and after the preemption save") {
   job j(1);
   outcome o;
   scenario sc;
@@ -995,9 +1001,10 @@ TEST_CASE("threads: an async Checkpointer is waited for before the preemption sa
   while (h.run([] { busy(200); }) != run_status::stopped &&
          std::chrono::steady_clock::now() < until) {
   }
-  REQUIRE(calls->size() == 2);
+  REQUIRE(calls->size() == 3);
   CHECK(calls->at(0) == "wait");  // a periodic save in flight finishes first
   CHECK(calls->at(1) == "save " + std::to_string(h.total_run_calls()));
+  CHECK(calls->at(2) == "wait");  // the preemption save is measured to its durable end
 }
 
 TEST_CASE("process: an async Checkpointer is waited for again before the Exit policy ends it") {
@@ -1108,7 +1115,7 @@ struct repeat_notice {
 
 // `rounds` agreements in a row between 2 threads over `kv` (no_exit: each save re-arms; task 0
 // is noticed anew once both served the last); returns the number of keys under the job's scope
-// after round 1 and after the last, each read once the cleanup settled.
+// after round 1 (once stable) and after the last (once down to round 1's count, or at 10 s).
 template <class Kv, class Count>
 std::pair<std::size_t, std::size_t> rounds_in_a_row(Kv kv, int rounds, Count count_keys) {
   using cfg = holdfast::termination_config<repeat_notice, holdfast::no_exit>;
@@ -1166,7 +1173,15 @@ std::pair<std::size_t, std::size_t> rounds_in_a_row(Kv kv, int rounds, Count cou
     REQUIRE(served[1].load() == r);
     if (r == 1) after_one = settled();
   }
-  std::size_t after_all = settled();
+  // After the last round: wait (up to 10 s) until the cleanup is down to round 1's count; a
+  // cleanup that leaks keys never gets there. (after_one, read once stable, is only the
+  // reference: read early it is larger, which makes this wait shorter, never a false failure.)
+  std::size_t after_all = count_keys();
+  const auto cleaned = std::chrono::steady_clock::now() + 10s;
+  while (after_all > after_one && std::chrono::steady_clock::now() < cleaned) {
+    std::this_thread::sleep_for(1ms);
+    after_all = count_keys();
+  }
   done.store(true);
   for (auto& x : th) x.join();
   CHECK(st[0].saved_steps == st[1].saved_steps);  // every round agreed on one step
@@ -1208,4 +1223,135 @@ TEST_CASE("threads: over a store that can list but not watch, the claimant lists
   for (auto& o : out) CHECK(o.st.saves == 1);
   // no worker timed out, so no one but the claimant listed: its collection did
   CHECK(counted.counts().list >= 1);
+}
+
+namespace {
+// An async Checkpointer whose commit (the fsyncs, rename and pointer of checkpoint_manager's
+// background thread) takes `commit` after save() returns: save() is quick, the commit runs on
+// in the background, wait_until_finished() returns once it is durable. Each save's durable time
+// is save time + commit (or the wait's return, when later).
+struct slow_commit_checkpoints {
+  milliseconds commit{0};
+  std::shared_ptr<std::vector<std::chrono::steady_clock::time_point>> saved_at =
+      std::make_shared<std::vector<std::chrono::steady_clock::time_point>>();
+  std::optional<std::chrono::steady_clock::time_point> in_flight;
+  void save(std::int64_t) {
+    wait_until_finished();
+    in_flight = std::chrono::steady_clock::now();
+    saved_at->push_back(*in_flight);
+  }
+  std::optional<std::int64_t> restore() { return std::nullopt; }
+  void wait_until_finished() {
+    if (in_flight) std::this_thread::sleep_until(*in_flight + commit);  // the commit's own time
+    in_flight.reset();
+  }
+};
+}  // namespace
+
+TEST_CASE(
+    "threads: an async save's commit is reserved in the grace path: the final save is "
+    "durable before the grace period ends") {
+  // Invariant: the final save is durable (its commit done) by notice + grace. The commit (5 x
+  // the margin) is what the reserve must hold: measured to save()'s return only, the final claim
+  // comes ~grace_margin + 6 steps before the end and the commit runs ~commit past it.
+  const milliseconds grace = 2000ms, commit = 500ms, step = 10ms;
+  job j(1);
+  outcome o;
+  scenario sc;
+  sc.n = 1;
+  sc.grace = grace;
+  sc.grace_margin = 100ms;
+  slow_commit_checkpoints ckpt;
+  ckpt.commit = commit;
+  auto saved_at = ckpt.saved_at;
+  holdfast::preemption_handler<config_t, kv_t, slow_commit_checkpoints> h(
+      make_config(j, 0, sc, &o), j.kv, {0, 1, "async-grace"}, ckpt, opts(sc));
+  for (int i = 0; i < 5; ++i) h.run([&] { std::this_thread::sleep_for(step); });
+  const auto noticed = std::chrono::steady_clock::now();  // noticed_at() is no earlier
+  j.flags[0]->store(true);
+  const auto until = noticed + 4 * grace;
+  while (h.run([&] { std::this_thread::sleep_for(step); }) != run_status::stopped &&
+         std::chrono::steady_clock::now() < until) {
+  }
+  REQUIRE(saved_at->size() == 2);  // the first save of the grace path and the final one
+  const auto durable = saved_at->back() + commit;
+  INFO("final save durable " << std::chrono::duration_cast<milliseconds>(durable - noticed).count()
+                             << " ms after the notice; grace " << grace.count() << " ms");
+  CHECK(durable <= noticed + grace);
+}
+
+namespace {
+using own_kv = holdfast_test::own_write_kv<holdfast::in_process_kv>;
+using own_handler_t =
+    holdfast::preemption_handler<config_t, own_kv, holdfast_test::memory_checkpoints>;
+
+// Four workers over `kv`; task 0 alone is noticed once every worker ran 20 steps, so it claims.
+// Returns the outcomes and (through notice_to_done_ms) the time from the notice until the last
+// worker's run() returned stopped (or threw).
+std::vector<outcome> run_own_write_team(own_kv kv, const scenario& sc, double& notice_to_done_ms) {
+  job j(sc.n);
+  std::vector<outcome> out(static_cast<std::size_t>(sc.n));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < sc.n; ++t)
+    threads.emplace_back([&, t] {
+      outcome& o = out[static_cast<std::size_t>(t)];
+      try {
+        own_handler_t h(make_config(j, t, sc, &o), kv, {t, sc.n, sc.run_id},
+                        holdfast_test::memory_checkpoints{&o.st}, opts(sc));
+        while (h.total_run_calls() < sc.max_steps) {
+          o.last = h.run([&] {
+            ++o.st.acc;
+            busy(200);
+          });
+          j.b.set(t, h.total_run_calls());
+          if (o.last == run_status::stopped) break;
+        }
+        o.finished = true;
+      } catch (const std::exception& e) {
+        o.error = e.what();
+      }
+      o.stopped_at = std::chrono::steady_clock::now();
+      j.b.set(t, std::numeric_limits<std::int64_t>::max());
+    });
+  CHECK(j.b.wait_all(sc.notice_at, 20s));
+  const auto noticed_at = std::chrono::steady_clock::now();
+  j.flags[0]->store(true);
+  for (auto& th : threads) th.join();
+  auto last = noticed_at;
+  for (auto& o : out) last = std::max(last, o.stopped_at);
+  notice_to_done_ms = std::chrono::duration<double, std::milli>(last - noticed_at).count();
+  return out;
+}
+
+// The invariant: the claimant recognises the claim it created (its own value, its nonce), so it
+// collects the acks and every worker saves once at one step, promptly: not at its deadline.
+void check_claimant_recognised_its_claim(holdfast_test::own_write_fault fault) {
+  scenario sc;
+  sc.ack_timeout = 4000ms;  // every worker would wait this long for a claim nobody serves
+  sc.max_steps = 200000;    // a bound on a worker that never stops (200 µs steps: 40 s)
+  own_kv kv(holdfast::in_process_kv(holdfast::kv_namespace("own", "0")), fault, "/claim");
+  double ms = 0;
+  auto out = run_own_write_team(kv, sc, ms);
+  CHECK(kv.fired() == 1);
+  for (auto& o : out) {
+    CAPTURE(o.error);
+    CHECK(o.finished);
+    CHECK(o.last == run_status::stopped);
+    CHECK(o.st.saves == 1);
+  }
+  CHECK(first_saves(out).size() == 1);
+  auto claim =
+      holdfast::parse_agreement_value(kv.inner().try_get("holdfast/run/ctl/r0/claim").value_or(""));
+  REQUIRE(claim);
+  CHECK(claim->writer == 0);
+  CHECK(ms < static_cast<double>(sc.ack_timeout.count()) / 2);  // not a deadline's wait
+}
+}  // namespace
+
+TEST_CASE("threads: a claim applied but answered false is the claimant's own: no stall") {
+  check_claimant_recognised_its_claim(holdfast_test::own_write_fault::lost_answer);
+}
+
+TEST_CASE("threads: a claim that commits late, after the retry read nothing, is the claimant's") {
+  check_claimant_recognised_its_claim(holdfast_test::own_write_fault::late_commit);
 }

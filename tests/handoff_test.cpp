@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/fault_sweep.hpp"  // disarm_on_exit
 #include "support/python_absl.hpp"
 #include "support/temp_dir.hpp"
+#include "support/thread_state.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::command;
@@ -474,7 +476,10 @@ TEST_CASE("handoff between processes: the data job waits for the command, answer
       holdfast::publish_ready(joined.path(), static_cast<std::uint64_t>(cycle), ready);
     }
   });
-  std::this_thread::sleep_for(100ms);  // the command appears after the data job started waiting
+  // the command appears after the data job started waiting: its (only) thread is observed
+  // asleep in poll() on the command's directory
+  CHECK(holdfast_test::wait_asleep_in({data_job.pid()}, holdfast_test::poll_syscalls(), 10s,
+                                      data_job.pid()));
   command cmd;
   cmd.set("epochs", 2).set("worker", "main");
   holdfast::publish_command<holdfast::flag_codec>(path, cmd);
@@ -851,9 +856,7 @@ TEST_CASE("a failure at every syscall of the handoff leaves no command, ready fi
   using holdfast::testing::fault_plan;
   using holdfast::testing::io_op;
   holdfast_test::temp_dir dir("handofffault");
-  struct disarm {
-    ~disarm() { fault_plan::disarm(); }
-  } guard;
+  holdfast_test::disarm_on_exit guard;
   command c = sample();
   // the whole exchange: create the root, publish the command, publish a ready file
   auto protocol = [&] {

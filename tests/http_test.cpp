@@ -8,11 +8,15 @@
 #include <chrono>
 #include <holdfast/detail/http.hpp>
 #include <holdfast/testing/fault_io.hpp>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "support/expect_error.hpp"
+#include "support/fault_sweep.hpp"  // disarm_on_exit
 #include "support/http_server.hpp"
+#include "support/thread_state.hpp"
 
 using holdfast::detail::http_call;
 using holdfast::detail::http_endpoint;
@@ -25,6 +29,8 @@ using holdfast::testing::fault;
 using holdfast::testing::fault_io;
 using holdfast::testing::fault_plan;
 using holdfast::testing::io_op;
+using holdfast_test::disarm_on_exit;
+using holdfast_test::error_from;
 using holdfast_test::http_server;
 using holdfast_test::reply;
 using holdfast_test::seen_request;
@@ -33,23 +39,7 @@ using steady = std::chrono::steady_clock;
 
 namespace {
 
-struct disarm_on_exit {
-  ~disarm_on_exit() { fault_plan::disarm(); }
-};
-
 http_request get(const std::string& target) { return {"GET", target, {}, {}}; }
-
-// Runs `fn`; returns the holdfast::error it threw (fails the test when none was thrown).
-template <class F>
-holdfast::error error_of(F fn) {
-  try {
-    fn();
-  } catch (const holdfast::error& e) {
-    return e;
-  }
-  FAIL("no holdfast::error was thrown");
-  return holdfast::error(0, "", "");
-}
 
 double ms_since(steady::time_point t0) {
   return std::chrono::duration<double, std::milli>(steady::now() - t0).count();
@@ -188,7 +178,7 @@ TEST_CASE("malformed and truncated responses are EPROTO naming the URL") {
   for (const auto& c : cases) {
     CAPTURE(c.name);
     http_server srv([&](const seen_request&) { return reply::raw(c.bytes); });
-    auto e = error_of([&] { http_call(parse_http_url(srv.url()), get("/meta")); });
+    auto e = error_from([&] { http_call(parse_http_url(srv.url()), get("/meta")); });
     CHECK(e.errnum() == EPROTO);
     CHECK(e.path() == srv.url() + "/meta");
   }
@@ -196,7 +186,7 @@ TEST_CASE("malformed and truncated responses are EPROTO naming the URL") {
 
 TEST_CASE("connect refused is ECONNREFUSED and names the endpoint") {
   std::string url = holdfast_test::refused_url();
-  auto e = error_of([&] { http_call(parse_http_url(url), get("/x")); });
+  auto e = error_from([&] { http_call(parse_http_url(url), get("/x")); });
   CHECK(e.errnum() == ECONNREFUSED);
   CHECK(e.operation() == "connect");
   CHECK(std::string(e.what()).find(url + "/x") != std::string::npos);
@@ -206,7 +196,7 @@ TEST_CASE("a connect that gets no answer times out at the connect timeout") {
   holdfast_test::blackhole hole;
   http_timeouts t{400ms, 5000ms};
   auto t0 = steady::now();
-  auto e = error_of([&] { http_call(parse_http_url(hole.url()), get("/"), t); });
+  auto e = error_from([&] { http_call(parse_http_url(hole.url()), get("/"), t); });
   double took = ms_since(t0);
   CHECK(e.errnum() == ETIMEDOUT);
   CHECK(e.operation() == "connect");
@@ -219,7 +209,7 @@ TEST_CASE("a slow server times out at the read timeout, however it dribbles") {
     http_server srv(
         [](const seen_request&) { return reply::delayed(5s, reply::response(200, "late")); });
     auto t0 = steady::now();
-    auto e = error_of([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
+    auto e = error_from([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
     double took = ms_since(t0);
     CHECK(e.errnum() == ETIMEDOUT);
     CHECK(took >= 390);
@@ -233,7 +223,7 @@ TEST_CASE("a slow server times out at the read timeout, however it dribbles") {
       return r;
     });
     auto t0 = steady::now();
-    auto e = error_of([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
+    auto e = error_from([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
     double took = ms_since(t0);
     CHECK(e.errnum() == ETIMEDOUT);
     CHECK(took < 400 * 1.1 + 150);
@@ -242,7 +232,7 @@ TEST_CASE("a slow server times out at the read timeout, however it dribbles") {
     http_server srv([](const seen_request&) {
       return reply::raw("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc").keep_open();
     });
-    auto e = error_of([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
+    auto e = error_from([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
     CHECK(e.errnum() == ETIMEDOUT);
     CHECK(e.operation() == "recv");
   }
@@ -274,7 +264,7 @@ TEST_CASE("fault_io: EINTR is retried, short transfers are finished, EIO surface
   }
   SUBCASE("EIO on recv names the operation") {
     fault_plan::arm(fault{io_op::recv, 1, EIO});
-    auto e = error_of([&] { http_call<fault_io>(ep, get("/t")); });
+    auto e = error_from([&] { http_call<fault_io>(ep, get("/t")); });
     CHECK(e.errnum() == EIO);
     CHECK(e.operation() == "recv");
     CHECK(e.path() == srv.url() + "/t");
@@ -351,13 +341,13 @@ TEST_CASE("http_stream: a body that ends returns, errors and non-2xx throw") {
   };
   http_stream(ep, get("/short"), {}, far, collect);
   CHECK(got == "all of it");
-  auto e = error_of([&] { http_stream(ep, get("/404"), {}, far, collect); });
+  auto e = error_from([&] { http_stream(ep, get("/404"), {}, far, collect); });
   CHECK(e.errnum() == EPROTO);
   CHECK(std::string(e.what()).find("status 404") != std::string::npos);
   CHECK(std::string(e.what()).find("no such thing") != std::string::npos);
-  CHECK(error_of([&] { http_stream(ep, get("/cut"), {}, far, collect); }).errnum() == EPROTO);
+  CHECK(error_from([&] { http_stream(ep, get("/cut"), {}, far, collect); }).errnum() == EPROTO);
   // the head must come within the read timeout...
-  CHECK(error_of([&] {
+  CHECK(error_from([&] {
           http_stream(ep, get("/slow-head"), {1000ms, 300ms}, far, collect);
         }).errnum() == ETIMEDOUT);
   // ...unless the caller's deadline comes first: then it is a quiet return
@@ -366,22 +356,29 @@ TEST_CASE("http_stream: a body that ends returns, errors and non-2xx throw") {
   CHECK(ms_since(t0) < 300 * 1.1 + 150);
 }
 
-TEST_CASE("a cancel flag ends a call to a slow server within a few tens of milliseconds") {
+TEST_CASE("a cancel flag ends a call to a slow server well before its timeouts") {
   http_server srv(
       [](const seen_request&) { return reply::delayed(5s, reply::response(200, "x")); });
   holdfast_test::blackhole hole;
   for (const std::string& url : {srv.url(), hole.url()}) {  // waiting for the reply, and connecting
     CAPTURE(url);
     std::atomic<bool> cancel{false};
-    auto t0 = steady::now();
+    std::atomic<steady::rep> cancelled_at{0};
+    const pid_t caller = holdfast_test::this_thread_id();
     std::thread canceller([&] {
-      std::this_thread::sleep_for(100ms);  // the call must be waiting by then
+      // once the call is observed waiting in poll() (for the reply, or the connection)
+      holdfast_test::wait_asleep_in_poll({caller}, 10s);
+      cancelled_at = steady::now().time_since_epoch().count();
       cancel.store(true);
     });
-    auto e = error_of([&] { http_call(parse_http_url(url), get("/"), {3000ms, 3000ms}, &cancel); });
+    auto e = error_from([&] {
+      http_call(parse_http_url(url), get("/"), {3000ms, 3000ms}, &cancel);
+    });
+    const auto ended = steady::now();
     canceller.join();
     CHECK(e.errnum() == ECANCELED);
-    CHECK(ms_since(t0) < 100 + 150);
+    // cancelled, not timed out: a third of the 3 s timeouts tells the two apart
+    CHECK(ended - steady::time_point(steady::duration(cancelled_at.load())) < 1000ms);
   }
 }
 
@@ -392,7 +389,7 @@ TEST_CASE("http_stream: a cancel flag ends a silent stream before its deadline")
   std::atomic<bool> cancel{false};
   std::string got;
   auto t0 = steady::now();
-  auto e = error_of([&] {
+  auto e = error_from([&] {
     http_stream(
         parse_http_url(srv.url()), get("/watch"), {}, t0 + 10s,
         [&](std::string_view b) {
@@ -405,4 +402,82 @@ TEST_CASE("http_stream: a cancel flag ends a silent stream before its deadline")
   CHECK(e.errnum() == ECANCELED);
   CHECK(got == "first");
   CHECK(ms_since(t0) < 1000);
+}
+
+TEST_CASE("a huge error body reaches a message capped, saying how long it was") {
+  // Invariant: a message shows at most the first 200 bytes of a reply body, then its length,
+  // however long the body (an error body may be up to 64 MiB).
+  const std::string body = "start-" + std::string(std::size_t{3} << 20, 'x');  // 3 MiB
+  http_server srv([&](const seen_request&) { return reply(500, body); });
+  const auto ep = parse_http_url(srv.url());
+  const std::string length = "(" + std::to_string(body.size()) + " bytes)";
+  auto check_capped = [&](const holdfast::error& e) {
+    const std::string what = e.what();
+    INFO(what.substr(0, 600));
+    CHECK(e.errnum() == EPROTO);
+    CHECK(what.find("status 500: start-xxx") != std::string::npos);
+    CHECK(what.find(length) != std::string::npos);
+    CHECK(what.size() < 600);
+  };
+  const http_timeouts t{1000ms, 20000ms};  // ample for 3 MiB on a loaded machine
+  check_capped(error_from([&] {
+    http_stream(ep, get("/stream"), t, steady::now() + 20s, [](std::string_view) { return true; });
+  }));
+  using transport = holdfast::plain_transport<holdfast::posix_io>;
+  check_capped(error_from([&] {
+    holdfast::detail::http_open_stream<holdfast::posix_io, transport> open(
+        transport().connect(ep, t.connect, srv.url(), nullptr), ep, get("/watch"), t, nullptr);
+  }));
+}
+
+namespace {
+
+using pool_t =
+    holdfast::detail::http_pool<holdfast::posix_io, holdfast::plain_transport<holdfast::posix_io>>;
+
+// A server that answers "/first" (keeping the connection), then reads the next request on that
+// connection and closes it without a byte of reply, as a server that applied a request and then
+// lost its connection; the same request again (on a fresh connection) is answered.
+holdfast_test::http_server::handler closes_the_second() {
+  auto seen = std::make_shared<int>(0);
+  return [seen](const seen_request& r) {
+    if (r.target == "/first") return reply(200, "one").keep_alive();
+    return ++*seen == 1 ? reply() : reply(200, "again");
+  };
+}
+
+std::vector<std::string> targets(const http_server& srv) {
+  std::vector<std::string> out;
+  for (const auto& r : srv.requests()) out.push_back(r.target);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("http_pool: a request that may have been applied is never sent twice") {
+  using holdfast::detail::http_resend;
+  http_server srv(closes_the_second());
+  auto ep = parse_http_url(srv.url());
+  pool_t pool({}, 4);
+  REQUIRE(pool.call(ep, {"POST", "/first", {}, "{}"}, {}, http_resend::on_stale).body == "one");
+  REQUIRE(pool.idle(&ep) == 1);  // the write below goes on this reused connection
+  CHECK_THROWS_AS(pool.call(ep, {"POST", "/txn", {}, "{}"}, {}, http_resend::never),
+                  holdfast::detail::http_connection_closed);
+  // The invariant: the server saw the write once. A call after it is the next request it saw.
+  CHECK(pool.call(ep, {"POST", "/first", {}, "{}"}, {}, http_resend::on_stale).body == "one");
+  CHECK(targets(srv) == std::vector<std::string>{"/first", "/txn", "/first"});
+  CHECK(pool.requests() == 3);
+}
+
+TEST_CASE("http_pool: a read whose reused connection closed unanswered is sent once more") {
+  using holdfast::detail::http_resend;
+  http_server srv(closes_the_second());
+  auto ep = parse_http_url(srv.url());
+  pool_t pool({}, 4);
+  REQUIRE(pool.call(ep, {"POST", "/first", {}, "{}"}, {}, http_resend::on_stale).body == "one");
+  REQUIRE(pool.idle(&ep) == 1);
+  CHECK(pool.call(ep, {"POST", "/range", {}, "{}"}, {}, http_resend::on_stale).body == "again");
+  CHECK(targets(srv) == std::vector<std::string>{"/first", "/range", "/range"});
+  CHECK(pool.requests() == 3);
+  CHECK(pool.connections() == 2);  // the resend went on a fresh connection
 }

@@ -7,19 +7,18 @@
 #include <holdfast/testing/fault_io.hpp>
 #include <string>
 
+#include "support/expect_error.hpp"
+#include "support/fault_sweep.hpp"  // disarm_on_exit
 #include "support/temp_dir.hpp"
 
 using holdfast::testing::fault;
 using holdfast::testing::fault_io;
 using holdfast::testing::fault_plan;
 using holdfast::testing::io_op;
+using holdfast_test::disarm_on_exit;
 using fd_t = holdfast::basic_fd<fault_io>;
 
 namespace {
-
-struct disarm_on_exit {
-  ~disarm_on_exit() { fault_plan::disarm(); }
-};
 
 std::string slurp(const std::string& path) {
   auto fd = holdfast::open_file(path, O_RDONLY);
@@ -31,13 +30,7 @@ template <class Op>
 holdfast::error expect_error(const fault& f, Op op) {
   disarm_on_exit guard;
   fault_plan::arm(f);
-  try {
-    op();
-  } catch (const holdfast::error& e) {
-    return e;
-  }
-  FAIL("no holdfast::error was thrown");
-  return holdfast::error(0, "", "");
+  return holdfast_test::error_from(op);
 }
 
 }  // namespace

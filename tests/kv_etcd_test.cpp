@@ -1,7 +1,7 @@
 // etcd_kv beyond the shared contract: failures (server stopped, hung, garbage, unreachable
 // endpoints) each end in a clear holdfast::error within their timeout; failover; the watch is
-// one request (no polling); leases keep a live client's keys and drop a dead one's; the fixture
-// fails (never skips) without etcd.
+// one request (no polling); leases keep a live client's leased keys (below leased_prefix) and
+// drop a dead one's, and never go on another key; the fixture fails (never skips) without etcd.
 #include <doctest/doctest.h>
 #include <signal.h>
 
@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <holdfast/testing/fault_io.hpp>
 
@@ -23,6 +24,7 @@
 #include "support/expect_error.hpp"
 #include "support/fault_sweep.hpp"
 #include "support/http_server.hpp"
+#include "support/thread_state.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::etcd_kv;
@@ -60,12 +62,12 @@ TEST_CASE("etcd_kv: stopping the server fails a blocked get and later calls, qui
   holdfast_test::etcd_server server;
   etcd_kv kv(options_for({server.url()}), ns0);
   kv.put("before", "ok");
-  std::atomic<bool> started{false};
+  std::atomic<pid_t> tid{0};
   std::string what;
   int errnum = 0;
   long long elapsed = -1;
   std::thread waiter([&] {
-    started = true;
+    tid = holdfast_test::this_thread_id();
     auto t0 = clk::now();
     try {
       kv.get("never/inserted", 8s);
@@ -75,8 +77,12 @@ TEST_CASE("etcd_kv: stopping the server fails a blocked get and later calls, qui
     }
     elapsed = ms_since(t0);
   });
-  while (!started) std::this_thread::yield();
-  std::this_thread::sleep_for(300ms);  // the get is now blocked in its watch
+  while (tid.load() == 0) std::this_thread::yield();
+  // the get is blocked in its watch: the watch is open and the thread observed asleep in poll()
+  const auto opened = clk::now() + 10s;
+  while (kv.stats().watch_opens == 0 && clk::now() < opened) std::this_thread::sleep_for(1ms);
+  CHECK(kv.stats().watch_opens == 1);
+  CHECK(holdfast_test::wait_asleep_in_poll({tid.load()}, 10s));
   server.stop();
   waiter.join();
   INFO(what);
@@ -387,14 +393,15 @@ TEST_CASE("etcd_kv: an endpoint that timed out is skipped for suspect_for, then 
   CHECK(ms_since(t0) < 300);  // a healed suspect is tried before a fresh one
 }
 
-TEST_CASE("etcd_kv lease: a live client keeps its keys, a SIGKILLed one loses them") {
+TEST_CASE("etcd_kv lease: a live client keeps its leased keys, a SIGKILLed one loses them only") {
   holdfast_test::etcd_server server;
   etcd_kv observer(options_for({server.url()}), ns0);
   int fds[2];
   REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
   holdfast_test::child worker([&] {
     auto o = options_for({server.url()});
-    o.lease_ttl = 2s;  // keep-alives every ~670 ms: a loaded machine still keeps it
+    o.lease_ttl = 2s;             // keep-alives every ~670 ms: a loaded machine still keeps it
+    o.leased_prefix = "workers";  // liveness keys; "step/1" records a decision: never leased
     etcd_kv kv(o, ns0);
     CHILD_REQUIRE(kv.lease_id() != 0);
     CHILD_REQUIRE(kv.insert("workers/1", "alive"));
@@ -415,9 +422,9 @@ TEST_CASE("etcd_kv lease: a live client keeps its keys, a SIGKILLed one loses th
   CHECK(r.term_signal == SIGKILL);
   auto t0 = clk::now();
   CHECK(wait_gone(observer, "workers/1", 6s));
-  CHECK(wait_gone(observer, "step/1", 1s));
   CHECK(ms_since(t0) < 5000);                          // TTL 2 s + etcd's expiry sweep, well inside
   CHECK(observer.insert("workers/1", "replacement"));  // the slot is free again
+  CHECK(observer.try_get("step/1") == std::optional<std::string>("10"));  // outside: it stays
 }
 
 TEST_CASE("etcd_kv lease: destruction stops the keep-alive promptly and revoke deletes at once") {
@@ -425,31 +432,38 @@ TEST_CASE("etcd_kv lease: destruction stops the keep-alive promptly and revoke d
   etcd_kv observer(options_for({server.url()}), ns0);
   auto o = options_for({server.url()});
   o.lease_ttl = 2s;
+  o.leased_prefix = "live";
   {
     std::optional<etcd_kv> kv(std::in_place, o, ns0);
-    kv->put("kept", "v");
+    kv->put("live/kept", "v");
     CHECK(kv->lease_alive());
     auto copy = kv->with_namespace(kv_namespace("run", 1));  // shares the lease
     CHECK(copy.lease_id() == kv->lease_id());
-    copy.put("other-ns", "v");
+    copy.put("live/other-ns", "v");
     kv.reset();
     CHECK(copy.lease_alive());  // the last handle still keeps the lease
     auto t0 = clk::now();
     { auto gone = std::move(copy); }
     CHECK(ms_since(t0) < 200);
   }
-  CHECK(observer.try_get("kept").has_value());  // not revoked on destruction
+  CHECK(observer.try_get("live/kept").has_value());  // not revoked on destruction
 
   {
     etcd_kv kv(o, ns0);
-    kv.put("revoked", "v");
+    kv.put("live/revoked", "v");
+    CHECK(kv.insert("live/inserted", "v"));  // an insert below leased_prefix is leased too
+    kv.put("decision", "v");                 // outside leased_prefix: no lease
+    CHECK(kv.insert("live", "v"));           // the prefix itself is not below it
     kv.revoke_lease();
     CHECK_FALSE(kv.lease_alive());
-    CHECK_FALSE(observer.try_get("revoked").has_value());
+    CHECK_FALSE(observer.try_get("live/revoked").has_value());
+    CHECK_FALSE(observer.try_get("live/inserted").has_value());
+    CHECK(observer.try_get("decision") == std::optional<std::string>("v"));
+    CHECK(observer.try_get("live") == std::optional<std::string>("v"));
     kv.revoke_lease();  // idempotent
     CHECK(kv.lease_id() == 0);
-    kv.put("after-revoke", "v");  // writes go on, without a lease
-    CHECK(observer.try_get("after-revoke") == std::optional<std::string>("v"));
+    kv.put("live/after-revoke", "v");  // writes go on, without a lease
+    CHECK(observer.try_get("live/after-revoke") == std::optional<std::string>("v"));
   }
 
   {  // a keep-alive in flight to a hung server does not hold up destruction
@@ -492,7 +506,18 @@ TEST_CASE("etcd_kv: bad options are rejected up front") {
   o.prefix = "a//b";
   CHECK(error_from([&] { etcd_kv(o, ns0); }).errnum() == EINVAL);
   o.prefix = "ok";
-  o.lease_ttl = 5s;  // granting the lease needs the server: a clear error now, not later
+  o.lease_ttl = 5s;  // and no leased_prefix: a lease for no key
+  auto bad = error_from([&] { etcd_kv(o, ns0); });
+  CHECK(bad.errnum() == EINVAL);
+  CHECK(contains(bad.what(), "lease_ttl without leased_prefix"));
+  o.lease_ttl = 0s;
+  o.leased_prefix = "live";  // and no lease_ttl
+  CHECK(error_from([&] { etcd_kv(o, ns0); }).errnum() == EINVAL);
+  o.lease_ttl = 5s;
+  o.leased_prefix = "live//x";
+  CHECK(error_from([&] { etcd_kv(o, ns0); }).errnum() == EINVAL);
+  o.leased_prefix = "live/";  // a trailing '/' is accepted, as list() accepts it
+  // granting the lease needs the server: a clear error now, not later
   auto e = error_from([&] { etcd_kv(o, ns0); });
   CHECK(e.errnum() == ECONNREFUSED);
   CHECK(contains(e.what(), "etcd lease grant"));
@@ -662,4 +687,105 @@ TEST_CASE("etcd_kv: a watch message longer than the limit is a clear error, not 
     CHECK(e.errnum() == EMSGSIZE);
     CHECK(contains(e.what(), "watch message from " + fake.url()));
   }
+}
+
+TEST_CASE("etcd_kv: a huge reply body reaches a message capped, saying how long it was") {
+  // Invariant: whatever etcd (or a proxy in front of it) answers, a message shows at most the
+  // first 200 bytes of the reply body (or of the error text in it), then its length.
+  const std::string huge = std::string(std::size_t{3} << 20, 'x');  // 3 MiB
+  std::atomic<int> mode{0};
+  const std::string bodies[] = {
+      "start-" + huge,                                 // status 500, not JSON
+      R"({"message":"start-)" + huge + "\"}",          // status 500, JSON without an error
+      R"(["start-)" + huge + "\"]",                    // status 200, JSON but not an object
+      R"({"error":"start-)" + huge + R"(","code":2})"  // etcd's error text
+  };
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request&) {
+    const int m = mode.load();
+    return reply(m < 2 ? 500 : 200, bodies[m]);
+  });
+  etcd_kv kv(options_for({fake.url()}, 1000ms, 20000ms), ns0);
+  for (int m = 0; m < 4; ++m) {
+    CAPTURE(m);
+    mode = m;
+    const auto e = error_from([&] { kv.insert("some/key", "v"); });
+    const std::string what = e.what();
+    INFO(what.substr(0, 600));
+    CHECK(contains(what, "start-xxx"));
+    CHECK(contains(what, "bytes)"));
+    CHECK(what.size() < 700);
+  }
+}
+
+TEST_CASE("etcd_kv: a password over plain http:// is refused unless every member is loopback") {
+  using holdfast::testing::fault;
+  using holdfast::testing::fault_io;
+  using holdfast::testing::fault_plan;
+  using holdfast::testing::io_op;
+  holdfast_test::disarm_on_exit guard;
+  ::setenv("HOLDFAST_TEST_ETCD_PW", "hunter2", 1);
+  auto with_user = [](std::vector<std::string> endpoints) {
+    auto o = options_for(std::move(endpoints));
+    o.user = "trainer";
+    o.password_env = "HOLDFAST_TEST_ETCD_PW";
+    return o;
+  };
+  // Refused at construction, before any call is made: a lease is asked for, so a client that
+  // did not refuse would resolve and connect at once; and every call fails, so even then no
+  // packet leaves for TEST-NET-1 (192.0.2.0/24, never to be contacted).
+  for (const auto& endpoints :
+       std::vector<std::vector<std::string>>{{"http://192.0.2.1:2379"},
+                                             {"http://127.0.0.1:2379", "http://192.0.2.1:2379"},
+                                             {"http://[::1]:2379", "http://192.0.2.1"},
+                                             {"http://127.0.0.1.example:2379"}}) {
+    CAPTURE(endpoints.back());
+    auto o = with_user(endpoints);
+    o.lease_ttl = 5s;
+    o.leased_prefix = "live";
+    fault_plan::arm(fault{io_op::any, 1, EACCES, 1, 1000});
+    const auto e = error_from([&] { holdfast::basic_etcd_kv<fault_io> kv(o, ns0); });
+    INFO(std::string(e.what()));
+    CHECK(fault_plan::calls(io_op::any) == 0);
+    fault_plan::disarm();
+    CHECK(e.errnum() == EINVAL);
+    CHECK(contains(e.what(), "allow_plaintext_auth"));
+    CHECK_FALSE(contains(e.what(), "hunter2"));
+  }
+  // Accepted with the flag (no lease: nothing is contacted), and where every member is loopback.
+  auto flagged = with_user({"http://192.0.2.1:2379"});
+  flagged.allow_plaintext_auth = true;
+  etcd_kv accepted(flagged, ns0);
+  etcd_kv local_names(with_user({"http://localhost:2379", "http://[::1]:2379",
+                                 "http://127.5.6.7:2379", "http://LOCALHOST:1"}),
+                      ns0);
+  holdfast_test::etcd_server server;  // no authentication: the client finds it off and goes on
+  etcd_kv loopback(with_user({server.url()}), ns0);
+  CHECK(loopback.insert("k", "v"));
+  CHECK(loopback.try_get("k") == std::optional<std::string>("v"));
+  ::unsetenv("HOLDFAST_TEST_ETCD_PW");
+}
+
+TEST_CASE("etcd_kv: a write whose reused connection closed unanswered is not sent again") {
+  // etcd may apply a txn and then lose the connection: sending it again would answer
+  // "succeeded: false" for this caller's own write. A read is safe to send again.
+  std::atomic<int> ranges{0}, txns{0};
+  holdfast_test::http_server fake([&](const holdfast_test::seen_request& r) {
+    if (r.target == "/v3/kv/txn") {
+      ++txns;
+      return reply();  // applied, say, but the connection closes before a byte of the reply
+    }
+    if (++ranges == 2) return reply();  // the reused connection closes unanswered
+    return reply(200, R"({"header":{"revision":"1"}})").keep_alive();
+  });
+  etcd_kv kv(options_for({fake.url()}), ns0);
+  CHECK_FALSE(kv.try_get("a").has_value());
+  REQUIRE(kv.idle_connections() == 1);
+  CHECK_FALSE(kv.try_get("a").has_value());  // sent again on a fresh connection
+  CHECK(ranges == 3);
+  REQUIRE(kv.idle_connections() == 1);
+  auto e = error_from([&] { kv.insert("k", "v"); });
+  CHECK(holdfast::is_transient_kv_error(e));
+  CHECK(contains(e.what(), "outcome unknown"));
+  CHECK(contains(e.what(), "etcd insert 'k'"));
+  CHECK(txns == 1);  // the invariant: a write that may have been applied is sent once
 }

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "support/child.hpp"
+#include "support/fault_sweep.hpp"  // disarm_on_exit
 #include "support/sanitizers.hpp"
 #include "support/temp_dir.hpp"
 
@@ -25,15 +26,12 @@ using holdfast::testing::fault;
 using holdfast::testing::fault_io;
 using holdfast::testing::fault_plan;
 using holdfast::testing::io_op;
+using holdfast_test::disarm_on_exit;
 
 namespace {
 
 using faulty_kv =
     holdfast::basic_filesystem_kv<holdfast::inotify_wait, holdfast::durable, fault_io>;
-
-struct disarm_on_exit {
-  ~disarm_on_exit() { fault_plan::disarm(); }
-};
 
 std::size_t temps_in(const std::string& dir) {
   std::size_t n = 0;

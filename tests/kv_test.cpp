@@ -20,18 +20,25 @@
 #include <holdfast/testing/fault_io.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <type_traits>  // is_same_v: the etcd waiter
 #include <vector>
 
 #include "support/c10d_like_kv.hpp"
 #include "support/child.hpp"
+#include "support/elapsed.hpp"
 #include "support/etcd_server.hpp"
+#include "support/expect_error.hpp"
 #include "support/key_wait_kv.hpp"
 #include "support/temp_dir.hpp"
+#include "support/thread_state.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::kv_namespace;
 using holdfast::kv_pairs;
 using clk = std::chrono::steady_clock;
+using holdfast_test::error_from;
+using holdfast_test::ms_since;
 
 namespace {
 
@@ -61,20 +68,20 @@ struct etcd_backend {
 
 const kv_namespace ns0("run", 0);
 
-long long ms_since(clk::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - t0).count();
-}
-
-// Runs `op`; returns the holdfast::error it threw, or fails the test.
-template <class Op>
-holdfast::error error_from(Op op) {
-  try {
-    op();
-  } catch (const holdfast::error& e) {
-    return e;
+// Waits (up to 10 s) until the get on thread `tid` of process `pid` (0: this one) is in its wait,
+// so an insert made next is one it wakes on: the thread is observed asleep in its wait (poll(),
+// a condition variable's futex, or a re-check's timed sleep), and over etcd (when `waiter` is the
+// etcd_kv that waits) the get's watch is open (its range answered before; a thread asleep in poll()
+// could still be waiting for the range).
+template <class Kv>
+bool get_waits(const Kv* waiter, pid_t tid, pid_t pid = 0) {
+  if constexpr (std::is_same_v<Kv, holdfast::etcd_kv>) {
+    const auto end = clk::now() + 10s;
+    while (waiter && waiter->stats().watch_opens == 0 && clk::now() < end)
+      std::this_thread::sleep_for(1ms);
+    if (waiter && waiter->stats().watch_opens == 0) return false;
   }
-  FAIL("no holdfast::error was thrown");
-  return holdfast::error(0, "", "");
+  return holdfast_test::wait_asleep_in({tid}, holdfast_test::wait_syscalls(), 10s, pid);
 }
 
 }  // namespace
@@ -112,21 +119,22 @@ TEST_CASE_TEMPLATE_DEFINE("kv contract: a blocked get wakes when another thread 
   B backend;
   auto waiter = backend.make(ns0);
   auto writer = backend.make(ns0);
-  std::atomic<bool> started{false};
+  std::atomic<pid_t> tid{0};
   std::optional<std::string> got;
   long long waited_ms = -1;
   std::thread t([&] {
     auto t0 = clk::now();
-    started = true;
+    tid = holdfast_test::this_thread_id();
     got = waiter.get("barrier/ready", 10s);
     waited_ms = ms_since(t0);
   });
-  while (!started) std::this_thread::yield();
-  std::this_thread::sleep_for(150ms);  // let the get block (the thing under test is the wake-up)
+  while (tid.load() == 0) std::this_thread::yield();
+  // the get is observed blocked before the insert (the thing under test is the wake-up)
+  const bool blocked = get_waits(&waiter, tid.load());
   CHECK(writer.insert("barrier/ready", "go"));
   t.join();
+  CHECK(blocked);
   CHECK(got == std::optional<std::string>("go"));
-  CHECK(waited_ms >= 100);  // it really blocked
   CHECK(waited_ms < 5000);  // and woke on the insert, long before its 10 s timeout
 }
 
@@ -376,7 +384,10 @@ TEST_CASE_TEMPLATE_DEFINE(
     CHILD_REQUIRE(ms_since(t0) < 5000);
   });
   REQUIRE(ready.wait_signal(5s));
-  std::this_thread::sleep_for(150ms);  // let the child block (the wake-up is under test)
+  // the child's get is observed blocked (a single-threaded child: its thread id is its pid); its
+  // etcd client's watch count is the child's, so over etcd a wait for the range's reply counts
+  // too: the insert is then read by the range, which the thread-level tests above rule out
+  CHECK(get_waits<decltype(kv)>(nullptr, c.pid(), c.pid()));
   CHECK(kv.insert("handoff/cmd", "from parent"));
   auto r = c.wait(15s);
   CHECK_MESSAGE(r.ok(), r.failures);
@@ -386,14 +397,26 @@ TEST_CASE_TEMPLATE_DEFINE("kv across processes: the parent's get wakes on a chil
                           kv_fork_parent_wakes) {
   B backend;
   auto kv = backend.make(ns0);
+  start_line go;
   holdfast_test::child c([&] {
-    std::this_thread::sleep_for(200ms);  // the parent is blocked by now (the wake-up is under test)
+    go.wait_in_child();  // released once the parent's get is observed blocked
     CHILD_REQUIRE(backend.make(ns0).insert("ready/1", "child"));
   });
-  auto t0 = clk::now();
-  auto got = kv.get("ready/1", 10s);
+  std::atomic<pid_t> tid{0};
+  std::optional<std::string> got;
+  long long waited_ms = -1;
+  std::thread getter([&] {
+    auto t0 = clk::now();
+    tid = holdfast_test::this_thread_id();
+    got = kv.get("ready/1", 10s);
+    waited_ms = ms_since(t0);
+  });
+  while (tid.load() == 0) std::this_thread::yield();
+  CHECK(get_waits(&kv, tid.load()));  // the wake-up is under test
+  go.release();
+  getter.join();
   CHECK(got == std::optional<std::string>("child"));
-  CHECK(ms_since(t0) < 5000);
+  CHECK(waited_ms < 5000);
   auto r = c.wait(10s);
   CHECK_MESSAGE(r.ok(), r.failures);
 }
@@ -427,34 +450,27 @@ TEST_CASE_TEMPLATE_DEFINE("kv across processes: racing inserts of one key, exact
   for (auto& kv : all) CHECK((kv.second >= "0" && kv.second <= "3"));
 }
 
-TEST_CASE_TEMPLATE_INVOKE(kv_fork_get_wakes, filesystem_backend, network_filesystem_backend,
-                          etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_fork_parent_wakes, filesystem_backend, network_filesystem_backend,
-                          etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_fork_insert_race, filesystem_backend, network_filesystem_backend,
-                          etcd_backend);
+// Every backend, and those with a cross-process half (the same lists for each suite).
+using every_backend =
+    std::tuple<in_process_backend, filesystem_backend, network_filesystem_backend, etcd_backend>;
+using cross_process_backends =
+    std::tuple<filesystem_backend, network_filesystem_backend, etcd_backend>;
 
-TEST_CASE_TEMPLATE_INVOKE(kv_insert, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_get_wakes, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_get_timeout, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_erase, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_list, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_erase_prefix, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_invalid_keys, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_namespaces, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_insert_race, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_fork_get_wakes, cross_process_backends);
+TEST_CASE_TEMPLATE_APPLY(kv_fork_parent_wakes, cross_process_backends);
+TEST_CASE_TEMPLATE_APPLY(kv_fork_insert_race, cross_process_backends);
+
+TEST_CASE_TEMPLATE_APPLY(kv_insert, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_get_wakes, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_get_timeout, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_erase, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_list, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_erase_prefix, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_invalid_keys, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_namespaces, every_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_insert_race, every_backend);
 TEST_CASE_TEMPLATE_INVOKE(kv_incarnation, in_process_backend, filesystem_backend, etcd_backend);
-TEST_CASE_TEMPLATE_INVOKE(kv_counting, in_process_backend, filesystem_backend,
-                          network_filesystem_backend, etcd_backend);
+TEST_CASE_TEMPLATE_APPLY(kv_counting, every_backend);
 
 // ---- backend-independent parts ---------------------------------------------------------------
 
@@ -632,14 +648,21 @@ TEST_CASE(
   CHECK(kv.erase_prefix("ack") == 1);
   CHECK_FALSE(exists(parent));
   // a get waiting in a parent that does not exist yet still wakes on the insert
+  const pid_t me = holdfast_test::this_thread_id();
+  std::atomic<bool> inserted{false};
+  std::chrono::steady_clock::time_point at{};
   std::thread writer([&] {
-    std::this_thread::sleep_for(50ms);
-    kv.insert("ack/r1/0", "e");
+    // once the get is observed blocked (the wake-up is under test)
+    if (holdfast_test::wait_asleep_in({me}, holdfast_test::poll_syscalls(), 10s)) {
+      at = std::chrono::steady_clock::now();
+      inserted = kv.insert("ack/r1/0", "e");
+    }
   });
-  const auto t0 = std::chrono::steady_clock::now();
   CHECK(kv.get("ack/r1/0", 5000ms) == std::optional<std::string>("e"));
-  CHECK(std::chrono::steady_clock::now() - t0 < 400ms);  // inotify, not the 500 ms re-check
+  const auto woke = std::chrono::steady_clock::now();
   writer.join();
+  CHECK(inserted);
+  CHECK(woke - at < 400ms);  // inotify, not the 500 ms re-check
 }
 
 TEST_CASE("filesystem_kv parents: durable keys make durable directories") {
@@ -771,14 +794,18 @@ TEST_CASE("get_many: the store's own where it has one, single gets elsewhere") {
     auto now = holdfast::get_many(kv, keys, 0ms);
     CHECK(now == std::vector<std::optional<std::string>>{"x", std::nullopt, std::nullopt});
     // the missing keys come from another thread while the call waits
-    std::thread writer([kv]() mutable {
-      std::this_thread::sleep_for(50ms);
+    const pid_t me = holdfast_test::this_thread_id();
+    bool blocked = false;
+    std::thread writer([kv, me, &blocked]() mutable {
+      // once the call is observed blocked (the wake-up is under test)
+      blocked = holdfast_test::wait_asleep_in({me}, holdfast_test::wait_syscalls(), 10s);
       kv.put("a/2", "z");
       kv.put("a/1", "y");
     });
     const auto t0 = clk::now();
     auto all = holdfast::get_many(kv, keys, 10s);
     writer.join();
+    CHECK(blocked);
     CHECK(all == std::vector<std::optional<std::string>>{"x", "y", "z"});
     CHECK(ms_since(t0) < 5000);  // woke on the writes, not at the timeout
     // a key that never comes: nullopt at the timeout
@@ -818,12 +845,16 @@ TEST_CASE("a watch that follows one key: wakes once it exists, take() asks for a
   };
   kv.put("ctl/other", "1");  // not followed: quiet
   CHECK_FALSE(readable(50));
-  std::thread writer([kv]() mutable {
-    std::this_thread::sleep_for(20ms);
+  const pid_t me = holdfast_test::this_thread_id();
+  bool blocked = false;
+  std::thread writer([kv, me, &blocked]() mutable {
+    // once the reader is observed asleep in poll() (the wake-up is under test)
+    blocked = holdfast_test::wait_asleep_in_poll({me}, 10s);
     kv.insert("ctl/claim", "c");
   });
   CHECK(readable(10000));
   writer.join();
+  CHECK(blocked);
   CHECK(w.take().resync);
   CHECK_FALSE(readable(0));  // one wake-up per follow
   w.follow("ctl/claim");     // exists already: at once

@@ -15,7 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "support/expect_error.hpp"
 #include "support/temp_dir.hpp"
+
+using holdfast_test::error_text;
 
 namespace {
 
@@ -26,18 +29,6 @@ bool has_control(const std::string& s) {
     if (u < 0x20 || u == 0x7f) return true;
   }
   return false;
-}
-
-// Runs `f`, which must throw a holdfast::error, and returns its what().
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const holdfast::error& e) {
-    return e.what();
-  }
-  FAIL("no holdfast::error was thrown");
-  return {};
 }
 
 }  // namespace
@@ -69,7 +60,7 @@ TEST_CASE("printable escapes every control byte and nothing else") {
   CHECK(printable("\r\t\x7f") == "\\x0d\\x09\\x7f");
 }
 
-TEST_CASE("error::what() escapes the path and the detail; path() keeps the bytes") {
+TEST_CASE("error::what() escapes the path and the detail, path() keeps the bytes") {
   holdfast::error e(EIO, "put", "job/\x1b[31mkey\n", "peer said: ok\nholdfast: forged");
   CHECK_FALSE(has_control(e.what()));
   CHECK(std::string(e.what()).find("job/\\x1b[31mkey\\x0a") != std::string::npos);
@@ -82,16 +73,16 @@ TEST_CASE("a newline or ESC in a key never reaches a message unescaped") {
   for (std::string key : {std::string("bad\n/../key"), std::string("a/\x1b[2J/..", 10),
                           std::string("nul\0\nkey", 8) + "/"}) {
     CAPTURE(holdfast::detail::printable(key));
-    CHECK_FALSE(has_control(message_of([&] { holdfast::validate_key(key); })));
-    CHECK_FALSE(has_control(message_of([&] { holdfast::normalize_prefix(key + "/.."); })));
-    CHECK_FALSE(has_control(message_of([&] { holdfast::kv_namespace(key, "0"); })));
+    CHECK_FALSE(has_control(error_text([&] { holdfast::validate_key(key); })));
+    CHECK_FALSE(has_control(error_text([&] { holdfast::normalize_prefix(key + "/.."); })));
+    CHECK_FALSE(has_control(error_text([&] { holdfast::kv_namespace(key, "0"); })));
   }
   // A valid key with a newline, refused by the filesystem store for its length: the message
   // names the key, escaped.
   holdfast_test::temp_dir dir;
   holdfast::filesystem_kv kv(dir.path(), {"run", "0"});
   const std::string key = "k\n\x1b" + std::string(400, 'x');
-  auto msg = message_of([&] { kv.put(key, "v"); });
+  auto msg = error_text([&] { kv.put(key, "v"); });
   CHECK_FALSE(has_control(msg));
   CHECK(msg.find("k\\x0a\\x1b") != std::string::npos);
 }
@@ -100,26 +91,26 @@ TEST_CASE("a newline or ESC in a store URL or a kv URL never reaches a message u
   for (std::string url :
        {"hdfs://nn\n:8x/p", "hdfs://nn:1\x1b/p", "ftp://h\n/x", "file://rel\npath"}) {
     CAPTURE(holdfast::detail::printable(url));
-    CHECK_FALSE(has_control(message_of([&] { holdfast::parse_store_url(url); })));
+    CHECK_FALSE(has_control(error_text([&] { holdfast::parse_store_url(url); })));
   }
   for (std::string url :
        {"etcd://h\nost:2379/p", "etcd://h:1/p?x=\x1b[2J", "redis://\n", "file://rel\x1b"}) {
     CAPTURE(holdfast::detail::printable(url));
-    CHECK_FALSE(has_control(message_of([&] { holdfast::make_kv(url, {"run", "0"}); })));
+    CHECK_FALSE(has_control(error_text([&] { holdfast::make_kv(url, {"run", "0"}); })));
   }
 }
 
 TEST_CASE("a newline in a path never reaches a message unescaped") {
   holdfast_test::temp_dir dir;
   const std::string missing = dir.path() + "/no\ndir\x1b/file";
-  auto msg = message_of([&] { holdfast::publisher{}.publish(missing, "x"); });
+  auto msg = error_text([&] { holdfast::publisher{}.publish(missing, "x"); });
   CHECK_FALSE(has_control(msg));
   CHECK(msg.find("no\\x0adir\\x1b") != std::string::npos);
   holdfast::checkpoint_options o;
   o.step_prefix = "ck\npt-";
-  CHECK_FALSE(has_control(message_of(
+  CHECK_FALSE(has_control(error_text(
       [&] { holdfast::checkpoint_manager m(dir.path(), holdfast::directory_commit::rename, o); })));
-  CHECK_FALSE(has_control(message_of([&] {
+  CHECK_FALSE(has_control(error_text([&] {
     holdfast::validate_run_id(
         "run\n/\x1b"
         "1");

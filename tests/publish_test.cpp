@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/fault_sweep.hpp"  // disarm_on_exit
 #include "support/sanitizers.hpp"
 #include "support/temp_dir.hpp"
 
@@ -28,15 +29,12 @@ using holdfast::testing::fault;
 using holdfast::testing::fault_io;
 using holdfast::testing::fault_plan;
 using holdfast::testing::io_op;
+using holdfast_test::disarm_on_exit;
 using namespace std::chrono_literals;
 
 namespace {
 
 using holdfast_test::sanitized;
-
-struct disarm_on_exit {
-  ~disarm_on_exit() { fault_plan::disarm(); }
-};
 
 std::string slurp(const std::string& path) {
   auto fd = holdfast::open_file(path, O_RDONLY);
@@ -729,6 +727,23 @@ TEST_CASE("sweep_stale_temps: only the temp pattern, only older than the thresho
 
 namespace {
 
+// Checks that `pub` refuses to publish over the directory at `target` (EISDIR, naming it) and
+// that a directory is still there; returns its lstat.
+template <class P>
+struct stat refused_over_directory(const P& pub, const std::string& target) {
+  try {
+    pub.publish(target, "a file");
+    FAIL("published over a directory");
+  } catch (const holdfast::error& e) {
+    CHECK(e.errnum() == EISDIR);
+    CHECK(e.path() == target);
+  }
+  struct stat st {};
+  REQUIRE(::lstat(target.c_str(), &st) == 0);
+  CHECK(S_ISDIR(st.st_mode));
+  return st;
+}
+
 template <class P>
 void refuses_directory(const char* label) {
   CAPTURE(label);
@@ -739,16 +754,7 @@ void refuses_directory(const char* label) {
   struct stat before {};
   REQUIRE(::lstat(target.c_str(), &before) == 0);
   const P pub;
-  try {
-    pub.publish(target, "a file");
-    FAIL("published over a directory");
-  } catch (const holdfast::error& e) {
-    CHECK(e.errnum() == EISDIR);
-    CHECK(e.path() == target);
-  }
-  struct stat after {};
-  REQUIRE(::lstat(target.c_str(), &after) == 0);
-  CHECK(S_ISDIR(after.st_mode));
+  const struct stat after = refused_over_directory(pub, target);
   CHECK(after.st_ino == before.st_ino);  // the same directory, never moved aside
   CHECK(slurp(target + "/inside") == "kept");
   CHECK(holdfast::detail::list_directory<holdfast::posix_io>(dir.path()) ==
@@ -793,16 +799,7 @@ TEST_CASE("publish onto an existing directory: every policy refuses (EISDIR), th
     CAPTURE(label);
     holdfast::detail::remove_tree<holdfast::posix_io>(target);
     dir_appears_io::armed() = target;
-    try {
-      pub.publish(target, "a file");
-      FAIL("published over a directory");
-    } catch (const holdfast::error& e) {
-      CHECK(e.errnum() == EISDIR);
-      CHECK(e.path() == target);
-    }
-    struct stat st {};
-    REQUIRE(::lstat(target.c_str(), &st) == 0);
-    CHECK(S_ISDIR(st.st_mode));
+    refused_over_directory(pub, target);
     CHECK(holdfast::detail::list_directory<holdfast::posix_io>(dir.path()) ==
           std::vector<std::string>{"late"});
   };

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/expect_error.hpp"
 #include "support/kill_io.hpp"
 #include "support/sanitizers.hpp"
 #include "support/shm_temp_dir.hpp"
@@ -32,6 +33,7 @@ using holdfast::testing::io_op;
 
 namespace {
 
+using holdfast_test::error_text;
 using holdfast_test::sanitized;
 
 void write_file(const std::string& path, const std::string& content) {
@@ -93,17 +95,6 @@ bool has_temp(const std::string& root) {
   for (const auto& e : fs::recursive_directory_iterator(root))
     if (holdfast::is_temp_name(e.path().filename().string())) return true;
   return false;
-}
-
-template <class E, class F>
-std::string error_text(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("no exception of the expected type was thrown");
-  return {};
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "support/child.hpp"
 #include "support/http_server.hpp"
 #include "support/sanitizers.hpp"
+#include "support/scoped_disposition.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -35,40 +36,11 @@ using holdfast::exit_context;
 using holdfast::signal_notice;
 using holdfast_test::http_server;
 using holdfast_test::reply;
+using holdfast_test::scoped_disposition;  // a known action under a notice, doctest's restored
 using holdfast_test::seen_request;
 using steady = std::chrono::steady_clock;
 
 namespace {
-
-// doctest reports (and re-raises) SIGTERM from its own handler; a signal test wants a known
-// disposition underneath the notice, so it sets one for its duration and restores doctest's.
-class scoped_disposition {
- public:
-  scoped_disposition(int sig, void (*handler)(int)) : sig_(sig) {
-    struct sigaction sa {};
-    sa.sa_handler = handler;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(sig, &sa, &old_);
-  }
-  scoped_disposition(int sig, void (*action)(int, siginfo_t*, void*)) : sig_(sig) {
-    struct sigaction sa {};
-    sa.sa_sigaction = action;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(sig, &sa, &old_);
-  }
-  // Any disposition (flags and mask included).
-  scoped_disposition(int sig, const struct sigaction& sa) : sig_(sig) {
-    ::sigaction(sig, &sa, &old_);
-  }
-  ~scoped_disposition() { ::sigaction(sig_, &old_, nullptr); }
-  scoped_disposition(const scoped_disposition&) = delete;
-  scoped_disposition& operator=(const scoped_disposition&) = delete;
-
- private:
-  int sig_;
-  struct sigaction old_ {};
-};
 
 struct sigaction current_disposition(int sig) {
   struct sigaction sa {};
@@ -605,7 +577,7 @@ TEST_CASE("stop is prompt: no sleeping through shutdown, and no thread is left")
   CHECK(new_threads(threads_before) == 1);
   auto t0 = steady::now();
   n.stop();
-  CHECK(ms_since(t0) < 100);
+  CHECK(ms_since(t0) < 2000);  // woken: a fifth of the 10 s interval it would sleep through
   // joined; the kernel drops the task from /proc/self/task a moment after the join returns
   CHECK(eventually([&] { return new_threads(threads_before) == 0; }, 1000ms));
   n.start();  // restartable
@@ -889,7 +861,7 @@ TEST_CASE("aws_spot_notice: malformed documents and a refused token are no notic
   CHECK(log.at(0).find("token") != std::string::npos);
 }
 
-TEST_CASE("destroying notices stops every background thread within 100 ms, none is left") {
+TEST_CASE("destroying notices stops every background thread promptly, none is left") {
   auto slow_reply = [](const seen_request&) {
     return reply::delayed(10s, reply::response(200, "TERMINATE_ON_HOST_MAINTENANCE"));
   };
@@ -926,14 +898,14 @@ TEST_CASE("destroying notices stops every background thread within 100 ms, none 
     c.stop();
     b.stop();
     a.stop();
-    CHECK(ms_since(t0) < 100);
+    CHECK(ms_since(t0) < 2000);  // a fifth of the 10 s intervals and timeouts they wait in
     a.start();
     e.start();
     CHECK(eventually([&] { return slow.request_count() == 2 && slow2.request_count() == 2; }));
     CHECK(eventually([&] { return new_threads(before) == 2; }, 1000ms));
     t0 = steady::now();
   }  // the destructors stop a and e, each in the middle of a request
-  CHECK(ms_since(t0) < 100);
+  CHECK(ms_since(t0) < 2000);
   CHECK(eventually([&] { return new_threads(before) == 0; }, 1000ms));
   CHECK(log.size() == 0);  // a cancelled request is not a failure worth logging
 }

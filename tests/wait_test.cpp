@@ -13,20 +13,18 @@
 #include <thread>
 
 #include "support/child.hpp"
+#include "support/fault_sweep.hpp"  // disarm_on_exit
 #include "support/temp_dir.hpp"
 
 using holdfast::testing::fault;
 using holdfast::testing::fault_io;
 using holdfast::testing::fault_plan;
 using holdfast::testing::io_op;
+using holdfast_test::disarm_on_exit;
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
-
-struct disarm_on_exit {
-  ~disarm_on_exit() { fault_plan::disarm(); }
-};
 
 bool exists(const std::string& path) {
   struct stat st {};

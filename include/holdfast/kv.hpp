@@ -50,7 +50,6 @@
 #include <utility>
 #include <vector>
 
-#include "detail/ascii.hpp"   // printable: keys in messages
 #include "detail/detect.hpp"  // detail::detect: the contract's traits
 #include "error.hpp"
 
@@ -82,7 +81,7 @@ inline std::string key_problem(std::string_view key) {
 /// Throws holdfast::error(EINVAL, op, key, why) unless `key` is a valid key.
 inline void validate_key(std::string_view key, const char* op = "kv key") {
   std::string why = detail::key_problem(key);
-  if (!why.empty()) throw error(EINVAL, op, detail::printable(key), "invalid key: " + why);
+  if (!why.empty()) throw error(EINVAL, op, std::string(key), "invalid key: " + why);
 }
 
 /// True when `key` is a valid key.
@@ -127,7 +126,7 @@ inline std::string normalize_prefix(std::string_view prefix, const char* op = "k
   std::string_view p = prefix;
   if (p.back() == '/') p.remove_suffix(1);
   std::string why = detail::key_problem(p);
-  if (!why.empty()) throw error(EINVAL, op, detail::printable(prefix), "invalid prefix: " + why);
+  if (!why.empty()) throw error(EINVAL, op, std::string(prefix), "invalid prefix: " + why);
   return std::string(p);
 }
 
@@ -164,8 +163,7 @@ class kv_namespace {
     std::string why = detail::key_problem(part);
     if (why.empty() && part.find('/') != std::string::npos) why = "contains '/'";
     if (!why.empty())
-      throw error(EINVAL, "kv namespace", detail::printable(part),
-                  std::string("invalid ") + what + ": " + why);
+      throw error(EINVAL, "kv namespace", part, std::string("invalid ") + what + ": " + why);
   }
 
   std::string run_;

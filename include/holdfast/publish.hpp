@@ -68,7 +68,7 @@
 #include <utility>
 #include <vector>
 
-#include "detail/ascii.hpp"  // printable: paths in messages
+#include "detail/ascii.hpp"  // printable: error::path() of a path with NUL shows \x00
 #include "error.hpp"
 #include "io.hpp"
 #include "publish/durability.hpp"

@@ -7,8 +7,8 @@
 // is usable (each etcd endpoint parses with parse_http_url to a non-zero port, the prefix is a
 // valid key, the directory is absolute); a store URL's full_path(path) parses back to the same
 // scheme and path, and localized_path undoes full_path; no error of parse_kv_url shows a password
-// of the URL (user info, or a query value other than ca, cert, key, server_name, user,
-// password_file, password_env).
+// of the URL (user info's password, user info without ':', or a query value other than ca, cert,
+// key, server_name, user, password_file, password_env).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -38,10 +38,10 @@ void http_url(std::string_view in, bool allow_https) {
 }
 
 // What a store URL holds that no error message may show: the password of user info
-// ("etcd://user:secret@host") and the values of query parameters not known to be harmless
-// ("?password=secret"). Only secrets of 4 bytes or more that occur once in the URL are checked
-// (a shorter or repeated one may be in the message for another reason, e.g. as the host), in
-// the URL the error shows (error::path()).
+// ("etcd://user:secret@host"), user info without ':' (a token: "etcd://secret@host") and the
+// values of query parameters not known to be harmless ("?password=secret"). Only secrets of 4 bytes
+// or more that occur once in the URL are checked (a shorter or repeated one may be in the message
+// for another reason, e.g. as the host), in the URL the error shows (error::path()).
 std::vector<std::string> secrets_of(std::string_view url) {
   std::vector<std::string> out;
   auto unique = [&](std::string_view s) {
@@ -57,7 +57,10 @@ std::vector<std::string> secrets_of(std::string_view url) {
   const std::size_t at = url.substr(0, auth_end).rfind('@');
   if (at != std::string_view::npos && at >= auth) {
     const std::size_t colon = url.substr(0, at).find(':', auth);
-    if (colon != std::string_view::npos) unique(url.substr(colon + 1, at - colon - 1));
+    if (colon != std::string_view::npos)
+      unique(url.substr(colon + 1, at - colon - 1));
+    else
+      unique(url.substr(auth, at - auth));  // token-only user info: all of it is secret
   }
   const std::size_t q = url.find('?', auth_end);
   if (q == std::string_view::npos) return out;

@@ -4,7 +4,8 @@
 // client and peer URLs on free 127.0.0.1 ports, data on /dev/shm when it has room (as
 // etcd_server), and a 50 ms heartbeat with a 500 ms election timeout, so a killed leader is
 // replaced in well under a second. Tests freeze (SIGSTOP), thaw, kill and restart members and
-// ask who leads. Only the process that made the cluster tears it down (forked workers do not);
+// ask who leads. Only the process that made the cluster tears it down (forked workers do not),
+// and its members die with that process however it ends (etcd_member sets PR_SET_PDEATHSIG);
 // a missing etcd makes the constructor throw, so the test FAILS (never skips).
 #pragma once
 

@@ -3,9 +3,11 @@
 // Starts /usr/bin/etcd (Debian package etcd-server, 3.4) with its data in a fresh directory
 // (on /dev/shm when writable, else the temp dir) and client and peer URLs on free 127.0.0.1 ports,
 // waits until /health answers true (with a deadline), and on stop() or destruction terminates it
-// (SIGTERM, then SIGKILL) and removes the directories. When etcd is missing the constructor throws,
-// so the test FAILS (never skips): with CI=true the message says CI must install it; otherwise it
-// names the Debian package to install.
+// (SIGTERM, then SIGKILL) and removes the directories. The etcd process never outlives the test
+// process: it gets PR_SET_PDEATHSIG(SIGKILL), so a test ended by CTest's TIMEOUT or a crash
+// takes its servers with it (its scratch directories stay behind then). When etcd is missing the
+// constructor throws, so the test FAILS (never skips): with CI=true the message says CI must
+// install it; otherwise it names the Debian package to install.
 //
 // shared_etcd() is the binary's one server, for the tests whose cases share it (each case in a
 // namespace of its own).
@@ -23,6 +25,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>  // PR_SET_PDEATHSIG
 #include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -34,6 +37,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>  // fork_on_lasting_thread
 #include <holdfast/detail/http.hpp>
 #include <optional>
 #include <sstream>
@@ -183,15 +187,16 @@ class etcd_member {
   bool frozen() const { return frozen_; }
 
   /// Forks and execs etcd on the spec's data directory and ports (a data directory that exists
-  /// is reused: the member rejoins its cluster).
+  /// is reused: the member rejoins its cluster). The etcd dies with the test process
+  /// (PR_SET_PDEATHSIG), however that ends.
   void start() {
     std::vector<std::string> args = command_line();
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    pid_ = ::fork();
+    const pid_t parent = ::getpid();
+    pid_ = fork_on_lasting_thread([&] { exec_child(argv, parent); });
     if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) exec_child(argv);
     frozen_ = false;
     pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
   }
@@ -303,7 +308,31 @@ class etcd_member {
     return args;
   }
 
-  [[noreturn]] void exec_child(std::vector<char*>& argv) const {
+  // PR_SET_PDEATHSIG fires when the thread that forked exits, not the process: fork on the main
+  // thread, which lives as long as the process, or else on a thread parked for the process's
+  // life (a member started from a test's worker thread outlives that thread). Returns the pid.
+  template <class F>
+  static pid_t fork_on_lasting_thread(F&& in_child) {
+    if (::syscall(SYS_gettid) == ::getpid()) {
+      pid_t pid = ::fork();
+      if (pid == 0) in_child();
+      return pid;
+    }
+    std::promise<pid_t> forked;
+    std::future<pid_t> pid = forked.get_future();
+    std::thread([forked = std::move(forked), &in_child]() mutable {
+      pid_t p = ::fork();
+      if (p == 0) in_child();
+      forked.set_value(p);
+      for (;;) ::pause();  // parked: its exit would kill the member
+    }).detach();
+    return pid.get();
+  }
+
+  [[noreturn]] void exec_child(std::vector<char*>& argv, pid_t parent) const {
+    // Dies with the test process: CTest's TIMEOUT (SIGTERM, then SIGKILL) or a crash must not
+    // leave etcd servers running. A parent that died before the prctl is caught by getppid.
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
     int fd = ::open(spec_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) {
       ::dup2(fd, 1);

@@ -6,9 +6,11 @@
 //     fails (doctest FAIL) instead of going on with a made-up error.
 //   - error_from(op, seen) hands the error to `seen` first (a test that records every message,
 //     or checks each for a secret, does it there).
+//   - error_text<E>(op) returns the what() of the `E` that `op` threw (E is holdfast::error
+//     unless named: a test of a derived error names it); when it threw none, the test case fails.
 // Caveats:
-//   - Only holdfast::error (and what derives from it) is caught: another exception escapes, and
-//     doctest reports it as the failure it is.
+//   - Only holdfast::error (and what derives from it), or error_text's `E`, is caught: another
+//     exception escapes, and doctest reports it as the failure it is.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -36,6 +38,18 @@ holdfast::error error_from(Op op, Seen seen) {
 template <class Op>
 holdfast::error error_from(Op op) {
   return error_from(op, [](const holdfast::error&) {});
+}
+
+/// Runs `op`; returns the what() of the `E` it threw (fails the test case when none was thrown).
+template <class E = holdfast::error, class Op>
+std::string error_text(Op op) {
+  try {
+    op();
+  } catch (const E& e) {
+    return e.what();
+  }
+  FAIL("no exception of the expected type was thrown");
+  return {};
 }
 
 /// Whether `part` occurs in `s` (a message check that reads as one).

@@ -37,28 +37,14 @@
 #include <thread>
 #include <vector>
 
+#include "scoped_disposition.hpp"  // ignored_signals
+
 namespace holdfast_test {
 
 /// SIGUSR1 and SIGUSR2 ignored for the scope (the notices of the tests are raised in-process).
 class ignored_signals {
- public:
-  ignored_signals() {
-    struct sigaction sa {};
-    sa.sa_handler = SIG_IGN;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGUSR1, &sa, &old1_);
-    ::sigaction(SIGUSR2, &sa, &old2_);
-  }
-  ignored_signals(const ignored_signals&) = delete;
-  ignored_signals& operator=(const ignored_signals&) = delete;
-  ~ignored_signals() {
-    ::sigaction(SIGUSR1, &old1_, nullptr);
-    ::sigaction(SIGUSR2, &old2_, nullptr);
-  }
-
- private:
-  struct sigaction old1_ {};
-  struct sigaction old2_ {};
+  scoped_disposition usr1_{SIGUSR1, SIG_IGN};
+  scoped_disposition usr2_{SIGUSR2, SIG_IGN};
 };
 
 /// How one training thread ended.

@@ -8,7 +8,9 @@
 //
 // The handler runs on the server's one thread, once per connection, and returns a `reply`: a
 // list of steps (pause, then send bytes), after which the server closes the connection (or,
-// with `hold_open`, keeps it open until the client closes or the server stops). Pauses end early
+// with `hold_open`, keeps it open until the client closes or the server stops; with
+// `serve_next`, reads the next request on it and calls the handler again: keep-alive). A reply
+// with no steps closes the connection without answering. Pauses end early
 // when the client disconnects or the server is destroyed, so a "slow server" never slows
 // shutdown. Connections are served one at a time. Requests are recorded for assertions.
 //
@@ -62,11 +64,17 @@ struct reply {
   std::vector<step> steps;
   /// After the last step, keep the connection open until the client closes or the server stops.
   bool hold_open = false;
+  /// After the last step, read the next request on the same connection (HTTP keep-alive).
+  bool serve_next = false;
 
   reply() = default;
-  /// A complete response with Content-Length and optional extra header lines ("K: V\r\n...").
+  /// A complete response with Content-Length and optional extra header lines ("K: V\r\n..."),
+  /// saying `Connection: close` (the server closes after it, unless keep_alive() is asked): a
+  /// client must not pool a connection the server is about to close, or its next request races
+  /// the close (and a write is never resent).
   reply(int status, const std::string& body, const std::string& extra_headers = "") {
-    steps.push_back({std::chrono::milliseconds(0), response(status, body, extra_headers)});
+    steps.push_back(
+        {std::chrono::milliseconds(0), response(status, body, close_header + extra_headers)});
   }
   /// Any bytes, sent at once, then close.
   static reply raw(std::string bytes) {
@@ -90,6 +98,17 @@ struct reply {
     hold_open = true;
     return *this;
   }
+  /// Serves the next request on this connection after the last step (keep-alive).
+  reply& keep_alive() {
+    serve_next = true;
+    for (auto& st : steps) {
+      auto at = st.bytes.find(close_header);
+      if (at != std::string::npos) st.bytes.erase(at, close_header.size());
+    }
+    return *this;
+  }
+  /// The header reply(status, body) adds and keep_alive() removes.
+  static inline const std::string close_header = "Connection: close\r\n";
 
   static std::string reason(int status) {
     switch (status) {
@@ -278,20 +297,24 @@ class http_server {
   }
 
   void serve(int fd) {
-    seen_request req;
-    if (!read_request(fd, req)) return;
-    handler h;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      seen_.push_back(req);
-      h = handler_;
+    for (;;) {
+      seen_request req;
+      if (!read_request(fd, req)) return;
+      handler h;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        seen_.push_back(req);
+        h = handler_;
+      }
+      reply r = h(req);
+      for (const auto& s : r.steps) {
+        if (s.pause.count() > 0 && !pause(fd, s.pause)) return;
+        send_all(fd, s.bytes);
+      }
+      if (r.serve_next) continue;
+      if (r.hold_open) pause(fd, std::chrono::seconds(60));
+      return;
     }
-    reply r = h(req);
-    for (const auto& s : r.steps) {
-      if (s.pause.count() > 0 && !pause(fd, s.pause)) return;
-      send_all(fd, s.bytes);
-    }
-    if (r.hold_open) pause(fd, std::chrono::seconds(60));
   }
 
   void run() {

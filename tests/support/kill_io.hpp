@@ -2,7 +2,9 @@
 //
 // Crash tests run a protocol in a forked child with `kill_io::arm(k)`: the child dies by a real
 // SIGKILL just before its k-th system call (open, write, fsync, rename, unlink, ...), so every
-// point of the protocol can be hit, not only the ones a timer happens to land on. With no kill
+// point of the protocol can be hit, not only the ones a timer happens to land on. Every file call
+// of the Io policy counts, the *at forms and flock included (the tree removal and the cache lock
+// go through openat, unlinkat and flock); only memory mapping and sockets do not. With no kill
 // armed it only counts calls (`kill_io::calls()`), which tells the test how many points exist.
 #pragma once
 
@@ -80,6 +82,50 @@ struct kill_io : holdfast::posix_io {
   static int unlink(const char* p) noexcept {
     tick();
     return posix_io::unlink(p);
+  }
+  static int openat(int d, const char* p, int f, mode_t m) noexcept {
+    tick();
+    return posix_io::openat(d, p, f, m);
+  }
+  static int fstatat(int d, const char* p, struct stat* st, int f) noexcept {
+    tick();
+    return posix_io::fstatat(d, p, st, f);
+  }
+  static int unlinkat(int d, const char* p, int f) noexcept {
+    tick();
+    return posix_io::unlinkat(d, p, f);
+  }
+  static int linkat(int od, const char* a, int nd, const char* b, int f) noexcept {
+    tick();
+    return posix_io::linkat(od, a, nd, b, f);
+  }
+  static int flock(int fd, int op) noexcept {
+    tick();
+    return posix_io::flock(fd, op);
+  }
+  static int fcntl(int fd, int cmd, int arg) noexcept {
+    tick();
+    return posix_io::fcntl(fd, cmd, arg);
+  }
+  static int ftruncate(int fd, off_t size) noexcept {
+    tick();
+    return posix_io::ftruncate(fd, size);
+  }
+  static ssize_t pread(int fd, void* b, std::size_t n, off_t off) noexcept {
+    tick();
+    return posix_io::pread(fd, b, n, off);
+  }
+  static ssize_t pwrite(int fd, const void* b, std::size_t n, off_t off) noexcept {
+    tick();
+    return posix_io::pwrite(fd, b, n, off);
+  }
+  static DIR* fdopendir(int fd) noexcept {
+    tick();
+    return posix_io::fdopendir(fd);
+  }
+  static int closedir(DIR* d) noexcept {
+    tick();
+    return posix_io::closedir(d);
   }
   static int mkdir(const char* p, mode_t m) noexcept {
     tick();

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <stdlib.h>  // mkdtemp
+#include <unistd.h>  // access, getpid
 
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -14,13 +16,7 @@ namespace holdfast_test {
 /// mkdtemp under $TMPDIR (or /tmp); removed recursively by the process that created it.
 class temp_dir {
  public:
-  explicit temp_dir(const std::string& tag = "t") {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/holdfast-" + tag + "-XXXXXX";
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
-    path_ = tmpl;
-    owner_ = ::getpid();
-  }
+  explicit temp_dir(const std::string& tag = "t") : temp_dir(tag, {tmp_base()}) {}
   temp_dir(const temp_dir&) = delete;
   temp_dir& operator=(const temp_dir&) = delete;
   ~temp_dir() {
@@ -33,6 +29,27 @@ class temp_dir {
   const std::string& path() const { return path_; }
   /// path() + "/" + name
   std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ protected:
+  /// mkdtemp under the first of `bases` that is writable and where mkdtemp succeeds.
+  temp_dir(const std::string& tag, std::initializer_list<std::string> bases) {
+    std::string tried;
+    for (const std::string& base : bases) {
+      std::string tmpl = base + "/holdfast-" + tag + "-XXXXXX";
+      if (::access(base.c_str(), W_OK) == 0 && ::mkdtemp(tmpl.data())) {
+        path_ = tmpl;
+        break;
+      }
+      tried += (tried.empty() ? "" : ", ") + tmpl;
+    }
+    if (path_.empty()) throw std::runtime_error("mkdtemp failed for " + tried);
+    owner_ = ::getpid();
+  }
+  /// $TMPDIR, or /tmp where it is unset or empty.
+  static std::string tmp_base() {
+    const char* base = std::getenv("TMPDIR");
+    return base && *base ? base : "/tmp";
+  }
 
  private:
   std::string path_;

@@ -286,9 +286,7 @@ struct cache_file {
   // Preload with bad_slot_policy::treat_as_empty: a private copy-on-write mapping in which the
   // bad slots' entries read as empty (0, -1), so every get, contains and filled agree at no cost
   // per get. The file is not changed. The caller publishes the new `map`.
-  void hide(std::vector<std::uint64_t>& bad) {
-    std::sort(bad.begin(), bad.end());
-    bad.erase(std::unique(bad.begin(), bad.end()), bad.end());
+  void hide(const std::vector<std::uint64_t>& bad) {  // sorted, each slot once
     void* p = Io::mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd.get(), 0);
     if (p == MAP_FAILED) throw error(errno, "mmap", path, "hiding bad slots");
     Io::munmap(map, map_size);  // nothing points into it yet

@@ -689,7 +689,8 @@ class basic_file_cache {
       s.check_overlaps(items, drop ? &bad : nullptr);
       s.check_length(items);
     }
-    std::sort(bad.begin(), bad.end());
+    std::sort(bad.begin(), bad.end());  // check_overlaps may name a slot twice
+    bad.erase(std::unique(bad.begin(), bad.end()), bad.end());
     detail::cache_span furthest{};  // the good item ending furthest, for check_data_end
     for (const auto& it : items)
       if (it.end > furthest.end && !std::binary_search(bad.begin(), bad.end(), it.slot))

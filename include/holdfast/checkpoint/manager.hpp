@@ -34,7 +34,10 @@
 //   - Async saves: at most one in flight (the next save() waits for it); restore(),
 //     restore_step(), repair(), wait_until_finished() and destruction wait for it.
 //   - all_steps() lists a step exactly when restore_step() of it finds a complete checkpoint;
-//     latest_step() never throws.
+//     latest_step() never throws. all_identities() gives the same checkpoints' identities (step
+//     and history, metadata.hpp); every save records the history begin_history() set last (the
+//     handler's restore agreement sets the launch's, so checkpoints of one step from different
+//     launches never match), or none (unknown) before it is called.
 //   - Retention (retention.hpp) never deletes the latest nor a checkpoint of the pinned step.
 // Caveats:
 //   - flock belongs to the open file description: a child forked while a manager lives shares
@@ -67,6 +70,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>  // std::invalid_argument: a bad history id
 #include <string>
 #include <string_view>
 #include <thread>
@@ -293,6 +297,23 @@ class checkpoint_manager {
   /// Steps of every complete retained checkpoint, ascending, each once.
   std::vector<std::int64_t> all_steps() const { return s_->all_steps(); }
 
+  /// The identity (step and history, metadata.hpp) of each checkpoint all_steps() lists, in the
+  /// same order: of each step the one restore_step() loads. Throws format_error naming a
+  /// metadata file that is damaged (not an unknown history).
+  std::vector<checkpoint_identity> all_identities() const { return s_->all_identities(); }
+
+  /// Starts a history: every checkpoint saved from now on records `history` (the handler gives
+  /// the restore agreement's; until then saves record none, an unknown history).
+  /// Throws std::invalid_argument when `history` is not a history id.
+  void begin_history(std::string history) {
+    if (!checkpoint_history_ok(history))
+      throw std::invalid_argument("checkpoint_manager: bad history id '" + history + "'");
+    s_->history = std::move(history);
+  }
+
+  /// The history the next save records ("" before begin_history: unknown).
+  const std::string& history() const noexcept { return s_->history; }
+
   /// The newest step of all_steps(), or nothing when there is none or it cannot be read.
   std::optional<std::int64_t> latest_step() const noexcept {
     try {
@@ -481,6 +502,17 @@ class checkpoint_manager<Store>::impl
     return detail::checkpoint_load_metadata<io_type>(path_of(name));
   }
 
+  std::vector<checkpoint_identity> all_identities() const {
+    auto list = complete_list();  // of each step, the one listed last (as find_step)
+    std::vector<checkpoint_identity> out;
+    for (std::int64_t st : all_steps()) {
+      auto c =
+          std::find_if(list.rbegin(), list.rend(), [&](const auto& x) { return x.step == st; });
+      out.push_back(detail::checkpoint_load_identity<io_type>(c->path, st));
+    }
+    return out;
+  }
+
   // --- saving ------------------------------------------------------------------------------------
 
   struct job {
@@ -517,7 +549,7 @@ class checkpoint_manager<Store>::impl
     try {
       j.deferred = detail::checkpoint_call_writer(writer, j.work, step);
       if (options.write_metadata)
-        detail::checkpoint_write_metadata<io_type>(j.work, step, j.time, metrics);
+        detail::checkpoint_write_metadata<io_type>(j.work, step, j.time, metrics, history);
     } catch (...) {
       discard(j.work);
       throw;
@@ -710,6 +742,7 @@ class checkpoint_manager<Store>::impl
   writer_fn default_writer;    // set_writer's
   reader_type default_reader;  // set_reader's
   std::atomic<std::int64_t> pinned{no_pin};
+  std::string history;  // what saves record ("": unknown); caller's thread
 
   // should_save's memory (caller's thread only)
   std::optional<std::int64_t> last_step, prev_last_step;

@@ -1,12 +1,21 @@
 // holdfast/checkpoint/metadata.hpp — holdfast-metadata.json, the small file in each checkpoint
-// that records its step, the time its save started and the user's metrics.
+// that records its step, its history (checkpoint_identity), the time its save started and the
+// user's metrics.
 //
 // Guarantees:
-//   - The file holds {"format": "holdfast-checkpoint-metadata 1", "step", "time_unix_ns" (Unix
+//   - The file holds {"format": "holdfast-checkpoint-metadata 1", "step", "history" (the
+//     history id the checkpoint was saved in; absent when unknown), "time_unix_ns" (Unix
 //     nanoseconds), "metrics" (a JSON object, or null)}; it is written in the checkpoint before
-//     the checkpoint is committed, and synced with the rest of it.
-//   - Reading never throws for the file's content: a missing, unreadable or foreign file reads
-//     as no metadata (parse_checkpoint_metadata returns nothing).
+//     the checkpoint is committed, and synced with the rest of it. Readers that predate
+//     "history" ignore it.
+//   - Reading metadata never throws for the file's content: a missing, unreadable or foreign
+//     file, or one whose history is not a history id, reads as no metadata
+//     (parse_checkpoint_metadata returns nothing).
+//   - Reading an identity (checkpoint_load_identity, which the restore agreement uses) is
+//     stricter: a missing file or one without "history" is an unknown history (a checkpoint of
+//     holdfast 0.1.0, or saved with write_metadata off), and a file that is not holdfast's
+//     metadata, names another step, or holds a bad history throws format_error naming it, so a
+//     damaged file never passes for an unknown history.
 //   - A checkpoint without it (holdfast 0.1.0) reads as having no metrics; retention then uses
 //     its directory's mtime as its time.
 // Caveats:
@@ -23,7 +32,8 @@
 #include <string>
 #include <string_view>
 
-#include "../detail/json.hpp"  // the metadata file's format
+#include "../agreement/step_list.hpp"  // checkpoint_identity: the step and its history
+#include "../detail/json.hpp"          // the metadata file's format
 #include "../error.hpp"
 #include "../io.hpp"     // basic_fd, open_file_if_exists, read_all, write_all
 #include "../store.hpp"  // detail::store_join
@@ -36,6 +46,7 @@ using checkpoint_metrics = detail::json_value::object_t;
 /// What a checkpoint's holdfast-metadata.json holds.
 struct checkpoint_metadata {
   std::int64_t step = -1;                      ///< the step
+  std::string history;                         ///< the history it was saved in; empty: unknown
   std::chrono::system_clock::time_point time;  ///< when its save started
   detail::json_value metrics;                  ///< the user metrics (an object, or null)
   /// The metric `key` as a number, when present.
@@ -44,6 +55,8 @@ struct checkpoint_metadata {
     if (!v || !v->is_number()) return std::nullopt;
     return v->as_double();
   }
+  /// The checkpoint's identity: its step and history.
+  checkpoint_identity identity() const { return {step, history}; }
 };
 
 namespace detail {
@@ -63,10 +76,12 @@ inline std::chrono::system_clock::time_point checkpoint_from_unix_ns(std::int64_
 
 inline std::string format_checkpoint_metadata(std::int64_t step,
                                               std::chrono::system_clock::time_point time,
-                                              const checkpoint_metrics* metrics) {
+                                              const checkpoint_metrics* metrics,
+                                              const std::string& history = {}) {
   json_value doc(json_value::object_t{});
   doc.set("format", "holdfast-checkpoint-metadata 1");
   doc.set("step", step);
+  if (!history.empty()) doc.set("history", history);
   doc.set("time_unix_ns", checkpoint_to_unix_ns(time));
   doc.set("metrics", metrics ? json_value(*metrics) : json_value());
   return to_json(doc, 2);
@@ -84,6 +99,10 @@ inline std::optional<checkpoint_metadata> parse_checkpoint_metadata(std::string_
     checkpoint_metadata m;
     if (step && step->is_integer()) m.step = step->as_int64();
     if (time && time->is_integer()) m.time = checkpoint_from_unix_ns(time->as_int64());
+    if (const json_value* h = doc.find("history")) {
+      if (!h->is_string() || !checkpoint_history_ok(h->as_string())) return std::nullopt;
+      m.history = h->as_string();
+    }
     if (const json_value* metrics = doc.find("metrics"); metrics && metrics->is_object())
       m.metrics = *metrics;
     return m;
@@ -103,11 +122,40 @@ std::optional<checkpoint_metadata> checkpoint_load_metadata(const std::string& c
   return detail::parse_checkpoint_metadata(text, path);
 }
 
+// The identity of the checkpoint of `step` at `checkpoint_path`: an unknown history when it has
+// no metadata file or the file records none; format_error naming the file when the file is not
+// holdfast's metadata, names another step, or holds a bad history.
+template <class Io>
+checkpoint_identity checkpoint_load_identity(const std::string& checkpoint_path,
+                                             std::int64_t step) {
+  std::string path = detail::store_join(checkpoint_path, checkpoint_metadata_file_name);
+  auto fd = open_file_if_exists<Io>(path, O_RDONLY | O_NOFOLLOW);
+  if (!fd) return {step, {}};
+  std::string text = read_all(fd);
+  fd.close();
+  json_value doc;
+  try {
+    doc = parse_json(text, path);
+  } catch (const error& e) {
+    throw format_error(path, std::string("not holdfast's checkpoint metadata: ") + e.what());
+  }
+  const json_value* format = doc.find("format");
+  const json_value* s = doc.find("step");
+  if (!format || !format->is_string() || format->as_string() != "holdfast-checkpoint-metadata 1")
+    throw format_error(path, "not holdfast's checkpoint metadata (no known \"format\")");
+  if (!s || !s->is_integer() || s->as_int64() != step)
+    throw format_error(path, "its \"step\" is not the checkpoint's step " + std::to_string(step));
+  const json_value* h = doc.find("history");
+  if (!h) return {step, {}};
+  if (!h->is_string()) throw format_error(path, "its \"history\" is not a string");
+  return read_checkpoint_identity(std::to_string(step) + "@" + h->as_string(), path);
+}
+
 // Creates the metadata file in `work` (a checkpoint being written), unsynced.
 template <class Io>
 void checkpoint_write_metadata(const std::string& work, std::int64_t step,
                                std::chrono::system_clock::time_point time,
-                               const checkpoint_metrics* metrics) {
+                               const checkpoint_metrics* metrics, const std::string& history = {}) {
   std::string path = detail::store_join(work, checkpoint_metadata_file_name);
   int fd = Io::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -117,7 +165,7 @@ void checkpoint_write_metadata(const std::string& work, std::int64_t step,
     throw error(errno, "open", path);
   }
   basic_fd<Io> f(fd, path);
-  std::string text = detail::format_checkpoint_metadata(step, time, metrics);
+  std::string text = detail::format_checkpoint_metadata(step, time, metrics, history);
   write_all(f, text.data(), text.size());
   f.close();  // synced with the rest of the checkpoint
 }

@@ -20,7 +20,7 @@
 #include <string_view>
 #include <utility>
 
-#include "../error.hpp"  // error; detail::printable for the prefix in messages
+#include "../error.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
 
@@ -44,7 +44,7 @@ inline void checkpoint_check_prefix(std::string_view prefix) {
     for (char c : prefix)
       if (c == '/' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == ' ')
         why = "contains '/', a space or a control character";
-  if (why) throw error(EINVAL, "step_prefix", printable(prefix), why);
+  if (why) throw error(EINVAL, "step_prefix", std::string(prefix), why);
 }
 
 // Decimal digits, leading zeros allowed, at most 18 significant: the value.

@@ -97,7 +97,7 @@ inline checkpoint_pointer parse_checkpoint_pointer(std::string_view text, const 
     text.remove_prefix(nl + 1);
     if (!header) {
       if (line != "holdfast-checkpoints 1")
-        fail("expected 'holdfast-checkpoints 1', found '" + printable(line.substr(0, 64)) + "'");
+        fail("expected 'holdfast-checkpoints 1', found '" + std::string(line.substr(0, 64)) + "'");
       header = true;
       continue;
     }
@@ -106,10 +106,10 @@ inline checkpoint_pointer parse_checkpoint_pointer(std::string_view text, const 
     std::string_view value =
         space == std::string_view::npos ? std::string_view() : line.substr(space + 1);
     if (key != "latest" && key != "keep" && key != "delete")
-      fail("unknown key '" + printable(key.substr(0, 64)) + "'");
+      fail("unknown key '" + std::string(key.substr(0, 64)) + "'");
     if (!checkpoint_step_of(value, prefix))
-      fail("expected a checkpoint name '" + printable(prefix) + "<N>', found '" +
-           printable(value.substr(0, 64)) + "'");
+      fail("expected a checkpoint name '" + std::string(prefix) + "<N>', found '" +
+           std::string(value.substr(0, 64)) + "'");
     if (key == "latest") {
       if (!p.latest.empty()) fail("a second 'latest'");
       if (!p.keep.empty()) fail("'latest' after 'keep'");

@@ -7,10 +7,15 @@
 //   - flock is used where statfs names a local filesystem (ext2/3/4, xfs, btrfs, tmpfs,
 //     overlayfs, f2fs, zfs, ramfs, ...: is_flock_trusted_filesystem), or where checkpoint_lock
 //     forces it; elsewhere the lease, a file linked into place whole (link is atomic on NFS too)
-//     holding pid, host and a nonce, its mtime the heartbeat (rewritten 6 times per
-//     lease_stale_after), stale after lease_stale_after or at once when its pid is gone on this
-//     host. A stale lease is renamed aside and checked to be the one judged stale before it is
-//     removed, so two writers never both take it over.
+//     holding pid, host, PID namespace, boot id and a nonce, its mtime the heartbeat (rewritten
+//     6 times per lease_stale_after), stale after lease_stale_after, or at once when its pid is
+//     gone (kill(pid, 0): ESRCH) and its host, PID namespace (/proc/self/ns/pid) and boot id
+//     (/proc/sys/kernel/random/boot_id) are this process's. A holder in another PID namespace
+//     on the same host (containers sharing a hostname: host-network pods), or one whose lease
+//     does not name them (written by holdfast 0.1.0, or where /proc cannot be read), is
+//     stale only by its heartbeat: a live writer never loses the lease to a pid check. A stale
+//     lease is renamed aside and checked to be the one judged stale before it is removed, so two
+//     writers never both take it over.
 //   - A second writer waits up to the timeout, then throws holdfast::checkpoint_locked naming
 //     the holder's pid and host (read from the lock file; {0, ""} when it cannot be read).
 //   - release() (and destruction) stops the heartbeat, removes the lease only while it is ours,
@@ -30,7 +35,7 @@
 #include <signal.h>    // kill(pid, 0): is a lease holder on this host alive
 #include <sys/file.h>  // LOCK_EX, LOCK_NB
 #include <sys/stat.h>  // struct stat: the lease's inode and heartbeat mtime
-#include <unistd.h>    // gethostname: the writer lock's holder
+#include <unistd.h>    // gethostname, readlink: the writer lock's holder and its PID namespace
 
 #include <algorithm>
 #include <atomic>
@@ -113,11 +118,64 @@ inline std::string checkpoint_hostname() {
   return buf;
 }
 
+// Where a pid means the same process: a PID namespace ("pid:[4026531836]") of one boot (the
+// boot id). kill(pid, 0) says something about a holder only where both are this process's.
+struct checkpoint_pid_scope {
+  std::string pidns;  // readlink /proc/self/ns/pid ("" when unknown)
+  std::string boot;   // /proc/sys/kernel/random/boot_id ("" when unknown)
+  bool known() const noexcept { return !pidns.empty() && !boot.empty(); }
+  // Both known and equal: a pid of one names the same process in the other.
+  bool same_as(const checkpoint_pid_scope& o) const noexcept {
+    return known() && pidns == o.pidns && boot == o.boot;
+  }
+};
+
+// This process's PID namespace and boot id (each "" where /proc cannot be read). Plain syscalls,
+// as gethostname: these identify the process, they are not the checkpoint's I/O (the Io policy's
+// fault counts stay those of the lock files).
+inline checkpoint_pid_scope checkpoint_local_pid_scope() {
+  checkpoint_pid_scope s;
+  char buf[128] = {};
+  ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  if (n > 0) s.pidns.assign(buf, static_cast<std::size_t>(n));
+  int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char id[128] = {};
+    ssize_t r;
+    while ((r = ::read(fd, id, sizeof id - 1)) < 0 && errno == EINTR) {
+    }
+    if (r > 0) s.boot.assign(id, static_cast<std::size_t>(r));
+    ::close(fd);
+  }
+  while (!s.boot.empty() && (s.boot.back() == '\n' || s.boot.back() == ' ')) s.boot.pop_back();
+  if (s.pidns.find('\n') != std::string::npos || s.boot.find('\n') != std::string::npos) return {};
+  return s;
+}
+
 // The lock files' content: who holds it.
 inline std::string checkpoint_holder_text(long pid, const std::string& host,
-                                          const std::string& nonce) {
+                                          const std::string& nonce,
+                                          const checkpoint_pid_scope& scope = {}) {
   std::string s = "holdfast-writer 1\npid " + std::to_string(pid) + "\nhost " + host + "\n";
+  if (!scope.pidns.empty()) s += "pidns " + scope.pidns + "\n";
+  if (!scope.boot.empty()) s += "boot " + scope.boot + "\n";
   if (!nonce.empty()) s += "nonce " + nonce + "\n";
+  return s;
+}
+
+// The holder's PID namespace and boot id from a lock file's content ("" for each one it does
+// not name: a lease written before they were recorded).
+inline checkpoint_pid_scope checkpoint_parse_pid_scope(std::string_view text) {
+  checkpoint_pid_scope s;
+  while (!text.empty()) {
+    auto nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+    if (line.substr(0, 6) == "pidns ")
+      s.pidns = std::string(line.substr(6, 127));
+    else if (line.substr(0, 5) == "boot ")
+      s.boot = std::string(line.substr(5, 127));
+  }
   return s;
 }
 
@@ -182,6 +240,7 @@ class checkpoint_writer_lock {
       use_flock = is_flock_trusted_filesystem(detail::filesystem_type<io_type>(fd.get()));
     }
     host = detail::checkpoint_hostname();
+    pid_scope = detail::checkpoint_local_pid_scope();
     if (use_flock)
       acquire_flock();
     else
@@ -218,12 +277,16 @@ class checkpoint_writer_lock {
   }
 
   std::pair<long, std::string> read_holder(const std::string& path) const {
+    return detail::checkpoint_parse_holder(read_holder_text(path));
+  }
+
+  // The lock file's content ("" when it cannot be read).
+  std::string read_holder_text(const std::string& path) const {
     try {
       auto fd = open_file_if_exists<io_type>(path, O_RDONLY | O_NOFOLLOW);
-      if (!fd) return {0, std::string()};
-      return detail::checkpoint_parse_holder(read_all(fd));
+      return fd ? read_all(fd) : std::string();
     } catch (const error&) {
-      return {0, std::string()};
+      return std::string();
     }
   }
 
@@ -238,7 +301,8 @@ class checkpoint_writer_lock {
       if (errno != EWOULDBLOCK) throw error(errno, "flock", path);
       return false;
     });
-    std::string text = detail::checkpoint_holder_text(io_type::getpid(), host, std::string());
+    std::string text =
+        detail::checkpoint_holder_text(io_type::getpid(), host, std::string(), pid_scope);
     if (io_type::ftruncate(lock_fd.get(), 0) != 0) throw error(errno, "ftruncate", path);
     pwrite_all(lock_fd, text.data(), text.size(), 0);
   }
@@ -248,7 +312,8 @@ class checkpoint_writer_lock {
   // one judged stale before it is removed.
   void acquire_lease() {
     const std::string path = lease_path();
-    lease_text = detail::checkpoint_holder_text(io_type::getpid(), host, detail::temp_suffix(7));
+    lease_text =
+        detail::checkpoint_holder_text(io_type::getpid(), host, detail::temp_suffix(7), pid_scope);
     auto fd = detail::create_temp<io_type>(dir, "writer.lease");
     detail::unlink_guard<io_type> temp(fd.path());
     write_all(fd, lease_text.data(), lease_text.size());
@@ -257,8 +322,9 @@ class checkpoint_writer_lock {
       if (errno != EEXIST) throw error(errno, "link", path, "taking the writer lease");
       struct stat st {};
       if (!detail::store_lstat<io_type>(path, st)) return false;  // released: try again
-      auto holder = read_holder(path);
-      std::string why = stale_reason(holder, st);
+      const std::string text = read_holder_text(path);
+      auto holder = detail::checkpoint_parse_holder(text);
+      std::string why = stale_reason(holder, detail::checkpoint_parse_pid_scope(text), st);
       if (!why.empty()) take_over(path, st, holder, why);
       return false;
     });
@@ -268,10 +334,14 @@ class checkpoint_writer_lock {
     heartbeat = std::thread([this] { beat(); });
   }
 
+  // Why the lease is stale ("" when it is not): its pid is gone where that pid means the same
+  // process here (same host, PID namespace and boot), else its heartbeat is too old.
   std::string stale_reason(const std::pair<long, std::string>& holder,
+                           const detail::checkpoint_pid_scope& holder_scope,
                            const struct stat& st) const {
-    if (holder.first > 0 && holder.second == host && holder.first != io_type::getpid() &&
-        ::kill(static_cast<pid_t>(holder.first), 0) != 0 && errno == ESRCH)
+    if (holder.first > 0 && holder.second == host && holder_scope.same_as(pid_scope) &&
+        holder.first != io_type::getpid() && ::kill(static_cast<pid_t>(holder.first), 0) != 0 &&
+        errno == ESRCH)
       return "its process is gone";
     using namespace std::chrono;
     auto mtime = seconds(st.st_mtim.tv_sec) + nanoseconds(st.st_mtim.tv_nsec);
@@ -367,6 +437,7 @@ class checkpoint_writer_lock {
   log_fn log_;
   bool use_flock;
   std::string host;
+  detail::checkpoint_pid_scope pid_scope;  // where kill(holder pid, 0) can be trusted
   basic_fd<io_type> lock_fd;
   bool lease_held = false;
   ino_t lease_ino = 0;

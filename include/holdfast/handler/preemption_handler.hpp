@@ -30,9 +30,11 @@
 //     Checkpointer that has all_steps() and restore_step() (checkpoint_manager does) the workers
 //     first agree on it (handler_options::agree_on_restore, on by default): each puts the steps
 //     it holds under restore/have/<task>, reads every task's list (waiting at most ack_timeout),
-//     and proposes the newest step all of them hold; insert-once on restore/step records the
-//     first proposal and every worker restores exactly that step (and pins it, when the
-//     Checkpointer has pin(), so retention keeps it until a newer common step is known). A task
+//     and proposes the newest checkpoint all of them hold with one identity (the step and its
+//     history, handler/restore_agreement.hpp: a step saved by another launch is not the same
+//     checkpoint); insert-once on restore/step records the first proposal and every worker
+//     restores exactly that step (and pins it, when the Checkpointer has pin(), so retention
+//     keeps it until a newer common step is known). A task
 //     that never starts makes construction throw agreement_timeout naming it, on every task.
 //     Without those members each worker restores its own latest checkpoint (weaker: a worker
 //     whose last save failed resumes from an older step than its peers).
@@ -102,14 +104,17 @@
 //     (origin task, type name, message) from its next run(); the origin re-throws its own.
 //   - Saving: the Config's save override when it has one (then the Checkpointer never saves),
 //     else Checkpointer::save(step); a Checkpointer with wait_until_finished() (async saves) is
-//     waited for before the preemption save and again before the Exit policy runs, so a
-//     periodic save in flight never races the final one or the exit. Then the Exit policy runs;
-//     when it returns (no_exit) run() returns run_status::stopped, the step is not run, and the
-//     handler is re-armed.
+//     waited for before the preemption save (a periodic save in flight never races it) and
+//     again right after it, so a preemption save is durable (commit, fsyncs, rename, pointer
+//     done) when it is measured and before training goes on or the Exit policy runs. Then the Exit
+//     policy runs; when it returns (no_exit) run() returns run_status::stopped, the step is not
+//     run, and the handler is re-armed.
 //   - Grace path: the grace ends at min(notice time + grace, the notice's announced deadline);
 //     the final claim is made once now > end - 6 x mean step time (TF's rule) - 2 x (what the
 //     first agreement and save took + one watch interval) - handler_options::grace_margin, so
-//     the second agreement and save also end before the grace period does.
+//     the second agreement and save also end before the grace period does. The save is timed to
+//     its durable end (an async Checkpointer's commit included), so the reserve holds the
+//     final save's commit too.
 //   - Signal handlers are the notice policy's business; this file installs none.
 // Caveats:
 //   - run() and save_checkpoint_if_preempted() must be called from one thread.
@@ -393,6 +398,10 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
     throw peer_error(f.task, f.type_name, f.message);
   }
 
+  // Saves `step` and returns once it is durable: an async Checkpointer's save() returns when its
+  // writer has run, and wait_until_finished() then covers the commit (fsyncs, rename, pointer).
+  // So the time measured here (the grace path's reserve, exit_context::save_duration) is the
+  // save's whole cost, not the part before the commit.
   void save(std::int64_t step) {
     const auto t0 = std::chrono::steady_clock::now();
     finish_saves();  // an async periodic save in flight never races the preemption save
@@ -400,6 +409,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
       config_.save_override()(step);
     else
       checkpointer_.save(step);
+    finish_saves();  // to the durable end
     last_save_duration_ = std::chrono::steady_clock::now() - t0;
   }
 
@@ -416,8 +426,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
     // outlives any exit. If the Exit policy returns (no_exit semantics), join and restart it.
     // The notice stays started: a second SIGTERM must not kill the process before the Exit
     // policy runs.
-    request_watcher_stop();
-    finish_saves();  // the preemption save is on disk before the process ends
+    request_watcher_stop();  // save() returned with the preemption save durable
     config_.exit(exit_context{config_.noticed_at(), last_save_duration_});
     if constexpr (exit_returns<exit_type>::value) {
       stop_watcher();

@@ -8,9 +8,15 @@
 //     doubling to 200 ms) until `deadline`, the last attempt at the deadline; then, or for any
 //     other error, the error is thrown. A stop request (the flag, with the condition variable
 //     notified under the mutex) ends the retries and the pause between them at once.
-//   - insert_once(kv, key, value, deadline) stays exactly-once across retries: an attempt that
-//     failed may have been applied (a timed-out write), so a retry first reads the key; `value`
-//     names its writer (task and nonce), so finding it means this caller created the key.
+//   - insert_once(kv, key, value, deadline) stays exactly-once across retries, and never
+//     reports as lost a key this caller created: an attempt that failed may have been applied
+//     (a timed-out write), so a retry first reads the key; and an insert that answers `false`
+//     is followed by a read of the key, since the write it found may be this caller's own (an
+//     attempt that timed out and committed late, after the retry's read saw nothing; a write
+//     the transport sent twice). `value` names its writer (task and nonce), so finding it means
+//     this caller created the key: insert_once answers true. insert_or_read also hands back the
+//     value it found (another writer's, when it did not create the key), so a caller that needs
+//     that value does not read the key again.
 // Caveats:
 //   - The pause locks the mutex it was given: never call retrying() with it held.
 #pragma once
@@ -21,6 +27,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "../kv.hpp"  // is_transient_kv_error
@@ -28,6 +35,13 @@
 
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
+
+/// What an insert-once found: whether this caller created the key, and what the key holds (the
+/// caller's value when it did; another writer's otherwise; nullopt when it was read absent).
+struct insert_result {
+  bool created = false;
+  std::optional<std::string> current;
+};
 
 /// Retries store calls until a deadline, as long as no stop is requested (see the top).
 template <class Clock>
@@ -60,20 +74,33 @@ class store_retry {
   }
 
   // Insert-once that stays exactly-once across retries: an attempt that failed may have been
-  // applied (a timed-out write), so a retry first reads the key; `value` names its writer
-  // (task and nonce), so finding it means this handler created the key.
+  // applied (a timed-out write), so a retry first reads the key; an insert that answers false
+  // reads it too (an earlier attempt may have committed late, a write may have been sent
+  // twice). `value` names its writer (task and nonce), so finding it means this handler created
+  // the key.
   template <class Kv>
-  bool insert_once(Kv& kv, const std::string& key, const std::string& value,
-                   time_point deadline) const {
+  insert_result insert_or_read(Kv& kv, const std::string& key, const std::string& value,
+                               time_point deadline) const {
     bool maybe_applied = false;
+    auto found = [&](std::optional<std::string> current) {
+      return insert_result{current && *current == value, std::move(current)};
+    };
     return retrying(
         [&] {
           if (maybe_applied)
-            if (auto current = kv.try_get(key)) return *current == value;
+            if (auto current = kv.try_get(key)) return found(std::move(current));
           maybe_applied = true;
-          return kv.insert(key, value);
+          if (kv.insert(key, value)) return insert_result{true, value};
+          return found(kv.try_get(key));  // it exists: is the value in it this caller's own?
         },
         deadline);
+  }
+
+  // As insert_or_read: whether this caller created the key.
+  template <class Kv>
+  bool insert_once(Kv& kv, const std::string& key, const std::string& value,
+                   time_point deadline) const {
+    return insert_or_read(kv, key, value, deadline).created;
   }
 
  private:

@@ -1,7 +1,8 @@
 // holdfast/handler/traits.hpp — the compile-time contract of the handler's policies: what a
 // Checkpointer and a termination Config must have (checked with readable static_asserts), the
-// optional members the handler detects (all_steps/restore_step, pin, wait_until_finished),
-// whether a Config's Exit policy is called after the last save, and the Clock conversions.
+// optional members the handler detects (all_steps/restore_step, all_identities/begin_history,
+// pin, wait_until_finished), whether a Config's Exit policy is called after the last save, and
+// the Clock conversions.
 //
 // Guarantees:
 //   - check_checkpointer<C>() and check_termination_config<C>() fail with a message naming the
@@ -17,10 +18,12 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "../agreement/step_list.hpp"  // checkpoint_identity: what all_identities() lists
 #include "../detail/detect.hpp"
 #include "../termination/exit.hpp"  // exit_context, no_exit: the Exit policy the Config names
 #include "../version.hpp"
@@ -37,6 +40,12 @@ template <class T>
 using ckpt_all_steps =
     std::enable_if_t<std::is_convertible_v<decltype(std::declval<const T&>().all_steps()),
                                            std::vector<std::int64_t>>>;
+template <class T>
+using ckpt_all_identities =
+    std::enable_if_t<std::is_convertible_v<decltype(std::declval<const T&>().all_identities()),
+                                           std::vector<checkpoint_identity>>>;
+template <class T>
+using ckpt_begin_history = decltype(std::declval<T&>().begin_history(std::string{}));
 template <class T>
 using ckpt_restore_step = decltype(std::declval<T&>().restore_step(std::int64_t{}));
 template <class T>
@@ -77,6 +86,13 @@ constexpr bool check_checkpointer() {
 template <class C>
 inline constexpr bool has_step_restore_v = detail::detect<detail::ckpt_all_steps, C>::value&&
     detail::detect<detail::ckpt_restore_step, C>::value;
+
+/// True when a Checkpointer knows its checkpoints' histories: it has all_identities() (the
+/// identity of each step all_steps() lists) and begin_history(id) (the history its next saves
+/// record). Without them the restore agreement compares its steps as of unknown history.
+template <class C>
+inline constexpr bool has_identity_v = detail::detect<detail::ckpt_all_identities, C>::value&&
+    detail::detect<detail::ckpt_begin_history, C>::value;
 
 /// Checks a termination Config (termination_config or a preset) at compile time.
 template <class C>

@@ -22,6 +22,8 @@
 //     by a look at the outcome key, and a value there ends the wait (wait_or_outcome).
 //   - Store calls are retried while they fail transiently, until the machine's retry deadline
 //     (store_retry.hpp); a call that fails for good is fed to the machine (on_store_failure).
+//     An insert that finds the key holding this worker's own value (a late commit) is fed to
+//     the machine as created, so a claimant never takes itself for a loser.
 //   - Stopping (request_watcher_stop, stop_watcher) wakes the watcher wherever it sleeps;
 //     stop_watcher joins it, and the destructor does too.
 // Caveats:
@@ -233,15 +235,16 @@ class agreement_watcher {
     try {
       switch (in.kind) {
         case op::insert: {
-          bool created = store_.insert_once(kv_, key, in.value, until);
-          if (evented_) {  // what this worker knows now; a lost insert: read it again
-            if (created)
-              control_cache_.note_written(key, in.value);
+          // created: also when the key holds this worker's own value (a late commit)
+          insert_result r = store_.insert_or_read(kv_, key, in.value, until);
+          if (evented_) {  // what this worker knows now (its value, or the one it read back)
+            if (r.current)
+              control_cache_.note_written(key, *r.current);
             else  // it exists, and its event may not have come yet: read it
               control_cache_.mark_stale(key);
           }
           lock.lock();
-          machine_.on_insert(created);
+          machine_.on_insert(r.created);
           break;
         }
         case op::put:

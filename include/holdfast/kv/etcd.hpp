@@ -1,7 +1,8 @@
 // holdfast/kv/etcd.hpp — a kv_store on etcd v3, through its JSON gateway (etcd 3.4+). Include
 // this header for all of it; each part lives in kv/etcd/:
 //
-//   kv/etcd/options.hpp  etcd_options (endpoints, timeouts, lease, prefix, TLS, user),
+//   kv/etcd/options.hpp  etcd_options (endpoints, timeouts, lease and leased keys, prefix,
+//                        TLS, user),
 //                        etcd_stats (the client's counters)
 //   kv/etcd/gateway.hpp  the JSON gateway's wire format: stream lines, prefix ranges, int64s,
 //                        gRPC codes as errno, token problems, a kv object's decoded value
@@ -22,12 +23,13 @@
 //
 // Guarantees and caveats: see each part. In short: exactly one of any number of concurrent
 // inserters wins; get waits on a watch (no polling) and misses no put; a watch delivers every
-// change below its prefix once, in revision order, starting with a complete snapshot, resumes
-// where it stopped and is probed for health; reads fail over to another endpoint, writes that
-// were sent never do (their outcome is unknown: a transient error); failures throw
-// holdfast::error naming the operation and the key (EAGAIN, ETIMEDOUT, ECONNRESET... transient);
-// with a lease, a process's keys vanish a TTL after it dies. Without a TLS transport the traffic
-// and a password cross the network in clear text; the lease is not revoked on destruction.
+// change below its prefix once, in revision order (every event of a revision), starting with a
+// complete snapshot, resumes where it stopped and is probed for health; reads fail over to
+// another endpoint, writes that were sent never do (their outcome is unknown: a transient
+// error); failures throw holdfast::error naming the operation and the key (EAGAIN, ETIMEDOUT,
+// ECONNRESET... transient); with a lease, a process's keys below leased_prefix (liveness keys,
+// no other) vanish a TTL after it dies. Without a TLS transport the traffic and a password cross
+// the network in clear text; the lease is not revoked on destruction.
 #pragma once
 
 #include "etcd/client.hpp"

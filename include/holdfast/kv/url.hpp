@@ -25,9 +25,10 @@
 //     URL and the offset of what is wrong; it accepts nothing it does not understand (no query
 //     but etcds://'s, no fragment, no user info, no empty host or segment, no NUL, ports
 //     1-65535, no unknown or repeated query key).
-//   - A password never sits in a URL: `password=` and `user:password@` are refused, and the URL
-//     an error names has such a password (and the value of any unknown query key) replaced by
-//     "***".
+//   - A password never sits in a URL: `password=`, `user:password@` and `token@` are refused, and
+//     the URL an error names has such a password, all of user info without ':' (a token: a user
+//     name shows only when a password follows it), and the value of any unknown query key
+//     replaced by "***".
 //   - make_kv opens the store the URL names, in namespace `ns`, as an any_kv; etcds:// needs a
 //     TLS transport: make_kv<Transport>(...) (see examples/tls/openssl_transport.hpp).
 // Caveats:
@@ -90,7 +91,8 @@ inline bool kv_url_secret_key(std::string_view key) {
   return false;
 }
 
-// `url` as errors show it: a password in user info replaced by "***", and in the query every
+// `url` as errors show it: a password in user info (all of user info without ':') replaced by
+// "***", and in the query every
 // value but those of the known harmless keys replaced by "***" (in etcds:// the whole item, key
 // included); a NUL shown as \0.
 inline std::string kv_url_redacted(std::string_view url) {
@@ -101,13 +103,12 @@ inline std::string kv_url_redacted(std::string_view url) {
   const std::size_t auth_end = std::min(url.find_first_of("/?#", auth), url.size());
   const std::size_t at = url.substr(0, auth_end).rfind('@');
   std::size_t from = 0;
-  if (at != std::string_view::npos && at >= auth) {
+  if (at != std::string_view::npos && at > auth) {
+    // "user:password@": the password; "token@" (no ':'): all of it, a token being a secret.
     const std::size_t colon = url.substr(0, at).find(':', auth);
-    if (colon != std::string_view::npos) {
-      out += url.substr(0, colon + 1);
-      out += "***";
-      from = at;
-    }
+    out += url.substr(0, colon == std::string_view::npos ? auth : colon + 1);
+    out += "***";
+    from = at;
   }
   const std::size_t q = url.find('?', auth_end);
   if (q == std::string_view::npos) return printable(out + std::string(url.substr(from)));

@@ -82,7 +82,6 @@
 #include <utility>
 #include <vector>
 
-#include "../detail/ascii.hpp"  // printable: names in messages
 #include "../error.hpp"
 #include "../io.hpp"
 #include "../publish.hpp"     // basic_publisher: every copy is published atomically
@@ -114,7 +113,7 @@ class basic_store {
     std::string root = url.path;
     if (url.scheme == store_scheme::hdfs) {
       if (options.hdfs_mount.empty())
-        throw error(EINVAL, "store url", detail::printable(prefix),
+        throw error(EINVAL, "store url", std::string(prefix),
                     "hdfs:// needs store_options::hdfs_mount, the local mount point of the HDFS "
                     "FUSE or NFS gateway");
       root = options.hdfs_mount;
@@ -253,8 +252,7 @@ class basic_store {
   sync_result sync(std::string_view run_id, const std::string& local_dir,
                    const sync_options& options = {}) {
     if (local_dir.find('\0') != std::string::npos)
-      throw error(EINVAL, "sync", detail::printable(local_dir),
-                  "the local directory's path contains NUL");
+      throw error(EINVAL, "sync", local_dir, "the local directory's path contains NUL");
     // Racy-git's rule: a file whose mtime is within a clock tick of the scan may be written
     // again with the same mtime, so it is copied again at the next sync. Taken before anything
     // that may take time (making the origin file syncs it), so an early reading only errs

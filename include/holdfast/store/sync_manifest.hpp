@@ -30,7 +30,7 @@
 #include <string_view>
 #include <utility>
 
-#include "../detail/ascii.hpp"  // printable, hex_digit: the manifest's escapes
+#include "../detail/ascii.hpp"  // hex_digit: the manifest's escapes
 #include "../error.hpp"         // format_error
 #include "fs_helpers.hpp"       // detail::store_next_serial: origin ids
 #include "url.hpp"              // detail::store_starts_with
@@ -306,11 +306,11 @@ inline sync_manifest parse_sync_manifest(std::string_view text, const std::strin
       i += 3;
     }
     if (const char* why = detail::manifest_path_problem(rel))
-      fail(std::string(why) + " '" + detail::printable(rel) + "'");
+      fail(std::string(why) + " '" + rel + "'");
     if (m.files.empty() || std::prev(m.files.end())->first < rel)  // in order, as written
       m.files.emplace_hint(m.files.end(), std::move(rel), std::move(e));
     else if (!m.files.try_emplace(rel, std::move(e)).second)
-      fail("duplicate path '" + detail::printable(rel) + "'");
+      fail("duplicate path '" + rel + "'");
     ++count;
   }
   if (line_no == 0) throw format_error(path, "line 1: empty file (truncated)");

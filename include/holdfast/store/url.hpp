@@ -6,7 +6,7 @@
 //   - URLs parse as Horovod's: file://, hdfs://[host[:port]]/path (host `default`, port 0 when
 //     absent), dbfs:/x, /dbfs/x and file:///dbfs/x all name /dbfs/x.
 //   - An unknown scheme, a file:// URL with a remote host, an empty prefix, or NUL is a
-//     holdfast::error (EINVAL) naming the URL, escaped with detail::printable.
+//     holdfast::error (EINVAL) naming the URL (error::what() escapes it).
 //   - A run id or dataset index that is empty, ".", or has '/', "..", or NUL is a
 //     holdfast::error (EINVAL) naming it: no name can leave the store's prefix.
 // Caveats:
@@ -22,7 +22,6 @@
 #include <string>
 #include <string_view>
 
-#include "../detail/ascii.hpp"  // printable: URLs and names in messages
 #include "../error.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -54,7 +53,7 @@ struct store_url {
 
 namespace detail {
 [[noreturn]] inline void store_bad_url(std::string_view url, const std::string& why) {
-  throw error(EINVAL, "store url", printable(url), why);
+  throw error(EINVAL, "store url", std::string(url), why);
 }
 
 inline bool store_starts_with(std::string_view s, std::string_view p) {
@@ -160,7 +159,7 @@ inline store_url parse_store_url(std::string_view url) {
     return u;
   }
   if (!scheme.empty())
-    detail::store_bad_url(url, "unknown URL scheme '" + detail::printable(scheme) +
+    detail::store_bad_url(url, "unknown URL scheme '" + std::string(scheme) +
                                    "://' (supported: file://, hdfs://, dbfs:/, /dbfs/, a path)");
   store_url u;
   u.path = std::string(url);
@@ -184,7 +183,7 @@ inline void store_check_name(std::string_view what, std::string_view name) {
     why = "contains '..'";
   else if (name == ".")
     why = "is '.'";
-  if (why) throw error(EINVAL, std::string(what), printable(name), why);
+  if (why) throw error(EINVAL, std::string(what), std::string(name), why);
 }
 }  // namespace detail
 

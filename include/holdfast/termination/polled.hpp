@@ -142,7 +142,8 @@ class polled_notice {
     if (s.failing || s.stopping.load()) return;  // once per run of failures; quiet on shutdown
     s.failing = true;
     try {
-      if (s.log) detail::log_line(s.log, std::string("notice poll failed (treated as no notice): ") + what);
+      if (s.log)
+        detail::log_line(s.log, std::string("notice poll failed (treated as no notice): ") + what);
     } catch (...) {
     }
   }

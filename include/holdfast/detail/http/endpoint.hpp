@@ -8,10 +8,15 @@
 //   - Anything else throws holdfast::format_error naming the URL and what is wrong with it
 //     (the offset where the scheme or host was expected); nothing is half-parsed.
 //   - http_endpoint::url() writes the endpoint back (brackets around IPv6), for messages.
+//   - http_loopback_host is true only for an address in 127.0.0.0/8 (dotted quad), ::1 (any
+//     spelling) and the name localhost (any case): hosts a request never leaves the machine for.
 // Caveats:
 //   - No user info, query or fragment handling: what follows the authority is the path, as is.
 //   - The host is not resolved or checked here; connecting resolves it (transport.hpp).
 #pragma once
+
+#include <arpa/inet.h>   // inet_pton: loopback addresses
+#include <netinet/in.h>  // in_addr, in6_addr
 
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +46,16 @@ struct http_endpoint {
     return port == o.port && tls == o.tls && host == o.host;
   }
 };
+
+/// True when `host` (as in http_endpoint: IPv6 without brackets) is a loopback address
+/// (127.0.0.0/8, ::1) or the name localhost; false for any other name or address.
+inline bool http_loopback_host(const std::string& host) {
+  if (http_iequal(host, "localhost")) return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
 
 /// Parses `http://host[:port][/path]`, and with `allow_https` also `https://...` (port 80 or
 /// 443 by default; `[::1]` for IPv6). When `path` is given it receives the path ("" when

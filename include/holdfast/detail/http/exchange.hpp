@@ -12,7 +12,8 @@
 //     errno of the call otherwise. A server that closes the connection before its response is
 //     complete throws http_connection_closed (EPROTO too).
 //   - Any status is a value for http_call (a 404 is a response, not an error); a non-2xx
-//     streamed response throws EPROTO "status N: <start of body>" without reaching on_data.
+//     streamed response throws EPROTO "status N: <start of body>... (N bytes)" without reaching
+//     on_data (message.hpp's http_body_excerpt: at most 200 bytes of any body in a message).
 //   - http_serialize adds Host, Content-Length (when there is a body or the method is
 //     POST/PUT/PATCH) and `Connection: close` unless asked to keep the connection; a
 //     Connection header of the caller's is dropped.
@@ -276,11 +277,24 @@ struct http_collect {
   }
 };
 
+// The start of a non-2xx streamed response's body (what a message shows of it) and its length.
+struct http_error_body {
+  std::string start;
+  std::size_t total = 0;
+  bool operator()(std::string_view bytes) {
+    if (start.size() < http_body_shown)
+      start.append(bytes.data(), std::min(bytes.size(), http_body_shown - start.size()));
+    total += bytes.size();
+    return true;
+  }
+};
+
 // The error http_stream throws for a non-2xx streamed response.
 inline error http_stream_status(const http_response& head, const std::string& where,
-                                const std::string& body) {
-  return error(EPROTO, "http", where,
-               "status " + std::to_string(head.status) + ": " + body.substr(0, 200));
+                                const http_error_body& body) {
+  return error(
+      EPROTO, "http", where,
+      "status " + std::to_string(head.status) + ": " + http_body_excerpt(body.start, body.total));
 }
 
 /// http_call over any Transport: one connection, `Connection: close`.
@@ -303,12 +317,10 @@ void http_stream_on(Conn& conn, const http_endpoint& ep, const http_request& req
                     const std::string& where, http_timeouts t, http_clock::time_point deadline,
                     OnData& on_data, const std::atomic<bool>* cancel) {
   http_response head;
-  std::string error_body;
+  http_error_body error_body;
   auto sink = [&](std::string_view bytes) -> bool {
     if (head.status / 100 == 2) return static_cast<bool>(on_data(bytes));
-    if (error_body.size() < 512)
-      error_body.append(bytes.data(), std::min<std::size_t>(bytes.size(), 512));
-    return true;
+    return error_body(bytes);
   };
   http_exchange_info info;
   http_exchange<Io>(conn, ep, req, where, t, &deadline, head, sink, cancel, info);

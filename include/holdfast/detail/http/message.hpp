@@ -6,6 +6,9 @@
 //     here does I/O.
 //   - http_response::header() finds a field by name ASCII case-insensitively (http_iequal), the
 //     first one when a name repeats.
+//   - http_body_excerpt is how every message shows a reply body (or text taken from one): at
+//     most its first 200 bytes, escaped, and its length when longer, so an error stays short
+//     whatever the server sent (up to 64 MiB).
 //   - http_connection_closed is a holdfast::error (errno EPROTO, as any malformed response), so a
 //     caller can tell a lost connection from garbage by its type alone.
 // Caveats:
@@ -14,13 +17,14 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "../../error.hpp"
-#include "../ascii.hpp"  // ascii_iequal: header names
+#include "../ascii.hpp"  // ascii_iequal: header names; printable: bodies in messages
 
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
@@ -62,6 +66,22 @@ struct http_response {
     return nullptr;
   }
 };
+
+/// The most bytes of a reply body a message shows (http_body_excerpt).
+inline constexpr std::size_t http_body_shown = 200;
+
+/// A reply body as every message shows it: its first http_body_shown bytes (escaped by
+/// printable), then "... (N bytes)" when the body, `total` bytes long, has more.
+inline std::string http_body_excerpt(std::string_view body, std::size_t total) {
+  std::string out = printable(body.substr(0, http_body_shown));
+  if (total > http_body_shown) out += "... (" + std::to_string(total) + " bytes)";
+  return out;
+}
+
+/// http_body_excerpt of a body held whole.
+inline std::string http_body_excerpt(std::string_view body) {
+  return http_body_excerpt(body, body.size());
+}
 
 /// The server closed the connection before its response was complete: nothing, part of the
 /// head or part of the body arrived (errno EPROTO, as for any malformed response).

@@ -6,9 +6,13 @@
 //   - A connection is reused only after a response that ended cleanly (framed by length or
 //     chunks, no `Connection: close`, HTTP/1.1, nothing left over); an idle one is checked before
 //     reuse (closed, readable or older than max_age: dropped).
-//   - When a reused connection turns out closed before any byte of the response arrived, the
-//     request is sent once more on a fresh one; if connecting fails then, the first failure is
-//     reported (the request may have been sent).
+//   - When a reused connection turns out closed before any byte of the response arrived, a
+//     request the caller marked http_resend::on_stale (a read: safe to apply twice) is sent once
+//     more on a fresh one; if connecting fails then, the first failure is reported. A request
+//     marked http_resend::never (a write: the server may have applied it and then dropped the
+//     connection) is never sent twice: that failure is thrown (http_connection_closed, or the
+//     send/recv error), for the caller to report as "sent, outcome unknown". The method does
+//     not tell the two apart: etcd's JSON gateway POSTs its reads too.
 //   - A forked child never uses a connection it inherited (it would share it with its parent):
 //     it drops them all (closing only its own copies).
 //   - Safe to share between threads; the counters are relaxed atomics. Streams (stream(),
@@ -46,6 +50,11 @@
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
 
+/// Whether http_pool::call may send a request once more when its reused connection turns out
+/// closed before any byte of the reply: `on_stale` for a request safe to apply twice (a read),
+/// `never` for one the server may have applied (a write).
+enum class http_resend : unsigned char { never, on_stale };
+
 /// A few idle connections kept for reuse (HTTP/1.1 keep-alive), shared by the threads of one
 /// client: call() takes an idle connection to the endpoint (or connects), and gives it back
 /// when the response ended cleanly. Streams get a connection of their own (never pooled). It
@@ -68,9 +77,10 @@ class http_pool {
   /// The transport connections are made with.
   const Transport& transport() const noexcept { return transport_; }
 
-  /// As http_call, on a pooled connection when one to `ep` is idle and still open.
+  /// As http_call, on a pooled connection when one to `ep` is idle and still open; `resend`
+  /// says whether `req` may be sent again after that connection closed unanswered.
   http_response call(const http_endpoint& ep, const http_request& req, http_timeouts t,
-                     const std::atomic<bool>* cancel = nullptr) {
+                     http_resend resend, const std::atomic<bool>* cancel = nullptr) {
     const std::string where = ep.url() + (req.target.empty() ? std::string("/") : req.target);
     std::optional<connection> conn = take(ep);
     const bool reused = conn.has_value();
@@ -84,7 +94,7 @@ class http_pool {
       requests_.fetch_add(1, std::memory_order_relaxed);
       http_exchange<Io>(*conn, ep, req, where, t, nullptr, resp, sink, cancel, info);
     } catch (const error& e) {
-      if (!reused || info.received != 0 || !is_stale(e)) throw;
+      if (!reused || info.received != 0 || !is_stale(e) || resend != http_resend::on_stale) throw;
       stale = std::current_exception();
     }
     if (stale) {  // the server closed it as we reused it: once more, on a fresh connection

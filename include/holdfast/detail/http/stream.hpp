@@ -26,7 +26,8 @@
 #include "../../error.hpp"
 #include "decoder.hpp"   // http_body_decoder, http_body_for
 #include "endpoint.hpp"  // http_endpoint
-#include "exchange.hpp"  // http_channel, http_serialize, http_read_head, http_stream_status
+#include "exchange.hpp"  // http_channel, http_serialize, http_read_head, http_error_body,
+                         // http_stream_status
 #include "message.hpp"   // http_request, http_response, http_connection_closed
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -67,15 +68,10 @@ class http_open_stream {
                   "no response within " + std::to_string(t.read.count()) + " ms");
     body_ = http_body_for(head, req.method, where_);
     if (head.status / 100 == 2) return;
-    std::string error_body;
-    auto sink = [&error_body](std::string_view bytes) {
-      if (error_body.size() < 512)
-        error_body.append(bytes.data(), std::min<std::size_t>(bytes.size(), 512));
-      return true;
-    };
+    http_error_body error_body;  // its start and its length, for the message
     try {
-      read(sink, deadline);
-      while (conn_.fd() >= 0 && http_clock::now() < deadline) read(sink, deadline);
+      read(error_body, deadline);
+      while (conn_.fd() >= 0 && http_clock::now() < deadline) read(error_body, deadline);
     } catch (const error&) {
       // the status is the news, not a body cut short
     }

@@ -20,8 +20,11 @@
 //       * for reads (try_get, list, get's ranges and watches, lease keep-alives) also after a
 //         timeout, a lost connection or an "unavailable" answer;
 //       * never for writes that were sent (put, insert, erase, erase_prefix, lease grant and
-//         revoke): their outcome is unknown, so they throw that transient error at once and the
-//         caller's retry goes to another endpoint.
+//         revoke): their outcome is unknown, so they throw that transient error at once ("sent,
+//         outcome unknown") and the caller's retry goes to another endpoint. Nor does the
+//         connection pool send a write again when its reused connection closes before any byte
+//         of the reply (etcd may have applied it): only reads (etcd_request::read) are resent
+//         there, once, on a fresh connection.
 //     Connecting (with a TLS handshake) is bounded by `connect_timeout`, a request by
 //     `request_timeout`. The suspect marks are shared by every handle on the client and updated
 //     lock-free.
@@ -30,12 +33,16 @@
 //     in time (a connection closed before the reply is ECONNRESET), EAGAIN for etcd's
 //     "unavailable" answers, ETIMEDOUT for its deadline-exceeded ones, EPROTO for a malformed
 //     HTTP or JSON reply, EIO for any other error etcd reported (gateway.hpp).
-//     is_transient_kv_error is true for the first three kinds.
-//   - With `lease_ttl` > 0, the client grants a lease, attaches it to every key it writes and
-//     keeps it alive from one background thread (a keep-alive every ttl/3). When the process
-//     dies the keep-alives stop and etcd deletes its keys after the TTL. The thread is stopped
-//     and joined when the client is destroyed (with its last handle), within ~20 ms even with a
-//     keep-alive in flight to a hung server (the request is cancelled).
+//     is_transient_kv_error is true for the first three kinds. A reply body, or etcd's error
+//     text, shows in a message as its first 200 bytes and its length (http_body_excerpt), never
+//     whole (a reply may be 64 MiB).
+//   - With `lease_ttl` > 0 (and a `leased_prefix`), the client grants a lease and keeps it alive
+//     from one background thread (a keep-alive every ttl/3); etcd_kv attaches it to the keys
+//     below leased_prefix only (lease_for(key)), never to another key. When the process dies the
+//     keep-alives stop and etcd deletes its leased keys after the TTL; what it wrote elsewhere
+//     (a recorded outcome) stays. The thread is stopped and joined when the client is destroyed
+//     (with its last handle), within ~20 ms even with a keep-alive in flight to a hung server
+//     (the request is cancelled).
 //   - Connections are reused (HTTP/1.1 keep-alive, detail/http/pool.hpp): up to
 //     `idle_connections` idle ones per client, so a TLS handshake is paid per connection, not
 //     per request. A suspect endpoint's idle connections are closed; streams (a get's watch, each
@@ -47,10 +54,14 @@
 //     --auth-token-ttl) makes the client authenticate again and retry the request once. Neither
 //     the password nor the token appears in an error message. A wrong password or user is
 //     EACCES.
+//   - A user (a password) with http:// endpoints is refused (EINVAL, when the client is made,
+//     before anything is read or sent) unless every endpoint is loopback (127.0.0.0/8, ::1,
+//     localhost) or `allow_plaintext_auth` is set: the password would cross the network in
+//     clear text.
 //   - Every member is safe to call from several threads at once.
 // Caveats:
-//   - Without a TLS transport the traffic, and a password, cross the network in clear text: use
-//     https:// endpoints on any network that is not trusted.
+//   - Without a TLS transport the traffic crosses the network in clear text (and, with
+//     `allow_plaintext_auth`, the password too): use https:// on any network that is not trusted.
 //   - etcd's gateway cannot authenticate a user by client-certificate name: with --client-cert-auth
 //     and auth enabled it ignores the certificate's CommonName ("CommonName of client sending a
 //     request against gateway will be ignored"). Client certificates authenticate the host to
@@ -59,7 +70,10 @@
 //     apply it when it resumes): read the key before retrying.
 //   - Suspect marks belong to one client (one etcd_kv and its copies), not to the process.
 //   - The lease is not revoked on destruction (other workers may still need the keys); call
-//     revoke_lease() to delete this client's keys at once.
+//     revoke_lease() to delete this client's leased keys at once.
+//   - Once the lease expired (the process was paused, or cut off, longer than the TTL), writes
+//     of leased keys fail with EIO ("requested lease not found"); no new lease is granted.
+//     Other keys are written as before.
 #pragma once
 
 #include <algorithm>
@@ -89,8 +103,8 @@
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
 
-/// Whether a request may go to another endpoint after it was sent: reads may, writes (whose
-/// outcome is then unknown) may not.
+/// Whether a request may go to another endpoint, or again on a fresh connection, after it was
+/// sent: reads may, writes (whose outcome is then unknown) may not.
 enum class etcd_request { read, write };
 
 /// The connection to an etcd cluster, shared by every handle: endpoints, failover, connections,
@@ -121,8 +135,16 @@ class etcd_client {
 
   /// The options it was made with.
   const etcd_options& options() const noexcept { return opts_; }
-  /// The lease attached to writes, or 0.
+  /// The lease attached to writes of leased keys (lease_for()), or 0.
   std::int64_t lease_id() const noexcept { return lease_id_.load(); }
+  /// The lease a write of `key` (relative to a handle's namespace) carries: lease_id() when
+  /// `key` is strictly below `leased_prefix + "/"`, else 0 (no lease).
+  std::int64_t lease_for(std::string_view key) const noexcept {
+    const std::string& p = opts_.leased_prefix;
+    const bool leased = !p.empty() && key.size() > p.size() && key.compare(0, p.size(), p) == 0 &&
+                        key[p.size()] == '/';
+    return leased ? lease_id_.load() : 0;
+  }
   /// False once the lease expired or was revoked.
   bool lease_alive() const noexcept { return lease_alive_.load(); }
 
@@ -135,7 +157,7 @@ class etcd_client {
     with_endpoint(kind, op, key, [&](const http_endpoint& ep) {
       authorized(ep, op, key, cancel, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
-        http_response resp = pool_.call(ep, req, timeouts(), cancel);
+        http_response resp = pool_.call(ep, req, timeouts(), resend_for(kind), cancel);
         bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
         out = reply(resp.status, resp.body, ep.url() + target, op, key);
       });
@@ -222,7 +244,7 @@ class etcd_client {
       authorized(ep, op, key, nullptr, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
         if (probe) probes_.fetch_add(1, std::memory_order_relaxed);
-        http_response resp = pool_.call(ep, req, timeouts(), nullptr);
+        http_response resp = pool_.call(ep, req, timeouts(), http_resend::on_stale, nullptr);
         bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
         out = reply(resp.status, resp.body, ep.url() + target, op, key);
       });
@@ -306,8 +328,9 @@ class etcd_client {
     return k ? pool_.idle(&endpoints_.at(*k)) : pool_.idle();
   }
 
-  /// Revokes the lease now (etcd deletes every key attached to it) and stops the keep-alives;
-  /// later writes carry no lease. Does nothing without a lease or when already revoked.
+  /// Revokes the lease now (etcd deletes every key attached to it: the leased keys) and stops
+  /// the keep-alives; later writes carry no lease. Does nothing without a lease or when already
+  /// revoked.
   void revoke_lease() {
     const std::int64_t id = lease_id_.load();
     if (id == 0) return;
@@ -320,6 +343,12 @@ class etcd_client {
 
  private:
   using clock = std::chrono::steady_clock;
+
+  // Whether the pool may resend a request whose reused connection closed unanswered: a read
+  // may; a write, which etcd may have applied before the connection dropped, may not.
+  static http_resend resend_for(etcd_request kind) noexcept {
+    return kind == etcd_request::read ? http_resend::on_stale : http_resend::never;
+  }
 
   http_timeouts timeouts() const {
     return http_timeouts{opts_.connect_timeout, opts_.request_timeout};
@@ -338,6 +367,13 @@ class etcd_client {
                   "a user needs exactly one of password_file and password_env");
     if (o.user.empty() && (!o.password_file.empty() || !o.password_env.empty()))
       throw error(EINVAL, "etcd auth", "", "a password source without a user");
+    o.leased_prefix = normalize_prefix(o.leased_prefix, "etcd leased_prefix");
+    if (o.lease_ttl.count() > 0 && o.leased_prefix.empty())
+      throw error(EINVAL, "etcd lease", "",
+                  "lease_ttl without leased_prefix: the lease goes only on keys below "
+                  "leased_prefix (liveness keys), never on keys that record decisions");
+    if (o.lease_ttl.count() <= 0 && !o.leased_prefix.empty())
+      throw error(EINVAL, "etcd lease", o.leased_prefix, "leased_prefix without a lease_ttl");
     return o;
   }
 
@@ -355,6 +391,14 @@ class etcd_client {
     if (!out.front().tls && !o.tls.empty())
       throw error(EINVAL, "etcd connect", out.front().url(),
                   "TLS options are set but the endpoints are http://: use https://");
+    if (!out.front().tls && !o.user.empty() && !o.allow_plaintext_auth)
+      for (const auto& ep : out)
+        if (!http_loopback_host(ep.host))
+          throw error(EINVAL, "etcd auth", ep.url(),
+                      "user '" + o.user +
+                          "' would send its password in clear text to an http:// endpoint that "
+                          "is not loopback: use https:// (etcds:// in a store URL), or set "
+                          "etcd_options::allow_plaintext_auth on a trusted network");
     return out;
   }
 
@@ -437,7 +481,8 @@ class etcd_client {
     const http_request req{
         "POST", target, headers_with(nullptr),
         "{\"name\":" + json_quote(opts_.user) + ",\"password\":" + json_quote(password_) + "}"};
-    http_response resp = pool_.call(ep, req, timeouts(), cancel);
+    // a token request changes nothing etcd keeps: safe to send again
+    http_response resp = pool_.call(ep, req, timeouts(), http_resend::on_stale, cancel);
     bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
     const std::string who = "authenticating as user '" + opts_.user + "' at " + url;
     json_value v;
@@ -454,7 +499,7 @@ class etcd_client {
       if (text.find("authentication is not enabled") != std::string::npos) return {};
       const int errnum = etcd_errno(c, text);
       throw error(errnum == EIO ? EACCES : errnum, op, key,
-                  who + ": " + text + " (gRPC code " + std::to_string(c) + ")");
+                  who + ": " + http_body_excerpt(text) + " (gRPC code " + std::to_string(c) + ")");
     }
     const json_value* tok = v.is_object() ? v.find("token") : nullptr;
     if (resp.status != 200 || !tok || !tok->is_string() || tok->as_string().empty())
@@ -559,14 +604,17 @@ class etcd_client {
       v = parse_json(body, url);
     } catch (const error& e) {
       if (status != 200)
-        throw error(EIO, op, key,
-                    "etcd answered status " + std::to_string(status) + ": " + body.substr(0, 200));
+        throw error(
+            EIO, op, key,
+            "etcd answered status " + std::to_string(status) + ": " + http_body_excerpt(body));
       throw error(EPROTO, op, key, "malformed reply from etcd: " + std::string(e.what()));
     }
     if (const json_value* err = v.is_object() ? v.find("error") : nullptr)
       throw_gateway_error(v, *err, url, op, key);
     if (status != 200 || !v.is_object())
-      throw error(EIO, op, key, "etcd answered status " + std::to_string(status) + ": " + body);
+      throw error(
+          EIO, op, key,
+          "etcd answered status " + std::to_string(status) + ": " + http_body_excerpt(body));
     return v;
   }
 
@@ -581,8 +629,8 @@ class etcd_client {
     const json_value* msg = nested ? err.find("message") : &err;
     const std::string text = msg && msg->is_string() ? msg->as_string() : to_json(err);
     const std::int64_t c = code && code->is_integer() ? code->as_int64() : -1;
-    std::string detail =
-        "etcd error: " + text + " (gRPC code " + std::to_string(c) + ", " + url + ")";
+    std::string detail = "etcd error: " + http_body_excerpt(text) + " (gRPC code " +
+                         std::to_string(c) + ", " + url + ")";
     if (text.find("user name is empty") != std::string::npos)
       detail +=
           "; the cluster requires authentication: set a user and a password file or "

@@ -17,6 +17,9 @@
 //     range or deleterange each; list is sorted.
 //   - Failover, errors, the lease, connection reuse and authentication are the client's
 //     (kv/etcd/client.hpp): reads move on to another endpoint, sent writes never do.
+//   - The lease goes on the puts and inserts of keys below etcd_options::leased_prefix only
+//     (liveness keys); every other key stays until erased, whoever wrote it and whenever its
+//     writer dies, so a value that records a decision is never deleted by a lease expiry.
 //   - Copies (and with_namespace views) are cheap handles sharing endpoints and lease; every
 //     operation is safe to call from several threads at once.
 // Caveats:
@@ -60,7 +63,8 @@ class basic_etcd_kv {
   using client_type = detail::etcd_client<Io, Transport>;
 
   /// Connects lazily (no request is made unless a lease is wanted); throws holdfast::error on a
-  /// malformed endpoint URL, an invalid prefix, or a lease that cannot be granted.
+  /// malformed endpoint URL, an invalid prefix or leased_prefix, a lease_ttl and a leased_prefix
+  /// without each other, or a lease that cannot be granted.
   basic_etcd_kv(etcd_options options, kv_namespace ns)
       : basic_etcd_kv(std::make_shared<client_type>(checked(std::move(options))), std::move(ns)) {}
 
@@ -68,12 +72,12 @@ class basic_etcd_kv {
   basic_etcd_kv with_namespace(kv_namespace ns) const { return basic_etcd_kv(client_, ns); }
   /// This handle's namespace.
   const kv_namespace& ns() const noexcept { return ns_; }
-  /// The lease attached to every write, or 0 without one.
+  /// The lease attached to writes of keys below leased_prefix, or 0 without one.
   std::int64_t lease_id() const noexcept { return client_->lease_id(); }
   /// False once etcd reported the lease gone (expired); true while kept alive.
   bool lease_alive() const noexcept { return client_->lease_alive(); }
-  /// Revokes the lease: etcd deletes every key this client wrote, at once; later writes carry
-  /// no lease. Idempotent.
+  /// Revokes the lease: etcd deletes every leased key (below leased_prefix) this client wrote,
+  /// at once; later writes carry no lease. Idempotent.
   void revoke_lease() { client_->revoke_lease(); }
   /// How many times the client authenticated (fetched a token) so far; 0 without a user.
   std::size_t authentications() const noexcept { return client_->authentications(); }
@@ -91,7 +95,8 @@ class basic_etcd_kv {
     const std::string k = detail::json_quote(detail::base64_encode(root_ + key));
     const std::string body =
         "{\"compare\":[{\"target\":\"CREATE\",\"key\":" + k +
-        ",\"createRevision\":\"0\"}],\"success\":[{\"requestPut\":" + put_body(k, value) + "}]}";
+        ",\"createRevision\":\"0\"}],\"success\":[{\"requestPut\":" + put_body(key, k, value) +
+        "}]}";
     auto r = client_->call(detail::etcd_request::write, "/v3/kv/txn", body, "etcd insert", key);
     const detail::json_value* ok = r.find("succeeded");
     return ok && ok->is_bool() && ok->as_bool();
@@ -101,7 +106,7 @@ class basic_etcd_kv {
   void put(const std::string& key, std::string_view value) {
     validate_key(key, "kv put");
     client_->call(detail::etcd_request::write, "/v3/kv/put",
-                  put_body(detail::json_quote(detail::base64_encode(root_ + key)), value),
+                  put_body(key, detail::json_quote(detail::base64_encode(root_ + key)), value),
                   "etcd put", key);
   }
 
@@ -188,10 +193,13 @@ class basic_etcd_kv {
     return o;
   }
 
-  std::string put_body(const std::string& quoted_key, std::string_view value) const {
+  // The put of `key` (quoted: its full etcd key, base64, JSON-quoted), with the lease only when
+  // the key is a leased one.
+  std::string put_body(const std::string& key, const std::string& quoted_key,
+                       std::string_view value) const {
     std::string body =
         "{\"key\":" + quoted_key + ",\"value\":" + detail::json_quote(detail::base64_encode(value));
-    if (const std::int64_t lease = client_->lease_id(); lease != 0)
+    if (const std::int64_t lease = client_->lease_for(key); lease != 0)
       body += ",\"lease\":\"" + std::to_string(lease) + "\"";
     return body + "}";
   }
@@ -261,7 +269,7 @@ class basic_etcd_kv {
       const auto* why = result->find("cancel_reason");
       const std::string reason = why && why->is_string() ? why->as_string() : std::string();
       if (detail::etcd_int(result->find("compact_revision")) != 0 || reason.empty()) return false;
-      const std::string text = "etcd cancelled the watch: " + reason;
+      const std::string text = "etcd cancelled the watch: " + detail::http_body_excerpt(reason);
       if (detail::etcd_token_problem(0, reason))
         throw detail::etcd_unauthenticated(EACCES, "etcd get", key, text);
       throw error(reason.find("permission denied") != std::string::npos ? EACCES : EIO, "etcd get",

@@ -1,9 +1,14 @@
-// holdfast/kv/etcd/options.hpp — how to reach etcd (etcd_options: endpoints, timeouts, lease,
-// prefix, TLS, authentication, connection reuse) and what one client counts (etcd_stats).
+// holdfast/kv/etcd/options.hpp — how to reach etcd (etcd_options: endpoints, timeouts, lease and
+// the keys it goes on, prefix, TLS, authentication, connection reuse) and what one client counts
+// (etcd_stats).
 //
 // Guarantees:
 //   - Plain values with working defaults: one endpoint at http://127.0.0.1:2379, 1 s to connect,
 //     5 s per request, no lease, keys under "holdfast/", 4 idle connections kept.
+//   - A lease goes only on the keys below `leased_prefix` (liveness keys), never on any other:
+//     etcd deletes a leased key a TTL after its writer stops renewing, and a recorded decision
+//     (the step agreement's claims and outcomes, the restore step) must outlive its writer, or
+//     a peer paused past the TTL finds the outcome key empty and records a second outcome.
 //   - No secret lives in the options: a password is named by a file or an environment
 //     variable and read once when the client is made (kv/etcd/client.hpp), never put in a
 //     message.
@@ -13,7 +18,11 @@
 // Caveats:
 //   - The options are checked when a client is made, not here: no endpoints, mixed http:// and
 //     https://, TLS options with http:// endpoints, a user without exactly one password source,
-//     or an invalid prefix throw holdfast::error (EINVAL) then.
+//     a user with http:// endpoints not all loopback (unless allow_plaintext_auth), an invalid
+//     prefix, or a lease_ttl and a leased_prefix without each other throw holdfast::error
+//     (EINVAL) then.
+//   - leased_prefix must not cover keys that record decisions: the handler's live under
+//     "holdfast/<run id>/" in each namespace, so a leased_prefix of "holdfast" would lease them.
 #pragma once
 
 #include <chrono>
@@ -42,8 +51,12 @@ struct etcd_options {
   /// The longest watch message (one JSON line of the stream) accepted; a longer one is an
   /// EMSGSIZE error naming the endpoint.
   std::size_t max_message = std::size_t{64} << 20;
-  /// Lease time-to-live; 0 means no lease (keys stay until erased).
+  /// Lease time-to-live; 0 means no lease (keys stay until erased). Needs leased_prefix.
   std::chrono::seconds lease_ttl{0};
+  /// The keys the lease goes on: those strictly below `leased_prefix + "/"` in a handle's
+  /// namespace (liveness keys, such as "live" for "live/<task>"), as list() scopes a prefix;
+  /// every other key is written without a lease. Empty (the default): no lease; needs lease_ttl.
+  std::string leased_prefix;
   /// The first segment of every key holdfast writes in etcd.
   std::string prefix = "holdfast";
   /// For https:// endpoints: CA file, client certificate and key, server name (read by the
@@ -55,6 +68,9 @@ struct etcd_options {
   std::string password_file;
   /// ...or the name of an environment variable holding it. Exactly one of the two with a user.
   std::string password_env;
+  /// Send the password over http:// endpoints that are not all loopback (127.0.0.0/8, ::1,
+  /// localhost); without it such options are refused (EINVAL) when the client is made.
+  bool allow_plaintext_auth = false;
   /// Idle connections kept for reuse by one client (all endpoints together); 0: one
   /// connection per request.
   std::size_t idle_connections = 4;

@@ -6,9 +6,12 @@
 //   - A range of the keys below `prefix + "/"` learns revision R and what they hold, then ONE
 //     streaming /v3/watch from R + 1 on a connection of its own serves the watch for its whole
 //     life. take() reads what arrived without blocking and returns each put (its value) and erase
-//     (nullopt) below the prefix, in revision order, exactly once (events at or below the last
-//     delivered revision are dropped); the first take() is complete: it starts with the range's
-//     snapshot, so the caller knows every key without a read.
+//     (nullopt) below the prefix, in revision order, exactly once; the first take() is complete:
+//     it starts with the range's snapshot, so the caller knows every key without a read.
+//   - Whole revisions: a txn, an erase_prefix (deleterange) or a lease expiry is N events at one
+//     revision, all of them delivered. etcd sends a revision whole in one message, so the filter
+//     that keeps a resume from repeating events drops revisions at or below the last one a
+//     complete message delivered, never later events of a revision it is delivering.
 //   - Resume: when the stream ends or breaks (server restart, reset, etcd's "unavailable"), its
 //     endpoint becomes suspect and the watch reopens from the last delivered revision + 1 on
 //     the endpoint failover picks (the same one when it is the only one): nothing is lost or
@@ -115,7 +118,7 @@ class etcd_watcher {
     return out;
   }
 
-  /// The revision of the last event delivered (or of the range that started or re-ranged the
+  /// The last revision delivered whole (or that of the range that started or re-ranged the
   /// watch): a resume starts right after it.
   std::int64_t revision() const noexcept { return revision_; }
   /// The URL of the endpoint the stream is on; "" while disconnected.
@@ -283,17 +286,21 @@ class etcd_watcher {
         return false;
       }
       throw error(reason.find("permission denied") != std::string::npos ? EACCES : EIO,
-                  "etcd watch", prefix_, "etcd cancelled the watch: " + reason);
+                  "etcd watch", prefix_, "etcd cancelled the watch: " + http_body_excerpt(reason));
     }
+    // Revisions, not events, are filtered: one revision holds every event of a txn, a
+    // deleterange (erase_prefix) or a lease expiry, and etcd sends a revision whole in one
+    // response, so what is at or below `delivered` came in an earlier message.
+    const std::int64_t delivered = revision_;
     if (const auto* events = result->find("events"))
       for (const auto& ev : events->as_array()) {
         const auto* kv = ev.find("kv");
         if (!kv) continue;
         const std::int64_t rev = etcd_int(kv->find("mod_revision"));
-        if (rev <= revision_) continue;  // delivered already (a resume overlaps): once only
+        if (rev <= delivered) continue;  // delivered already (a resume overlaps): once only
         const std::string full =
             base64_decode(etcd_string_field(*kv, "key", prefix_), "etcd watch event");
-        revision_ = rev;
+        revision_ = std::max(revision_, rev);
         if (full.compare(0, start_.size(), start_) != 0) continue;
         const auto* type = ev.find("type");
         const bool erased = type && type->is_string() && type->as_string() == "DELETE";
