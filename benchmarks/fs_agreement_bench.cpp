@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "../tests/support/handler_harness.hpp"  // worker_state, memory_checkpoints
+#include "../tests/support/handler_harness.hpp"  // worker_state, memory_checkpoints, repeat_notice
 #include "../tests/support/temp_dir.hpp"
 #include "bench.hpp"
 #include "counting_io.hpp"
@@ -34,20 +34,6 @@ using namespace std::chrono_literals;
 using fs_kv =
     holdfast::basic_filesystem_kv<holdfast::inotify_wait, holdfast::no_sync, bench::counting_io>;
 constexpr int kRounds = 5;
-
-// A notice that can be given again: noticed_at() is the time last set (0: none).
-struct repeat_notice {
-  const std::atomic<std::int64_t>* at_ns;
-  void start() {}
-  void stop() {}
-  bool noticed() const { return at_ns->load() != 0; }
-  std::optional<std::chrono::steady_clock::time_point> noticed_at() const {
-    auto ns = at_ns->load();
-    if (!ns) return std::nullopt;
-    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
-  }
-  std::optional<std::chrono::system_clock::time_point> deadline() const { return std::nullopt; }
-};
 
 // One round's counts: the sums, and the wake-ups of each thread that had any.
 struct round_counts {
@@ -109,7 +95,7 @@ void print_round(const char* what, int n, const round_counts& c, double rounds) 
 
 // Runs 1 + kRounds agreements between n threads; returns the ns one later agreement took.
 double agreements(int n) {
-  using cfg = holdfast::termination_config<repeat_notice, holdfast::no_exit>;
+  using cfg = holdfast::termination_config<holdfast_test::repeat_notice, holdfast::no_exit>;
   holdfast_test::temp_dir dir;
   fs_kv kv(dir.path(), holdfast::kv_namespace("counts", 0));
   std::atomic<std::int64_t> at_ns{0};  // task 0's notice; the others are never noticed
@@ -125,8 +111,8 @@ double agreements(int n) {
       holdfast::handler_options o;
       o.ack_timeout = 10s;
       holdfast::preemption_handler<cfg, fs_kv, holdfast_test::memory_checkpoints> h(
-          cfg(repeat_notice{t == 0 ? &at_ns : &never}, holdfast::no_exit{}), kv, {t, n, "counts"},
-          {&st[static_cast<std::size_t>(t)]}, o);
+          cfg(holdfast_test::repeat_notice{t == 0 ? &at_ns : &never}, holdfast::no_exit{}), kv,
+          {t, n, "counts"}, {&st[static_cast<std::size_t>(t)]}, o);
       auto& mine = pos[static_cast<std::size_t>(t)];
       while (!done.load()) {
         mine.store(h.total_run_calls());

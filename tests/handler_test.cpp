@@ -1098,27 +1098,12 @@ TEST_CASE("threads: an any_kv holding in_process_kv agrees as the concrete type 
 
 namespace {
 
-// A notice that can be given again: noticed_at() is the time the test last set (0: none), so a
-// re-armed handler sees each new one (flag_notice latches its first).
-struct repeat_notice {
-  const std::atomic<std::int64_t>* at_ns;
-  void start() {}
-  void stop() {}
-  bool noticed() const { return at_ns->load() != 0; }
-  std::optional<std::chrono::steady_clock::time_point> noticed_at() const {
-    auto ns = at_ns->load();
-    if (!ns) return std::nullopt;
-    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
-  }
-  std::optional<std::chrono::system_clock::time_point> deadline() const { return std::nullopt; }
-};
-
 // `rounds` agreements in a row between 2 threads over `kv` (no_exit: each save re-arms; task 0
 // is noticed anew once both served the last); returns the number of keys under the job's scope
 // after round 1 (once stable) and after the last (once down to round 1's count, or at 10 s).
 template <class Kv, class Count>
 std::pair<std::size_t, std::size_t> rounds_in_a_row(Kv kv, int rounds, Count count_keys) {
-  using cfg = holdfast::termination_config<repeat_notice, holdfast::no_exit>;
+  using cfg = holdfast::termination_config<holdfast_test::repeat_notice, holdfast::no_exit>;
   std::atomic<std::int64_t> at_ns{0};
   std::atomic<int> served[2] = {{0}, {0}};
   std::atomic<std::int64_t> pos[2] = {{0}, {0}};
@@ -1131,7 +1116,7 @@ std::pair<std::size_t, std::size_t> rounds_in_a_row(Kv kv, int rounds, Count cou
       o.ack_timeout = 10s;
       o.watch_interval = 1ms;
       holdfast::preemption_handler<cfg, Kv, holdfast_test::memory_checkpoints> h(
-          cfg(repeat_notice{&at_ns}, holdfast::no_exit{}), kv, {t, 2, "rounds"},
+          cfg(holdfast_test::repeat_notice{&at_ns}, holdfast::no_exit{}), kv, {t, 2, "rounds"},
           {&st[static_cast<std::size_t>(t)]}, o);
       // the steps are coupled like a collective: neither runs more than one step ahead
       auto& mine = pos[t];

@@ -120,4 +120,19 @@ struct memory_checkpoints {
   }
 };
 
+// A notice that can be given again: noticed_at() is the time the test last set (0: none), so a
+// re-armed handler sees each new one (flag_notice latches its first).
+struct repeat_notice {
+  const std::atomic<std::int64_t>* at_ns;
+  void start() {}
+  void stop() {}
+  bool noticed() const { return at_ns->load() != 0; }
+  std::optional<std::chrono::steady_clock::time_point> noticed_at() const {
+    auto ns = at_ns->load();
+    if (!ns) return std::nullopt;
+    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
+  }
+  std::optional<std::chrono::system_clock::time_point> deadline() const { return std::nullopt; }
+};
+
 }  // namespace holdfast_test
