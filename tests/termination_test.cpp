@@ -676,7 +676,10 @@ TEST_CASE("gce notices: bad answers are no notice and one log line, never a cras
       CHECK_FALSE(n.noticed());
       auto t0 = steady::now();
       n.stop();
-      CHECK(ms_since(t0) < 100);
+      // No hang: a stop held until the 3 s slow reply ends (or forever) is what this tells
+      // apart; prompt waking is bounded against 10 s intervals in "stop is prompt" and
+      // "destroying notices" (a 100 ms bound here failed on a loaded 2-core machine).
+      CHECK(ms_since(t0) < 2000);
     }
     REQUIRE(log.size() == 1);
     CAPTURE(log.at(0));
