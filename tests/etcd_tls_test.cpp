@@ -139,6 +139,17 @@ struct silent_listener {
   }
 };
 
+// Waits up to 10 s until `kv` has opened `n` watches (its get is watching, not ranging): the
+// observed state a writer waits for before the put that must reach the get through its watch.
+bool watch_opened(const tls_kv& kv, std::uint64_t n = 1) {
+  const auto end = clk::now() + 10s;
+  while (kv.stats().watch_opens < n) {
+    if (clk::now() >= end) return false;
+    std::this_thread::sleep_for(1ms);  // a bounded look, not an order
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("etcd over TLS with password auth: every operation, watches, the token on each") {
@@ -151,7 +162,7 @@ TEST_CASE("etcd over TLS with password auth: every operation, watches, the token
   CHECK(kv.list("b").size() == 1);
   CHECK(kv.erase("b/c"));
   std::thread writer([&] {
-    std::this_thread::sleep_for(300ms);
+    CHECK(watch_opened(kv));  // the get is watching: the value reaches it through the watch
     tls_kv(tls_options_for(server.url()), ns0).put("later", "w");
   });
   auto t0 = clk::now();
@@ -361,7 +372,8 @@ TEST_CASE("etcd over TLS: tokens that expire between requests and during a watch
   kv.put("ttl/a", "1");
   const auto first = kv.authentications();
   for (int i = 0; i < 3; ++i) {
-    std::this_thread::sleep_for(1600ms);  // the token has expired (TTL 1 s, swept every ~0.5 s)
+    // a stall the test injects on purpose: the token has expired (TTL 1 s, swept every ~0.5 s)
+    std::this_thread::sleep_for(1600ms);
     kv.put("ttl/a", std::to_string(i));
     CHECK(kv.try_get("ttl/a") == std::optional<std::string>(std::to_string(i)));
   }
@@ -369,7 +381,11 @@ TEST_CASE("etcd over TLS: tokens that expire between requests and during a watch
 
   // A long get: its watch outlives the token (windows of request_timeout = 1 s, each followed by
   // a range with an expired token): the value still arrives.
+  const auto opened = kv.stats().watch_opens;
   std::thread writer([&] {
+    CHECK(watch_opened(kv, opened + 1));  // the get is watching
+    // A stall the test injects on purpose: the token (TTL 1 s, swept every ~0.5 s) expires
+    // while the get waits, across several 1 s watch windows.
     std::this_thread::sleep_for(3500ms);
     tls_kv(tls_options_for(server.url()), ns0).put("ttl/late", "w");
   });
@@ -381,6 +397,8 @@ TEST_CASE("etcd over TLS: tokens that expire between requests and during a watch
   // One watch open across the expiry (request_timeout 5 s: a single watch window).
   tls_kv patient(tls_options_for(server.url(), true, 1000ms, 5000ms), ns0);
   std::thread writer2([&] {
+    CHECK(watch_opened(patient));  // its one watch is open
+    // A stall the test injects on purpose: the token expires while that watch is open.
     std::this_thread::sleep_for(2500ms);
     tls_kv(tls_options_for(server.url()), ns0).put("ttl/watched", "w2");
   });
