@@ -41,7 +41,8 @@ constexpr milliseconds request_timeout{1000};
 // A first call pays at most two request timeouts (the frozen member's, and one more in case an
 // election is under way); the margin covers a loaded 2-core machine.
 constexpr long long first_call_ms = 2 * request_timeout.count() + 500;
-constexpr long long skipped_ms = 300;  // a call that skips the suspect pays no timeout
+// A call that skips the suspect pays no timeout: half the request timeout it would cost.
+constexpr long long skipped_ms = request_timeout.count() / 2;
 
 // The members' URLs, starting with member `first` and going round.
 std::vector<std::string> urls_from(int first) {
