@@ -1,6 +1,6 @@
-// Waiting for published files: a file that appears later, timeouts within the deadline + 10%,
-// the inotify fallback to polling (inotify failed through fault_io), one descriptor per read,
-// custom intervals, and copy_to_local.
+// Waiting for published files: a file that appears later, timeouts at the deadline (checked at
+// 1.5 x), the inotify fallback to polling (inotify failed through fault_io), one descriptor per
+// read, custom intervals, and copy_to_local.
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <poll.h>
