@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +14,8 @@
 #include <holdfast/wait.hpp>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <vector>
 
 #include "support/child.hpp"
 #include "support/fault_sweep.hpp"  // disarm_on_exit
@@ -38,19 +41,27 @@ double ms_since(clock_type::time_point t0) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
 
+// Where a waiter sleeps: inotify_wait in poll() on its descriptor, a polling wait (poll_wait,
+// or inotify_wait fallen back to polling) in the sleep between its tries.
+std::vector<long> in_poll() { return holdfast_test::poll_syscalls(); }
+std::vector<long> in_sleep() { return {SYS_clock_nanosleep, SYS_nanosleep}; }
+template <class W>
+std::vector<long> asleep_in() {
+  return std::is_same_v<W, holdfast::inotify_wait> ? in_poll() : in_sleep();
+}
+
 // A child that publishes `content` at `path` once the thread that made it (which goes on to
-// wait for the file) is observed asleep in its wait: poll() on the inotify descriptor, or
-// poll_wait's sleep between tries. An observer thread here looks (/proc/self/task: a child may
-// not read its parent's syscall under Yama) and tells the child through a pipe; the wait is
-// under way first, observed, not assumed after a sleep.
+// wait for the file) is observed asleep in its wait (in one of `calls`). An observer thread here
+// looks (/proc/self/task: a child may not read its parent's syscall under Yama) and tells the
+// child through a pipe; the wait is under way first, observed, not assumed after a sleep.
 class publish_later {
  public:
-  publish_later(const std::string& path, const std::string& content, bool make_parent = false)
+  publish_later(const std::string& path, const std::string& content, std::vector<long> calls,
+                bool make_parent = false)
       : waiter_(holdfast_test::this_thread_id()), child_(start(path, content, make_parent)) {
     ::close(go_[0]);
-    observer_ = std::thread([this] {
-      const bool asleep =
-          holdfast_test::wait_asleep_in({waiter_}, holdfast_test::wait_syscalls(), 10s);
+    observer_ = std::thread([this, calls] {
+      const bool asleep = holdfast_test::wait_asleep_in({waiter_}, calls, 10s);
       (void)!::write(go_[1], asleep ? "g" : "n", 1);
       ::close(go_[1]);
     });
@@ -100,7 +111,7 @@ TEST_CASE_TEMPLATE("await_file returns the content once the file is published", 
                    holdfast::inotify_wait, holdfast::poll_wait) {
   holdfast_test::temp_dir dir("await");
   const std::string path = dir / "command.json";
-  publish_later writer(path, "{\"epochs\":3}");
+  publish_later writer(path, "{\"epochs\":3}", asleep_in<W>());
   auto got = holdfast::await_file<W>(path, 10s);  // observed asleep in it before the publish
   REQUIRE(got);
   CHECK(*got == "{\"epochs\":3}");
@@ -139,7 +150,7 @@ TEST_CASE("inotify_wait falls back to polling where inotify cannot be used") {
 
   SUBCASE("inotify works: woken through poll on the inotify descriptor") {
     fault_plan::reset_counts();
-    publish_later writer(dir / "a", "A");
+    publish_later writer(dir / "a", "A", in_poll());
     CHECK(holdfast::await_file<waiter, fault_io>(dir / "a", 10s) == std::string("A"));
     CHECK(fault_plan::calls(io_op::inotify_init1) == 1);
     CHECK(fault_plan::calls(io_op::inotify_add_watch) == 1);
@@ -149,7 +160,7 @@ TEST_CASE("inotify_wait falls back to polling where inotify cannot be used") {
   SUBCASE("inotify_init1 fails (ENOSYS, EMFILE): polling finds the file") {
     for (int e : {ENOSYS, EMFILE}) {
       fault_plan::arm(fault{io_op::inotify_init1, 1, e});
-      publish_later writer(dir / ("b" + std::to_string(e)), "B");
+      publish_later writer(dir / ("b" + std::to_string(e)), "B", in_sleep());
       CHECK(holdfast::await_file<waiter, fault_io>(dir / ("b" + std::to_string(e)), 10s) ==
             std::string("B"));
       CHECK(fault_plan::failures() == 1);
@@ -161,7 +172,7 @@ TEST_CASE("inotify_wait falls back to polling where inotify cannot be used") {
   }
   SUBCASE("inotify_add_watch fails (ENOSPC: watch limit): polling finds the file") {
     fault_plan::arm(fault{io_op::inotify_add_watch, 1, ENOSPC});
-    publish_later writer(dir / "c", "C");
+    publish_later writer(dir / "c", "C", in_sleep());
     CHECK(holdfast::await_file<waiter, fault_io>(dir / "c", 10s) == std::string("C"));
     CHECK(fault_plan::failures() == 1);
     CHECK(fault_plan::calls(io_op::poll) == 0);
@@ -169,7 +180,7 @@ TEST_CASE("inotify_wait falls back to polling where inotify cannot be used") {
   }
   SUBCASE("the parent directory does not exist yet: polling until it and the file appear") {
     fault_plan::reset_counts();
-    publish_later writer(dir / "later/d", "D", true);
+    publish_later writer(dir / "later/d", "D", in_sleep(), true);
     CHECK(holdfast::await_file<waiter, fault_io>(dir / "later/d", 10s) == std::string("D"));
     CHECK(fault_plan::calls(io_op::poll) == 0);
     CHECK(writer.wait(5s).ok());
@@ -300,7 +311,7 @@ TEST_CASE("a kept file_waiter reuses one inotify descriptor across waits") {
   holdfast::basic_file_waiter<holdfast::inotify_wait, fault_io> waiter;
   for (int i = 0; i < 3; ++i) {
     const std::string path = dir / ("cycle" + std::to_string(i));
-    publish_later writer(path, std::to_string(i));
+    publish_later writer(path, std::to_string(i), in_poll());
     CHECK(waiter.await(path, 10s) == std::to_string(i));
     CHECK(writer.wait(5s).ok());
   }
