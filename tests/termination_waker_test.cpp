@@ -469,7 +469,7 @@ TEST_CASE("a file that appears wakes a thread blocked in poll, after one poll in
   REQUIRE(poller.woke());
   const double ms = ms_between(created, poller.at());
   MESSAGE("file created -> poll() returned: " << ms << " ms (interval 10 ms)");
-  CHECK(ms < 500);
+  CHECK(ms < 2000);  // woken, not the poller's 10 s timeout: a fifth of it tells them apart
   CHECK(n.noticed());
   CHECK(*n.noticed_at() >= created);
   CHECK(w.drain());
