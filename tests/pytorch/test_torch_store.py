@@ -190,10 +190,10 @@ def watch_rings_once_the_followed_key_exists():
         s2 = sup.start_server(use_libuv=libuv)
         kv2 = ext._TorchKV(sup.connect(s2.port, use_libuv=libuv), "w", 0, 0.01, 30.0)
         writer = ext._TorchKV(sup.connect(s2.port, use_libuv=libuv), "w", 0)
-        w2 = kv2.watch("ctl")
+        w2, tid = sup.watch_and_thread(kv2, "ctl")
         w2.take()
         w2.follow("ctl/r1/claim")
-        time.sleep(0.2)  # the thread is in its wait
+        sup.wait_asleep_in({tid}, what="the watch thread in its wait")  # before the insert
         check(writer.insert("ctl/r1/claim", "c"), "inserted")
         check(readable(w2.fd(), 5.0), f"an insert woke the watch (libuv={libuv})")
         w2.close()
@@ -204,13 +204,16 @@ def watch_rings_once_the_followed_key_exists():
 def watch_polls_while_its_thread_waits_for_a_replaced_key():
     server = sup.start_server()
     kv = ext._TorchKV(sup.connect(server.port), "s", 0, 0.01, 1.0)
-    w = kv.watch("ctl")
+    w, tid = sup.watch_and_thread(kv, "ctl")
     w.take()
     w.follow("ctl/a")
-    time.sleep(0.1)
+    sup.wait_asleep_in({tid}, what="the watch thread in its wait for ctl/a")
     w.follow("ctl/b")  # the thread is still in its wait for ctl/a (up to 1 s)
     due = w.due_in()
     check(due is not None and due <= 0.05, f"due while the thread cannot wait for ctl/b: {due}")
+    # the poll interval (10 ms) since the last take() passes while the thread's wait for ctl/a
+    # (a 1 s slice) goes on
+    sup.eventually(lambda: w.due_in() == 0, timeout=0.5, what="due within the poll interval")
     check(w.take(), "resync when due")
     sup.connect(server.port).set("holdfast-kv/s/0/ctl/b", "b")
     check(readable(w.fd(), 3.0), "the thread takes ctl/b after its slice and rings")
@@ -225,10 +228,10 @@ def idle_watch_costs_two_requests_per_slice_and_closes_at_once():
     check(checks == 20 and wait == 2, f"calibration: 20 checks counted {checks}, a timed-out "
           f"wait {wait} (expected 2)")
     kv = ext._TorchKV(sup.connect(proxy.port), "idle", 0, 0.01, 0.25)
-    w = kv.watch("ctl")
+    w, tid = sup.watch_and_thread(kv, "ctl")
     w.take()
     w.follow("ctl/r0/claim")
-    time.sleep(0.3)
+    sup.wait_asleep_in({tid}, what="the watch thread in its first wait")  # its WAIT is counted
     r0, _ = proxy.counts()
     time.sleep(2.0)
     r1, _ = proxy.counts()
@@ -294,10 +297,10 @@ def try_get_answers_through_prefix_and_hash_stores_and_wakes_no_watch():
     # a try_get of a missing key must not wake a watch following it (the libuv server wakes a
     # key's waiters on any compareSet of it, so try_get must not be one)
     kv = ext._TorchKV(stores["tcp"], "tg", 0)
-    w = kv.watch("ctl")
+    w, tid = sup.watch_and_thread(kv, "ctl")
     w.take()
     w.follow("ctl/k")
-    time.sleep(0.1)
+    sup.wait_asleep_in({tid}, what="the watch thread in its wait")  # before the try_gets
     for _ in range(3):
         check(kv.try_get("ctl/k") is None, "missing")
     check(not readable(w.fd(), 0.3), "a try_get woke the watch")
@@ -314,11 +317,18 @@ def idle_handlers_send_at_most_one_request_per_second():
     check(checks == 20 and wait == 2, f"calibration: {checks} for 20 checks, {wait} for a wait")
     with Run() as run:
         ws = run.start(proxy.port, 4, "idle", step=0.01, watch_stop=True)
+        loaded = {w.proc.pid: sup.thread_ids(w.proc.pid) for w in ws}  # before the Handlers
         run.go()
         for w in ws:
             w.expect("ready", timeout=60)
         run.start_steps()
-        time.sleep(1.0)  # settle: the watchers start their waits
+        # the start-up traffic is over once the threads each worker started since "loaded"
+        # (the handler's watcher, polling its descriptors, and torch_kv's watch thread, in
+        # c10d's wait for the claim) are all asleep in poll(), two of them at least
+        for w in ws:
+            pid = w.proc.pid
+            sup.wait_asleep_in(lambda: sup.thread_ids(pid) - loaded[pid], pid=pid, count=2,
+                               every=True, what=f"task {w.task}: its watcher and watch thread")
         r0, b0 = proxy.counts()
         window = 32.0  # more than one 30 s slice of every watch: its WAIT and CANCEL_WAIT
         time.sleep(window)

@@ -135,6 +135,93 @@ class CountingProxy:
         return r1 - r0, r2 - r1
 
 
+# ---- threads seen asleep (as tests/support/thread_state.hpp) ---------------------------------
+
+# The calls a c10d client's wait sleeps in: its Socket::waitForInput is a poll() (seen once on
+# x86_64: a watch thread in its wait reads 7 in /proc/self/task/<tid>/syscall; before a
+# follow() it sleeps on its condition variable, futex, 202). aarch64 has only ppoll.
+POLL_SYSCALLS = {"x86_64": (7, 271), "aarch64": (73,)}.get(os.uname().machine, ())
+
+
+def thread_ids(pid="self"):
+    """The thread ids of process `pid` (entries of /proc/<pid>/task)."""
+    return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+def native_threads(before):
+    """This process's threads not in `before` (from thread_ids()) and not Python's own
+    (threading's native_id): the threads the extension started since."""
+    python = {t.native_id for t in threading.enumerate()}
+    return thread_ids() - set(before) - python
+
+
+def sleeping_syscall(tid, pid="self"):
+    """The system call thread `tid` of process `pid` sleeps in (its state S), or None when it
+    is running, asleep outside a call, gone or unreadable."""
+    where = f"/proc/{pid}/task/{tid}"
+    try:
+        with open(where + "/stat") as f:
+            stat = f.read()
+        if stat[stat.rindex(")") + 2] != "S":  # the name may hold spaces and parentheses
+            return None
+        with open(where + "/syscall") as f:
+            first = f.read().split()[0]  # "running" while it runs
+        return int(first)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def wait_asleep_in(tids, syscalls=None, pid="self", count=1, every=False, timeout=10.0,
+                   what="a thread"):
+    """Waits, a look every millisecond until `timeout` s, until `count` of the threads `tids`
+    (a set, or a callable giving it at each look) of process `pid` sleep in one of `syscalls`
+    (default POLL_SYSCALLS: in a c10d wait), with `every`, all of them; returns those. Raises
+    AssertionError naming what each thread was doing otherwise."""
+    syscalls = POLL_SYSCALLS if syscalls is None else syscalls
+    if not syscalls:
+        raise AssertionError(f"no poll system call numbers known for {os.uname().machine}")
+    deadline = time.monotonic() + timeout
+    while True:
+        current = tids() if callable(tids) else tids
+        states = {t: sleeping_syscall(t, pid) for t in current}
+        asleep = {t for t, nr in states.items() if nr in syscalls}
+        if len(asleep) >= count and (not every or asleep == set(current)):
+            return asleep
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"{what}: not {'all, ' if every else ''}{count} of threads {sorted(current)} "
+                f"of process {pid} asleep in "
+                f"system calls {list(syscalls)} within {timeout} s (each in: {states})")
+        time.sleep(0.001)
+
+
+def eventually(cond, timeout=10.0, what="the condition"):
+    """Waits, a look every millisecond until `timeout` s, until cond() is true; returns its
+    value, or raises AssertionError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.001)
+
+
+def watch_and_thread(kv, prefix):
+    """kv.watch(prefix) and the tid of the thread it started (see native_threads)."""
+    before = thread_ids()
+    w = kv.watch(prefix)
+    deadline = time.monotonic() + 10.0
+    while True:
+        new = native_threads(before)
+        if len(new) == 1:
+            return w, new.pop()
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"watch({prefix!r}): not one new thread but {sorted(new)}")
+        time.sleep(0.001)
+
+
 # ---- worker processes -----------------------------------------------------------------------
 
 
