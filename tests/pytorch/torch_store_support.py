@@ -322,7 +322,8 @@ def _worker(cfg):
       bare:  no handler (the baseline broadcast): task 0 waits for SIGTERM and sets the key
              bare/<rep>; the others block in wait([bare/<rep>]) on their own client; each
              reports the time (saved: t).
-    With cfg["quiet"], saved is reported when "report" comes on stdin (see _report).
+    With cfg["quiet"], saved is reported when "report" comes on stdin (see _report). The
+    Handler's watch_interval is cfg["watch_interval"] (default 0.1 s, the Handler's).
     """
     mode = cfg.get("mode", "train")
     task, num_tasks, d = cfg["task"], cfg["num_tasks"], cfg["dir"]
@@ -365,7 +366,8 @@ def _worker(cfg):
         try:
             h = hf.Handler(preset="generic", store="torch", torch_store=store, task=task,
                            num_tasks=num_tasks, run_id=f"{cfg['run_id']}-{rep}", restart=0,
-                           checkpoints=ckpt, ack_timeout=cfg.get("ack_timeout", 30.0))
+                           checkpoints=ckpt, ack_timeout=cfg.get("ack_timeout", 30.0),
+                           watch_interval=cfg.get("watch_interval", 0.1))
         except hf.AgreementTimeout as e:
             _emit(ev="timeout", rep=rep, where="restore", missing=list(e.missing_tasks),
                   t=time.monotonic_ns())
