@@ -230,7 +230,7 @@ bool readable(int fd) {
 // for the ack directory appearing and going. A key's directory is now its parent less the
 // round: every round's keys share ctl/'s and ack/'s. Invariants, after the first round: a round
 // makes no directory; the acks' puts and erases never wake a watch on the control keys.
-TEST_CASE("filesystem_kv: a round after the first makes no directory; acks never wake ctl/") {
+TEST_CASE("filesystem_kv: a round after the first makes no directory, and acks never wake ctl/") {
   using counted_kv =
       holdfast::basic_filesystem_kv<holdfast::inotify_wait, holdfast::no_sync, mkdir_counting_io>;
   holdfast_test::temp_dir dir("kvfs");
