@@ -304,6 +304,12 @@ struct has_kv_watch<T, std::enable_if_t<detect<kv_watch_members, kv_watch_t<T>>:
 template <class T>
 using kv_watch_events_t =
     decltype(std::declval<T&>().watch(std::declval<const std::string&>(), kv_watch_events::writes));
+template <class T, class = void>
+struct has_kv_watch_events : std::false_type {};
+template <class T>  // the overload returns the same watch type as watch(prefix)
+struct has_kv_watch_events<T, std::enable_if_t<has_kv_watch<T>::value &&
+                                               std::is_same_v<kv_watch_events_t<T>, kv_watch_t<T>>>>
+    : std::true_type {};
 template <class W>
 using kv_watch_follow = decltype(std::declval<W&>().follow(std::declval<const std::string&>()));
 template <class T>
@@ -345,8 +351,7 @@ inline constexpr bool has_kv_watch_v = detail::has_kv_watch<T>::value;
 /// True when T's watch can be told to wake for writes only: `watch(prefix, kv_watch_events)`
 /// (see "Waiting on a store").
 template <class T>
-inline constexpr bool has_kv_watch_events_v =
-    has_kv_watch_v<T>&& detail::detect<detail::kv_watch_events_t, T>::value;
+inline constexpr bool has_kv_watch_events_v = detail::has_kv_watch_events<T>::value;
 
 /// True when watch object W may be told which key matters now (`follow(key)`, see "Waiting on
 /// a store"): a store that waits on named keys only.
@@ -583,6 +588,11 @@ class counting_kv {
   template <class K = Kv, class = std::enable_if_t<has_kv_watch_v<K>>>
   auto watch(const std::string& prefix) {
     return inner_.watch(prefix);
+  }
+  /// Forwards watch(prefix, events) where the wrapped store has it (has_kv_watch_events_v).
+  template <class K = Kv, class = std::enable_if_t<has_kv_watch_events_v<K>>>
+  auto watch(const std::string& prefix, kv_watch_events events) {
+    return inner_.watch(prefix, events);
   }
   /// What the wrapped store can do (kv_supports: an any_kv inside is asked).
   bool supports(kv_op op) const noexcept { return kv_supports(inner_, op); }
