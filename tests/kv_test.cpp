@@ -613,13 +613,18 @@ TEST_CASE(
   CHECK(kv.list("").size() == 3);  // README decodes to the key "README"
   CHECK(kv.erase_prefix("acks") == 1);
   CHECK(::access((d + "/acks%2F/3").c_str(), F_OK) != 0);
-  // the names are 255 bytes each at most: a long last segment, or a long parent
+  // the names are 255 bytes each at most: a long file name (a key's last two segments
+  // together), or a long directory prefix
   auto e = error_from([&] { kv.put(std::string(300, 'k'), "v"); });
   CHECK(e.errnum() == ENAMETOOLONG);
-  CHECK(std::string(e.what()).find("last segment") != std::string::npos);
+  CHECK(std::string(e.what()).find("file name") != std::string::npos);
+  e = error_from(
+      [&] { kv.put("jobs/" + std::string(200, 'a') + "/" + std::string(60, 'b'), "v"); });
+  CHECK(e.errnum() == ENAMETOOLONG);  // 200 + 3 + 60 bytes in one name
+  CHECK(std::string(e.what()).find("file name") != std::string::npos);
   e = error_from([&] { kv.put(std::string(300, 'k') + "/v", "v"); });
   CHECK(e.errnum() == ENAMETOOLONG);
-  CHECK(std::string(e.what()).find("parent") != std::string::npos);
+  CHECK(std::string(e.what()).find("directory prefix") != std::string::npos);
   CHECK(kv.try_get(std::string(200, 'p') + "/" + std::string(200, 'k')) == std::nullopt);
 }
 

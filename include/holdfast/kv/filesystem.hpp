@@ -75,7 +75,9 @@
 //     filesystems a watch learns of them at its next re-check only (up to watch_recheck late).
 //   - get keeps await_file's behaviour: one inotify descriptor per wait that finds the key
 //     missing (a watch keeps one for its life instead). A get waiting in a parent directory
-//     that an erase removes meanwhile learns of a later insert at its next re-check (500 ms).
+//     that an erase_prefix removes meanwhile (it removes the directories it empties, which
+//     other prefixes' keys may share: "a/x/y" and "a/b/c" both live in "a%2F") learns of a
+//     later insert at its next re-check (500 ms).
 #pragma once
 
 #include <fcntl.h>
@@ -202,7 +204,8 @@ inline bool fs_is_parent_name(std::string_view name) noexcept {
 
 /// A watch on the keys below one prefix of a filesystem_kv namespace directory (see
 /// basic_filesystem_kv::watch): one inotify descriptor for its life, with a watch on the
-/// namespace directory and one on each parent directory below the prefix.
+/// namespace directory and one on each parent directory that can hold keys below the prefix
+/// (below it, or above it: "h%2F" for a watch of "h/run/ctl").
 template <class Io>
 class fs_watch {
  public:
@@ -241,7 +244,8 @@ class fs_watch {
   /// interval (or the poll interval while a directory could not be watched).
   clock::time_point due() const noexcept { return due_; }
   /// Drains the descriptor without blocking; resync when a key below the prefix was created,
-  /// replaced, written or removed, or a parent directory below it made or removed, on the first
+  /// replaced, written or removed (not removed for a writes-only watch), or such a parent
+  /// directory made or removed, on the first
   /// take, on an inotify queue overflow, when a watch was lost or re-established, and when
   /// due() has passed. Never events: the caller re-reads its keys (a local list or try_get).
   kv_changes take() {
@@ -588,8 +592,8 @@ class basic_filesystem_kv {
                     std::string("escaped ") + what + " is " + std::to_string(part.size()) +
                         " bytes, above 255");
     };
-    fits(at.parent, "parent");
-    fits(name, "last segment");  // the rest of the key below its first segment
+    fits(at.parent, "directory prefix");
+    fits(name, "file name");  // the key past its directory prefix ("r0/3" of "h/run/ack/r0/3")
     at.path = dir_ + "/" + (at.parent.empty() ? name : at.parent + "/" + name);
     return at;
   }
