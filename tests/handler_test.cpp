@@ -928,12 +928,12 @@ TEST_CASE("threads: store operations per worker per agreement do not grow with w
     // protocol ops (the blocking gets aside: the claimant's one per ack a list lacked, the
     // others' one wait on the outcome): claim insert by the noticed worker, one put each, the
     // claimant's step insert, its lists of the round's acks (in_process_kv can list: one per
-    // look that did not find the awaited ack among those read, at most one per other task)
+    // look that did not find the awaited ack among those read, and one more per slice an ack
+    // came late)
     double ops = static_cast<double>(c.insert + c.put + c.list + c.try_get) / n;
     per_worker[n] = ops;
     CHECK(c.put == static_cast<std::uint64_t>(n));
-    CHECK(c.list >= 1);
-    CHECK(c.list <= static_cast<std::uint64_t>(n - 1));
+    CHECK(c.list >= 1);  // at most one per look: bounded by ops below, not by a timing
     CHECK(ops <= 3.5);
   }
   MESSAGE("protocol ops per worker: n=2 " << per_worker[2] << ", n=4 " << per_worker[4] << ", n=8 "

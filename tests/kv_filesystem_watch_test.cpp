@@ -214,30 +214,54 @@ TEST_CASE_FIXTURE(fs_kv, "filesystem watch: erase and erase_prefix are seen") {
 // nobody reads them, so its watches need not wake for the cleanup; each non-claimant woke for
 // the last round's claim and step erased (2.5 wake-ups a round where 2 are news). inotify
 // queues an event at the syscall, so "not readable" right after the erase is exact.
-// Invariants: a writes-only watch never wakes for an erase, a key's or a flat key's, and wakes
-// for every insert and put; an all-events watch beside it wakes for the erases.
+// Invariants: a writes-only watch never reports an erase (of a key in a parent directory, or of
+// a key without '/' in the namespace directory), and reports every insert and put; an
+// all-events watch beside it reports the erases.
+namespace {
+// A store whose watch(prefix, events) returns another type than watch(prefix): not taken for
+// the optional overload (the caches would fail to hold it).
+struct odd_events_kv {
+  holdfast::filesystem_kv inner;
+  auto watch(const std::string& prefix) const { return inner.watch(prefix); }
+  int watch(const std::string&, holdfast::kv_watch_events) const { return 0; }
+};
+}  // namespace
+
 TEST_CASE_FIXTURE(fs_kv, "filesystem watch: a writes-only watch sleeps through erases") {
   static_assert(holdfast::has_kv_watch_events_v<holdfast::filesystem_kv>);
+  static_assert(holdfast::has_kv_watch_events_v<holdfast::counting_kv<holdfast::filesystem_kv>>);
+  static_assert(holdfast::has_kv_watch_v<odd_events_kv>);
+  static_assert(!holdfast::has_kv_watch_events_v<odd_events_kv>);
   kv.put("run/ctl/r0/claim", "c");
   kv.put("run/ctl/r0/step", "s");
-  kv.put("run/stop", "x");
+  kv.put("run/stop", "x");  // one '/': the file "stop" in "run%2F"
+  kv.put("stop", "x");      // no '/': the file "stop" in the namespace directory
   auto writes = kv.watch("run/ctl", holdfast::kv_watch_events::writes);
   auto all = kv.watch("run/ctl");
   auto flat = kv.watch("run", holdfast::kv_watch_events::writes);
+  auto root = kv.watch("", holdfast::kv_watch_events::writes);  // every key, "stop" too
   holdfast::any_kv any(kv);  // forwards the events to the held store
   auto via_any = any.watch("run/ctl", holdfast::kv_watch_events::writes);
   REQUIRE(via_any.take().resync);
   REQUIRE(writes.take().resync);
   REQUIRE(all.take().resync);
   REQUIRE(flat.take().resync);
+  REQUIRE(root.take().resync);
   REQUIRE(kv.erase("run/ctl/r0/claim"));
   REQUIRE(kv.erase("run/ctl/r0/step"));
-  REQUIRE(kv.erase("run/stop"));  // a key without '/' below "run/": the namespace directory's
+  REQUIRE(kv.erase("run/stop"));
   CHECK_FALSE(readable_within(writes, 0ms));
   CHECK_FALSE(readable_within(via_any, 0ms));
   CHECK(readable_within(all, 1000ms));
   CHECK(take_within(all, 1000ms).resync);
-  CHECK(take_within(flat, 0ms).empty());  // the namespace directory's erase event is no news
+  // every watch keeps erases in the namespace directory's mask (a parent directory removed
+  // must be seen): a key there erased is read, and filtered
+  REQUIRE(kv.erase("stop"));
+  CHECK(take_within(writes, 0ms).empty());
+  CHECK(take_within(flat, 0ms).empty());  // (the namespace directory's event: filtered)
+  CHECK(take_within(root, 0ms).empty());  // the namespace directory's erase event is no news
+  kv.put("stop", "y");                    // a key without '/' written: news
+  CHECK(take_within(root, 1000ms).resync);
   REQUIRE(kv.insert("run/ctl/r1/claim", "c1"));
   CHECK(readable_within(writes, 1000ms));
   CHECK(take_within(writes, 1000ms).resync);
@@ -246,7 +270,7 @@ TEST_CASE_FIXTURE(fs_kv, "filesystem watch: a writes-only watch sleeps through e
   CHECK(take_within(writes, 1000ms).resync);
   CHECK(take_within(flat, 1000ms).resync);  // the insert and the put
   CHECK_FALSE(readable_within(flat, 0ms));
-  kv.put("run/stop", "y");  // a flat key written: news
+  kv.put("run/stop", "y");  // a write in run%2F: news
   CHECK(readable_within(flat, 1000ms));
   CHECK(take_within(flat, 1000ms).resync);
 }
