@@ -7,8 +7,9 @@
 //   - Counts are per thread (the handler's watcher thread is one worker's), read with
 //     counting_io::snapshot(), thread-safely; counting_io::reset() zeroes them.
 // Caveats:
-//   - Only the syscalls that go through the Io policy are seen: a Wait policy's own inotify
-//     descriptor (a kv get that waits) is not.
+//   - Only the syscalls that go through the Io policy are seen. A kv get that waits reads its
+//     own inotify descriptor through the Io policy too (await_file<Wait, Io>), so its wake-ups
+//     count as well.
 #pragma once
 
 #include <fcntl.h>

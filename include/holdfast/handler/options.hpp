@@ -29,8 +29,10 @@ struct handler_options {
   std::chrono::milliseconds ack_timeout{std::chrono::minutes(3)};
   /// The fallback slice: how long one blocking get lasts over a store that cannot be waited on
   /// (no watch()), and the longest sleep when a notice source cannot wake the watcher. Stores
-  /// with a watch and waking notices do not use it. A claimant reading acks with get_many reads
-  /// in slices of max(watch_interval, 1 s).
+  /// with a watch and waking notices do not use it. A claimant reading acks in batches (a
+  /// store's get_many, or a list and a blocking get where the store can list but not watch)
+  /// reads in slices of max(watch_interval, 1 s): a stop or a peer's abort is then seen within
+  /// such a slice.
   std::chrono::milliseconds watch_interval{100};
   /// Grace path: the final claim is made this much earlier than the measured rule asks, so the
   /// final save ends before the deadline despite scheduling stalls the measurements missed.

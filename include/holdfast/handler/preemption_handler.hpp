@@ -67,9 +67,11 @@
 //     (kv_supports(kv, kv_op::get_many)) has the claimant read the acks in batches instead of
 //     through the ack watch: one get_many over every ack not read yet, in slices of
 //     min(time left, max(watch_interval, 1 s)), the outcome key read between slices.
+//     A store that can list but has neither (in_process_kv) has the claimant list the round's
+//     acks and make a blocking get of an ack the list lacked, in the same slices.
 //     handler_options::watch_interval remains the fallback: the slice of a blocking get for
-//     stores without a watch (in_process_kv, c10d-like stores, an any_kv holding one), and the
-//     longest sleep when a notice source cannot wake.
+//     stores without a watch (c10d-like stores, and in_process_kv outside the ack collection),
+//     and the longest sleep when a notice source cannot wake.
 //   - One recorded decision per round (agreement.hpp): every worker that acts follows the
 //     outcome recorded in the round's outcome key — all save at its step, or all throw
 //     holdfast::agreement_timeout naming the same missing tasks — including a worker paused past

@@ -11,9 +11,10 @@
 //     resumed watch that may have missed events) forgets every value, so each is read again; so
 //     does holding more than 256 (a bound: forgetting costs reads, never correctness).
 //   - Its watch wakes for writes only where the store can be told so (has_kv_watch_events_v):
-//     the handler erases a key only once no worker reads it any more (a round's keys, after the
-//     next round's step), so an erase is no news to a watcher; a key erased since may still be
-//     answered as last seen, until the next resync.
+//     the handler erases a key only once no cache reads it any more (a worker's own ack after
+//     its round's step, a round's control keys after the next round's step; a worker that
+//     lists the acks later reads the store, not a cache), so an erase is no news to a watcher;
+//     a key erased since may still be answered as last seen, until the next resync.
 //   - follow(key) tells a watch that waits on named keys (a c10d-like store's wait) which key
 //     matters now; other watches ignore it.
 // Caveats:
