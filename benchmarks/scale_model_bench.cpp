@@ -239,7 +239,14 @@ class simulation {
     }
   };
   enum class rq : std::uint8_t { insert, put, try_get, get, list, erase, get_many };
-  enum class why : std::uint8_t { machine, ctl_read, ack_slice, ack_list, ack_many };
+  enum class why : std::uint8_t {
+    machine,
+    ctl_read,
+    ack_slice,
+    ack_list,
+    ack_final_list,
+    ack_many
+  };
   struct request {
     int worker = 0;
     rq kind = rq::get;
@@ -745,6 +752,10 @@ class simulation {
         note_published(w);
         drive(w);
         break;
+      case why::ack_final_list:  // at the deadline: what came while the get waited, then final
+        for (auto& e : listed) W.present.emplace(std::move(e.first), std::move(e.second));
+        after_batch(w);
+        break;
       case why::ack_list:
         for (auto& e : listed) W.present.emplace(std::move(e.first), std::move(e.second));
         if (!W.present.count(W.wait_key) && now_ < W.wait_deadline) {
@@ -765,6 +776,10 @@ class simulation {
       case why::ack_slice:
         if (p_.collect != sim_collect::one_by_one) {  // the get after a list that lacked it
           if (got) W.present.emplace(key, std::move(*got));
+          if (now_ >= W.wait_deadline) {  // watcher.hpp lists once more at the deadline
+            send(w, rq::list, why::ack_final_list, W.batch_prefix);
+            break;
+          }
           after_batch(w);
           break;
         }
