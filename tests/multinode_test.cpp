@@ -2,9 +2,10 @@
 // namespaces on a bridge reach each other's addresses and not the host's loopback services; a
 // 3-member etcd across 3 namespaces elects a leader and serves a put from one node and a get
 // from another; a node cut off the bridge is unreachable and back once reconnected (its etcd
-// member catches up); the harness leaves no namespace, link or process behind, sweeps the
-// leftovers of a dead run, and says clearly when namespaces cannot be made. A heavy suite
-// (HOLDFAST_HEAVY_TESTS), run serially. The parent process starts no thread.
+// member catches up); a lost node's member is removed and added back on a fresh node; the harness
+// leaves no namespace, link or process behind, sweeps the leftovers of a dead run, and says clearly
+// when namespaces cannot be made. A heavy suite (HOLDFAST_HEAVY_TESTS), run serially. The parent
+// process starts no thread.
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <netinet/in.h>
@@ -196,6 +197,31 @@ TEST_CASE("multinode: a node cut off is unreachable and back once reconnected") 
       mn.enter(1);
       auto kv = kv_on({mn.etcd_endpoint(1)});
       CHILD_REQUIRE(kv.get("during", 5s) == std::optional<std::string>("the cut"));
+    });
+    auto r = reader.wait(20s);
+    INFO(r.failures);
+    CHECK(r.ok());
+  });
+}
+
+TEST_CASE("multinode: a lost node's etcd member is replaced on a fresh node") {
+  with_multinode(2, [](multinode& mn) {
+    mn.start_etcd();
+    kv_on(mn.etcd_endpoints()).put("before", "the loss");
+    const pid_t old = mn.etcd_pid(1);
+    mn.kill(1);  // the node is gone, its member with it
+    mn.wipe_local(1);
+    CHECK(mn.process(old).exited);
+    mn.replace_etcd_member(1, 20s);
+    CHECK(mn.etcd_pid(1) != old);
+    CHECK(std::filesystem::exists(mn.local_dir(1) + "/etcd"));
+    // The new member serves the old data and new writes, read on that member alone.
+    kv_on({mn.etcd_endpoint(0)}).put("after", "the loss");
+    holdfast_test::child reader([&] {
+      mn.enter(1);
+      auto kv = kv_on({mn.etcd_endpoint(1)});
+      CHILD_REQUIRE(kv.get("before", 5s) == std::optional<std::string>("the loss"));
+      CHILD_REQUIRE(kv.get("after", 5s) == std::optional<std::string>("the loss"));
     });
     auto r = reader.wait(20s);
     INFO(r.failures);

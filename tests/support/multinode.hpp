@@ -29,6 +29,9 @@
 // Caveats:
 //   - Only the process (and thread) that made the harness may drive it; forked children use
 //     node::enter() and nothing else.
+//   - replace_etcd_member keeps etcd's default strict reconfiguration check: etcd refuses to
+//     remove or add a member ("unhealthy cluster") until the others have been connected for 5 s,
+//     so a replacement within 5 s of a start or of a member's loss waits for that.
 //   - cut() takes the node's bridge port down: its packets are dropped, its own address stays
 //     (processes there keep their sockets and time out, as on a real partition).
 #pragma once
@@ -45,6 +48,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -481,6 +485,45 @@ class multinode {
       }
     }
   }
+  /// Replaces member `i` the way etcd documents it for a lost machine: its process is killed
+  /// (if still running) and its data removed (a fresh node), it is removed from the cluster
+  /// and added back (v3 cluster API, through a healthy member), then started with
+  /// --initial-cluster-state existing; returns once it answers /health true. Throws (with the
+  /// logs) when any step fails for `timeout`.
+  void replace_etcd_member(int i, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    const auto deadline = mn_detail::clock::now() + timeout;
+    auto& pid = etcd_pids_[static_cast<std::size_t>(i)];
+    if (pid != 0 && !process(pid).exited) {
+      ::kill(pid, SIGKILL);
+      ::kill(pid, SIGCONT);
+      wait(pid, std::chrono::seconds(10));
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(local_dir(i) + "/etcd", ec);
+    // Remove the old member (found by its peer URL), then add the new one: each retried while
+    // the cluster answers "leader changed", "unhealthy cluster" and the like.
+    retry_until(deadline, "remove m" + std::to_string(i + 1), [&] {
+      const auto id = member_id(i);
+      if (id.empty()) return true;  // already gone
+      etcd_call("/v3/cluster/member/remove", "{\"ID\":" + id + "}");
+      return false;
+    });
+    retry_until(deadline, "add m" + std::to_string(i + 1), [&] {
+      if (!member_id(i).empty()) return true;
+      etcd_call("/v3/cluster/member/add", "{\"peerURLs\":[\"" + peer_url(i) + "\"]}");
+      return false;
+    });
+    std::string initial;
+    for (int k = 0; k < 3; ++k) initial += (k ? "," : "") + member(k) + "=" + peer_url(k);
+    start_member(i, initial, "existing");
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - mn_detail::clock::now());
+    wait_etcd_healthy({i}, std::max(left, std::chrono::milliseconds(1000)));
+  }
+
+  /// What etcd last answered to a refused reconfiguration in replace_etcd_member ("" if none).
+  const std::string& last_reconfig_error() const { return last_reconfig_error_; }
+
   /// The member that leads, as that member itself says (among `candidates`); -1 when none does.
   int etcd_leader(const std::vector<int>& candidates = {0, 1, 2}) {
     namespace hd = holdfast::detail;
@@ -513,6 +556,60 @@ class multinode {
   static std::string member(int i) { return "m" + std::to_string(i + 1); }
   std::string peer_url(int i) const {
     return "http://" + address(i) + ":" + std::to_string(etcd_peer_port);
+  }
+
+  // POST `path` to the first live member that answers 200, returning its parsed answer;
+  // throws otherwise (the last problem in the message).
+  holdfast::detail::json_value etcd_call(const std::string& path, const std::string& body) {
+    namespace hd = holdfast::detail;
+    std::string why = "no live member";
+    for (int j = 0; j < 3; ++j) {
+      const pid_t pid = etcd_pids_[static_cast<std::size_t>(j)];
+      if (pid == 0 || process(pid).exited || process(pid).frozen) continue;
+      try {
+        auto r = hd::http_call(
+            hd::http_endpoint{address(j), etcd_client_port},
+            hd::http_request{"POST", path, {}, body},
+            hd::http_timeouts{std::chrono::milliseconds(300), std::chrono::milliseconds(2000)});
+        if (r.status == 200) return hd::parse_json(r.body, etcd_endpoint(j) + path);
+        why = etcd_endpoint(j) + path + ": status " + std::to_string(r.status) + ": " + r.body;
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    throw std::runtime_error("multinode: " + why);
+  }
+
+  // The JSON text of the ID of the cluster member whose peer URL is host `i`'s; "" when none.
+  std::string member_id(int i) {
+    namespace hd = holdfast::detail;
+    hd::json_value v = etcd_call("/v3/cluster/member/list", "{}");
+    const hd::json_value* members = v.find("members");
+    if (!members || !members->is_array()) return "";
+    for (const auto& m : members->as_array()) {
+      const hd::json_value* peers = m.find("peerURLs");
+      const hd::json_value* id = m.find("ID");
+      if (!peers || !id || !peers->is_array()) continue;
+      for (const auto& u : peers->as_array())
+        if (u.is_string() && u.as_string() == peer_url(i)) return hd::to_json(*id);
+    }
+    return "";
+  }
+
+  // Calls `step` until it returns true, retrying on exceptions until `deadline`; the last
+  // problem is kept in last_reconfig_error().
+  template <class Step>
+  void retry_until(mn_detail::clock::time_point deadline, const std::string& what, Step step) {
+    for (;;) {
+      try {
+        if (step()) return;
+      } catch (const std::exception& e) {
+        last_reconfig_error_ = e.what();
+      }
+      if (mn_detail::clock::now() >= deadline)
+        throw std::runtime_error("multinode: etcd " + what + " failed: " + last_reconfig_error_);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the cluster settles
+    }
   }
 
   void ip_or_throw_hub(std::vector<std::string> args) {
@@ -625,7 +722,7 @@ class multinode {
   }
 
   int nodes_, hosts_;
-  std::string prefix_, root_, token_;
+  std::string prefix_, root_, token_, last_reconfig_error_;
   std::vector<std::string> swept_, made_;
   std::vector<node_process> procs_;
   pid_t etcd_pids_[3] = {0, 0, 0};
