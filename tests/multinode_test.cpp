@@ -25,10 +25,11 @@
 
 #include "support/child.hpp"
 #include "support/etcd_client.hpp"
-#include "support/multinode.hpp"
+#include "support/multinode_case.hpp"
 
 using namespace std::chrono_literals;
 using holdfast_test::multinode;
+using holdfast_test::with_multinode;
 
 namespace {
 
@@ -74,21 +75,6 @@ std::string connect_problem(const std::string& addr, std::uint16_t port,
   }
   ::close(fd);
   return why;
-}
-
-/// Runs `body` on a harness of `nodes` nodes; where namespaces are unavailable, FAILs when
-/// CI=true and says it skipped elsewhere.
-template <class F>
-void with_multinode(int nodes, F&& body) {
-  std::optional<multinode> mn;
-  try {
-    mn.emplace(nodes);
-  } catch (const holdfast_test::multinode_unavailable& e) {
-    if (holdfast_test::multinode_required()) FAIL(e.what());
-    MESSAGE("skipped: " << e.what());
-    return;
-  }
-  body(*mn);
 }
 
 /// The inode of the calling thread's network namespace.
