@@ -9,9 +9,18 @@
 //
 //   preemptible_training [--workers N] [--steps S] [--preempt-at K] [--grace SECONDS]
 //                        [--kv=etcd://127.0.0.1:2379] [--kill] [--seed X] [--dir D]
+//                        [--save-every N] [--ack-timeout MS] [--step-timeout MS]
+//                        [--request-timeout MS]
 //
 // --kill SIGKILLs a worker without notice instead: the others report the dead worker by task id
-// within their deadline instead of hanging.
+// within their deadline instead of hanging. --save-every N also checkpoints every N steps (a
+// restart then agrees on the newest checkpoint every worker holds); --ack-timeout is the
+// handler's ack_timeout (default 10 s) and --step-timeout how long a step waits for its peers'
+// gradients (default 5 s), --request-timeout one etcd request's (default 5 s; a write in flight
+// when the etcd leader dies gets no answer until then, and is retried). A step waiting for
+// gradients also stops waiting once the handler has recorded that the agreement failed (a dead peer
+// named through the recorded outcome), so the next step boundary raises that outcome instead of the
+// step's own timeout.
 //
 // Built as preemptible_training_tls (HOLDFAST_DEMO_TLS, linked with OpenSSL), it also takes
 // etcds:// URLs (TLS and authentication, holdfast/kv/url.hpp) through the example transport
@@ -163,6 +172,9 @@ struct options {
   bool kill = false;
   std::uint64_t seed = 7;
   std::string dir;
+  std::int64_t save_every = 0;  // 0: only the preemption save
+  std::chrono::milliseconds ack_timeout{10000}, step_timeout{5000};
+  std::chrono::milliseconds request_timeout{5000};  // etcd: one request's limit
   // worker mode
   int task = -1;
   int incarnation = 0;
@@ -203,12 +215,22 @@ options parse(int argc, char** argv) {
       o.task = std::stoi(*v8);
     else if (auto v9 = value("--incarnation"))
       o.incarnation = std::stoi(*v9);
+    else if (auto v10 = value("--save-every"))
+      o.save_every = std::stoll(*v10);
+    else if (auto v11 = value("--ack-timeout"))
+      o.ack_timeout = std::chrono::milliseconds(std::stoll(*v11));
+    else if (auto v12 = value("--step-timeout"))
+      o.step_timeout = std::chrono::milliseconds(std::stoll(*v12));
+    else if (auto v13 = value("--request-timeout"))
+      o.request_timeout = std::chrono::milliseconds(std::stoll(*v13));
     else if (a == "--kill")
       o.kill = true;
     else
       usage(argv[0]);
   }
-  if (o.workers < 1 || o.workers > 64 || o.steps < 2) usage(argv[0]);
+  if (o.workers < 1 || o.workers > 64 || o.steps < 2 || o.save_every < 0 ||
+      o.ack_timeout.count() <= 0 || o.step_timeout.count() <= 0 || o.request_timeout.count() <= 0)
+    usage(argv[0]);
   if (o.kv != "filesystem") {
     try {
       holdfast::parse_kv_url(o.kv);
@@ -221,10 +243,30 @@ options parse(int argc, char** argv) {
 }
 
 std::vector<std::string> worker_args(const options& o, int task, int incarnation) {
-  return {"--worker",  std::to_string(task),      "--incarnation", std::to_string(incarnation),
-          "--workers", std::to_string(o.workers), "--steps",       std::to_string(o.steps),
-          "--grace",   std::to_string(o.grace_s), "--kv",          o.kv,
-          "--seed",    std::to_string(o.seed),    "--dir",         o.dir};
+  return {"--worker",
+          std::to_string(task),
+          "--incarnation",
+          std::to_string(incarnation),
+          "--workers",
+          std::to_string(o.workers),
+          "--steps",
+          std::to_string(o.steps),
+          "--grace",
+          std::to_string(o.grace_s),
+          "--kv",
+          o.kv,
+          "--seed",
+          std::to_string(o.seed),
+          "--dir",
+          o.dir,
+          "--save-every",
+          std::to_string(o.save_every),
+          "--ack-timeout",
+          std::to_string(o.ack_timeout.count()),
+          "--step-timeout",
+          std::to_string(o.step_timeout.count()),
+          "--request-timeout",
+          std::to_string(o.request_timeout.count())};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -269,7 +311,7 @@ int run_worker(const options& o, Kv kv) {
       holdfast::signal_notice<SIGTERM>(), holdfast::exit_with<42>(),
       std::chrono::seconds(o.grace_s)};
   holdfast::handler_options hopts;
-  hopts.ack_timeout = 10s;
+  hopts.ack_timeout = o.ack_timeout;
   // the fixed reserve before the grace deadline: 3 s by default, a quarter of a short grace
   hopts.grace_margin = std::min<std::chrono::milliseconds>(3s, std::chrono::seconds(o.grace_s) / 4);
   holdfast::preemption_handler<decltype(config), Kv> handler(
@@ -284,6 +326,7 @@ int run_worker(const options& o, Kv kv) {
   auto log = holdfast::open_file(o.dir + "/steps-" + std::to_string(t) + ".log",
                                  O_WRONLY | O_CREAT | O_APPEND, 0644);
 
+  bool abandoned = false;  // a step stopped waiting: the handler recorded a failed agreement
   auto step = [&] {
     const std::int64_t s = handler.total_run_calls();
     std::vector<sample> batch;
@@ -302,11 +345,34 @@ int run_worker(const options& o, Kv kv) {
     gradient g = compute_gradient(m, batch);
     // Synchronous data parallelism: publish this worker's gradient, wait for every peer's.
     const std::string prefix = "grad/" + std::to_string(s) + "/";
-    kv.put(prefix + std::to_string(t), encode(&g, sizeof g));
+    // A store call that fails transiently (a member lost, an election) is retried until the
+    // step's timeout: the put writes the same value again, the get just asks again.
+    const auto give_up = clock_type::now() + o.step_timeout;
+    auto retried = [&](auto call) {
+      for (;;) {
+        try {
+          return call();
+        } catch (const std::exception& e) {
+          if (!holdfast::is_transient_kv_error(e) || clock_type::now() >= give_up) throw;
+        }
+      }
+    };
+    retried([&] {
+      kv.put(prefix + std::to_string(t), encode(&g, sizeof g));
+      return 0;
+    });
     std::vector<gradient> grads(static_cast<std::size_t>(o.workers));
     std::vector<int> missing;
+    // Waits in slices, so a failed agreement (the handler's recorded outcome naming a dead
+    // peer) ends the wait: the step returns unapplied and the next run() raises that outcome.
     for (int p = 0; p < o.workers; ++p) {
-      auto v = kv.get(prefix + std::to_string(p), 5s);
+      std::optional<std::string> v;
+      while (!(v = retried([&] { return kv.get(prefix + std::to_string(p), 100ms); })) &&
+             clock_type::now() < give_up)
+        if (handler.state() == holdfast::agreement_state::failed) {
+          abandoned = true;  // not applied, not logged
+          return;
+        }
       if (v)
         grads[static_cast<std::size_t>(p)] = decode<gradient>(*v);
       else
@@ -324,6 +390,18 @@ int run_worker(const options& o, Kv kv) {
   try {
     while (handler.total_run_calls() < o.steps) {
       auto status = handler.run(step);
+      if (abandoned) {
+        // The recorded outcome is raised at the next step boundary (at once, or as soon as the
+        // watcher has flagged it); the abandoned step is never saved.
+        for (auto until = clock_type::now() + 5s; clock_type::now() < until;) {
+          handler.save_checkpoint_if_preempted();
+          std::this_thread::sleep_for(1ms);
+        }
+        throw std::runtime_error("a step stopped waiting, but no failed agreement was raised");
+      }
+      if (o.save_every > 0 && status == holdfast::run_status::ran &&
+          handler.total_run_calls() % o.save_every == 0)
+        handler.checkpointer().save(handler.total_run_calls());
       if (status == holdfast::run_status::saved)
         say("worker %d: saved at the agreed step; training on through the grace period", t);
     }
@@ -358,7 +436,10 @@ holdfast::any_kv open_kv(const options& o, int inc) {
       url.insert(query, prefix);
     }
   }
-  return holdfast::make_kv<demo_transport>(url, {"train", static_cast<std::uint64_t>(inc)});
+  holdfast::etcd_options etcd;
+  etcd.request_timeout = o.request_timeout;
+  return holdfast::make_kv<demo_transport>(url, {"train", static_cast<std::uint64_t>(inc)},
+                                           std::move(etcd));
 }
 
 int worker_main(const options& o) { return run_worker(o, open_kv(o, o.incarnation)); }

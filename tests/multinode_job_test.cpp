@@ -6,19 +6,28 @@
 //     saves once, at the one recorded step, and exits 42; the node is then lost (its etcd
 //     member included), a fresh node takes its place (the member removed and added back), and
 //     the restarted job restores that step on every worker and finishes bit-exact against an
-//     uninterrupted run of the same job on the same nodes, every step run once per worker.
+//     uninterrupted run of the same job on the same nodes, every step run once per worker;
+//   - kill a node outright (SIGKILL to its workers and its etcd member), then a notice to the
+//     survivors: they name the dead tasks through the recorded outcome (a timeout naming 2 and
+//     3) within ack_timeout, long before the example's own step timeout; nobody saves for that
+//     agreement; the restart on a fresh node resumes from the newest checkpoint every task holds
+//     (periodic saves every 5 steps) and finishes bit-exact.
 // A heavy suite (HOLDFAST_HEAVY_TESTS), run serially. The parent process starts no thread.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <holdfast/agreement.hpp>
+#include <holdfast/checkpoint.hpp>  // the workers' checkpoints, read_only
 #include <holdfast/kv/url.hpp>
+#include <holdfast/store.hpp>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -59,8 +68,11 @@ std::vector<std::int64_t> numbers_after(const std::string& text, const std::stri
 /// One run of the example's workers across the nodes: task t on node t / per_node.
 class node_job {
  public:
-  node_job(multinode& mn, std::string name)
-      : mn_(mn), name_(std::move(name)), dir_(mn.shared_dir() + "/" + name_) {}
+  node_job(multinode& mn, std::string name, std::vector<std::string> extra = {})
+      : mn_(mn),
+        name_(std::move(name)),
+        dir_(mn.shared_dir() + "/" + name_),
+        extra_(std::move(extra)) {}
 
   const std::string& dir() const { return dir_; }
   /// The store URL: every member, the key prefix of this job.
@@ -77,12 +89,26 @@ class node_job {
     pids_.clear();
     for (int t = 0; t < workers; ++t) {
       const int node = node_of(t);
-      pids_.push_back(mn_.spawn(
-          node, tag(incarnation, t),
-          {HOLDFAST_DEMO_BINARY, "--worker", std::to_string(t), "--incarnation",
-           std::to_string(incarnation), "--workers", std::to_string(workers), "--steps",
-           std::to_string(steps), "--grace", "0", "--kv", url(), "--seed", "7", "--dir", dir_},
-          {"TMPDIR=" + mn_.local_dir(node)}));  // the cache file: node-local
+      std::vector<std::string> argv = {HOLDFAST_DEMO_BINARY,
+                                       "--worker",
+                                       std::to_string(t),
+                                       "--incarnation",
+                                       std::to_string(incarnation),
+                                       "--workers",
+                                       std::to_string(workers),
+                                       "--steps",
+                                       std::to_string(steps),
+                                       "--grace",
+                                       "0",
+                                       "--kv",
+                                       url(),
+                                       "--seed",
+                                       "7",
+                                       "--dir",
+                                       dir_};
+      argv.insert(argv.end(), extra_.begin(), extra_.end());
+      pids_.push_back(mn_.spawn(node, tag(incarnation, t), argv,
+                                {"TMPDIR=" + mn_.local_dir(node)}));  // the cache: node-local
     }
   }
 
@@ -107,12 +133,15 @@ class node_job {
     }
   }
 
-  /// Waits for every worker of the last launch; the exit codes (-1: killed, -2: still running
-  /// at the deadline, then killed).
-  std::vector<int> wait_all(std::chrono::milliseconds timeout) {
+  /// Waits for the workers of the last launch running `tasks` (all when empty); their exit
+  /// codes (-1: killed by a signal, -2: still running at the deadline, then killed).
+  std::vector<int> wait_all(std::chrono::milliseconds timeout, std::vector<int> tasks = {}) {
     const auto until = std::chrono::steady_clock::now() + timeout;
+    if (tasks.empty())
+      for (int t = 0; t < workers; ++t) tasks.push_back(t);
     std::vector<int> codes;
-    for (pid_t pid : pids_) {
+    for (int t : tasks) {
+      const pid_t pid = pids_[static_cast<std::size_t>(t)];
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           until - std::chrono::steady_clock::now());
       auto st = mn_.wait(pid, std::max(left, 0ms));
@@ -127,6 +156,13 @@ class node_job {
     return codes;
   }
 
+  /// The steps of the complete checkpoints task `t` holds in the shared run directory.
+  std::vector<std::int64_t> checkpoints_of(int t) const {
+    holdfast::checkpoint_manager<> m(holdfast::read_only, holdfast::store::create(dir_ + "/store"),
+                                     "worker-" + std::to_string(t));
+    return m.all_steps();
+  }
+
   /// Every worker's log of `incarnation`, for failure messages.
   std::string logs(int incarnation) const {
     std::string out;
@@ -138,8 +174,32 @@ class node_job {
  private:
   multinode& mn_;
   std::string name_, dir_;
+  std::vector<std::string> extra_;
   std::vector<pid_t> pids_;
 };
+
+/// The final model of an uninterrupted run of the job on these nodes.
+std::string reference_model(multinode& mn) {
+  node_job ref(mn, "reference");
+  ref.launch(1);
+  const auto codes = ref.wait_all(60s);
+  INFO(ref.logs(1));
+  REQUIRE(codes == std::vector<int>(workers, 0));
+  const std::string model = slurp(ref.dir() + "/final-model.bin");
+  REQUIRE(!model.empty());
+  return model;
+}
+
+/// Every worker of `incarnation` restored `step` and the job ended on `expected`.
+void check_resumed(multinode& mn, const node_job& job, int incarnation, std::int64_t step,
+                   const std::string& expected) {
+  for (int t = 0; t < workers; ++t) {
+    const auto restored =
+        numbers_after(mn.log_of(job.tag(incarnation, t), 1 << 20), "restored checkpoint of step ");
+    CHECK_MESSAGE(restored == std::vector<std::int64_t>{step}, "worker " << t);
+  }
+  CHECK(slurp(job.dir() + "/final-model.bin") == expected);
+}
 
 }  // namespace
 
@@ -147,14 +207,7 @@ TEST_CASE("multinode job: preempt one node, every worker saves at one step, a fr
   with_multinode(nodes, [](multinode& mn) {
     mn.start_etcd();
 
-    // The uninterrupted run the preempted one must match bit for bit.
-    node_job ref(mn, "reference");
-    ref.launch(1);
-    const auto ref_codes = ref.wait_all(60s);
-    INFO(ref.logs(1));
-    REQUIRE(ref_codes == std::vector<int>(workers, 0));
-    const std::string expected = slurp(ref.dir() + "/final-model.bin");
-    REQUIRE(!expected.empty());
+    const std::string expected = reference_model(mn);  // what the preempted job must match
 
     // Incarnation 1: node 1's workers get SIGTERM once every worker has run a few steps.
     node_job job(mn, "job");
@@ -194,15 +247,84 @@ TEST_CASE("multinode job: preempt one node, every worker saves at one step, a fr
     const auto codes2 = job.wait_all(60s);
     INFO(job.logs(2));
     CHECK(codes2 == std::vector<int>(workers, 0));
+    check_resumed(mn, job, 2, step, expected);
     for (int t = 0; t < workers; ++t) {
-      const auto restored =
-          numbers_after(mn.log_of(job.tag(2, t), 1 << 20), "restored checkpoint of step ");
-      CHECK(restored == std::vector<std::int64_t>{step});
       std::map<std::int64_t, int> seen;
       for (auto s : job.steps_of(t)) ++seen[s];
       CHECK_MESSAGE(seen.size() == static_cast<std::size_t>(steps), "worker " << t);
       for (const auto& [s, n] : seen) CHECK_MESSAGE(n == 1, "worker " << t << " step " << s);
     }
-    CHECK(slurp(job.dir() + "/final-model.bin") == expected);
+  });
+}
+
+TEST_CASE("multinode job: kill a node outright, the survivors name the dead tasks in time") {
+  with_multinode(nodes, [](multinode& mn) {
+    mn.start_etcd();
+    const std::string expected = reference_model(mn);
+    // A checkpoint every 5 steps; a step waits up to 60 s for gradients, so only the recorded
+    // outcome (ack_timeout 2 s) can end the survivors' wait in time.
+    constexpr auto ack_timeout = 2000ms;
+    node_job job(mn, "job",
+                 {"--save-every", "5", "--ack-timeout", std::to_string(ack_timeout.count()),
+                  "--step-timeout", "60000", "--request-timeout", "1000"});
+    job.launch(1);
+    REQUIRE(job.wait_steps(12, 30s));
+    mn.kill(1);  // its workers and its etcd member, at once
+    const auto notice = std::chrono::steady_clock::now();
+    mn.signal(0, SIGTERM, "job-i1-");
+    const auto codes = job.wait_all(30s, {0, 1});
+    const double took =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - notice)
+            .count();
+    std::printf(
+        "multinode job: killed node 1: notice -> survivors exited: %.0f ms (ack_timeout "
+        "%lld ms)\n",
+        took, static_cast<long long>(ack_timeout.count()));
+    INFO(job.logs(1));
+    CHECK(codes == std::vector<int>{3, 3});  // agreement_timeout
+    // ack_timeout, plus an etcd request or two stalled by a lost leader, plus exit: far below
+    // the 60 s step timeout that would otherwise end the wait.
+    CHECK(took < static_cast<double>((ack_timeout + 2 * 1000ms + 2000ms).count()));
+    for (int t : {0, 1})
+      CHECK(mn.log_of(job.tag(1, t)).find("no answer from tasks 2,3") != std::string::npos);
+    auto kv = holdfast::make_kv(job.url(), {"train", 1});
+    const auto recorded = holdfast_test::recorded_step(kv, "train");
+    REQUIRE(recorded);
+    CHECK(recorded->what == holdfast::agreement_value::kind::timeout);
+    CHECK(recorded->tasks == std::vector<int>{2, 3});
+    // Nobody saved for the failed agreement, nobody saved a step twice: only periodic saves.
+    for (int t = 0; t < workers; ++t) {
+      const auto saves = numbers_after(mn.log_of(job.tag(1, t), 1 << 20), "checkpoint at step ");
+      std::set<std::int64_t> once(saves.begin(), saves.end());
+      CHECK_MESSAGE(once.size() == saves.size(), "worker " << t);
+      for (auto s : saves) CHECK_MESSAGE(s % 5 == 0, "worker " << t << " saved " << s);
+    }
+    // The newest checkpoint every task holds.
+    std::optional<std::set<std::int64_t>> common;
+    for (int t = 0; t < workers; ++t) {
+      const auto held = job.checkpoints_of(t);
+      std::set<std::int64_t> mine(held.begin(), held.end());
+      if (!common) {
+        common = mine;
+      } else {
+        std::set<std::int64_t> both;
+        std::set_intersection(common->begin(), common->end(), mine.begin(), mine.end(),
+                              std::inserter(both, both.end()));
+        common = both;
+      }
+    }
+    REQUIRE(!common->empty());
+    const std::int64_t newest = *common->rbegin();
+    std::printf("multinode job: killed node 1: newest checkpoint every task holds: %lld\n",
+                static_cast<long long>(newest));
+
+    // A fresh node in place of the dead one; the restart resumes from that checkpoint.
+    mn.wipe_local(1);
+    mn.replace_etcd_member(1);
+    job.launch(2);
+    const auto codes2 = job.wait_all(60s);
+    INFO(job.logs(2));
+    CHECK(codes2 == std::vector<int>(workers, 0));
+    check_resumed(mn, job, 2, newest, expected);
   });
 }
