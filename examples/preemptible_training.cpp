@@ -326,7 +326,8 @@ int run_worker(const options& o, Kv kv) {
   auto log = holdfast::open_file(o.dir + "/steps-" + std::to_string(t) + ".log",
                                  O_WRONLY | O_CREAT | O_APPEND, 0644);
 
-  bool abandoned = false;  // a step stopped waiting: the handler recorded a failed agreement
+  struct step_abandoned {};  // never leaves the step (run() would publish it as an error)
+  bool abandoned = false;    // a step stopped waiting: the handler recorded a failed agreement
   auto step = [&] {
     const std::int64_t s = handler.total_run_calls();
     std::vector<sample> batch;
@@ -347,7 +348,11 @@ int run_worker(const options& o, Kv kv) {
     const std::string prefix = "grad/" + std::to_string(s) + "/";
     // A store call that fails transiently (a member lost, an election) is retried until the
     // step's timeout: the put writes the same value again, the get just asks again.
+    // Waits in slices, so a failed agreement (the handler's recorded outcome naming a dead
+    // peer, or its store out of reach) ends the wait: the step returns unapplied and the next
+    // run() raises that outcome.
     const auto give_up = clock_type::now() + o.step_timeout;
+    auto failed = [&] { return handler.state() == holdfast::agreement_state::failed; };
     auto retried = [&](auto call) {
       for (;;) {
         try {
@@ -355,28 +360,29 @@ int run_worker(const options& o, Kv kv) {
         } catch (const std::exception& e) {
           if (!holdfast::is_transient_kv_error(e) || clock_type::now() >= give_up) throw;
         }
+        if (failed()) throw step_abandoned{};
       }
     };
-    retried([&] {
-      kv.put(prefix + std::to_string(t), encode(&g, sizeof g));
-      return 0;
-    });
     std::vector<gradient> grads(static_cast<std::size_t>(o.workers));
     std::vector<int> missing;
-    // Waits in slices, so a failed agreement (the handler's recorded outcome naming a dead
-    // peer) ends the wait: the step returns unapplied and the next run() raises that outcome.
-    for (int p = 0; p < o.workers; ++p) {
-      std::optional<std::string> v;
-      while (!(v = retried([&] { return kv.get(prefix + std::to_string(p), 100ms); })) &&
-             clock_type::now() < give_up)
-        if (handler.state() == holdfast::agreement_state::failed) {
-          abandoned = true;  // not applied, not logged
-          return;
-        }
-      if (v)
-        grads[static_cast<std::size_t>(p)] = decode<gradient>(*v);
-      else
-        missing.push_back(p);
+    try {
+      retried([&] {
+        kv.put(prefix + std::to_string(t), encode(&g, sizeof g));
+        return 0;
+      });
+      for (int p = 0; p < o.workers; ++p) {
+        std::optional<std::string> v;
+        while (!(v = retried([&] { return kv.get(prefix + std::to_string(p), 100ms); })) &&
+               clock_type::now() < give_up)
+          if (failed()) throw step_abandoned{};
+        if (v)
+          grads[static_cast<std::size_t>(p)] = decode<gradient>(*v);
+        else
+          missing.push_back(p);
+      }
+    } catch (const step_abandoned&) {
+      abandoned = true;  // not applied, not logged
+      return;
     }
     if (!missing.empty()) throw holdfast::agreement_timeout(prefix, missing);
     apply_update(m, grads);
@@ -411,6 +417,9 @@ int run_worker(const options& o, Kv kv) {
   } catch (const holdfast::peer_error& e) {
     say("worker %d: peer failed: %s", t, e.what());
     return 4;
+  } catch (const holdfast::agreement_unreachable& e) {
+    say("worker %d: could not reach the store to learn the agreement: %s", t, e.what());
+    return 5;
   }
   say("worker %d: finished %" PRId64 " steps (cache: %" PRId64 " fills, %" PRId64 " hits)", t,
       o.steps, fills, hits);

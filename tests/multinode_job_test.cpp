@@ -11,7 +11,11 @@
 //     survivors: they name the dead tasks through the recorded outcome (a timeout naming 2 and
 //     3) within ack_timeout, long before the example's own step timeout; nobody saves for that
 //     agreement; the restart on a fresh node resumes from the newest checkpoint every task holds
-//     (periodic saves every 5 steps) and finishes bit-exact.
+//     (periodic saves every 5 steps) and finishes bit-exact;
+//   - partition node 1 during an agreement (after its workers acked, before the outcome: a
+//     worker of node 0 is frozen meanwhile): whoever saves saves the recorded step, node 1's
+//     workers cannot read the outcome and raise agreement_unreachable (exit 5) having saved
+//     nothing, and nobody runs past the round's deadline plus ack_timeout.
 // A heavy suite (HOLDFAST_HEAVY_TESTS), run serially. The parent process starts no thread.
 #include <doctest/doctest.h>
 #include <signal.h>
@@ -134,27 +138,43 @@ class node_job {
   }
 
   /// Waits for the workers of the last launch running `tasks` (all when empty); their exit
-  /// codes (-1: killed by a signal, -2: still running at the deadline, then killed).
-  std::vector<int> wait_all(std::chrono::milliseconds timeout, std::vector<int> tasks = {}) {
-    const auto until = std::chrono::steady_clock::now() + timeout;
+  /// codes (-1: killed by a signal, -2: still running at the deadline, then killed). exited()
+  /// then says when each ended, in ms after `since`.
+  std::vector<int> wait_all(std::chrono::milliseconds timeout, std::vector<int> tasks = {},
+                            std::chrono::steady_clock::time_point since = {}) {
+    const auto start = std::chrono::steady_clock::now(), until = start + timeout;
+    if (since == std::chrono::steady_clock::time_point{}) since = start;
     if (tasks.empty())
       for (int t = 0; t < workers; ++t) tasks.push_back(t);
-    std::vector<int> codes;
-    for (int t : tasks) {
-      const pid_t pid = pids_[static_cast<std::size_t>(t)];
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          until - std::chrono::steady_clock::now());
-      auto st = mn_.wait(pid, std::max(left, 0ms));
-      if (!st) {
-        ::kill(pid, SIGKILL);
-        mn_.wait(pid, 10s);
-        codes.push_back(-2);
-      } else {
-        codes.push_back(WIFEXITED(*st) ? WEXITSTATUS(*st) : -1);
+    std::vector<int> codes(tasks.size(), -2);
+    exited_ms_.assign(tasks.size(), -1);
+    for (std::size_t left = tasks.size(); left > 0;) {
+      for (std::size_t k = 0; k < tasks.size(); ++k) {
+        if (exited_ms_[k] >= 0) continue;
+        auto st = mn_.wait(pids_[static_cast<std::size_t>(tasks[k])], 0ms);
+        if (!st) continue;
+        codes[k] = WIFEXITED(*st) ? WEXITSTATUS(*st) : -1;
+        exited_ms_[k] =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since)
+                .count();
+        --left;
       }
+      if (left == 0) break;
+      if (std::chrono::steady_clock::now() >= until) {
+        for (std::size_t k = 0; k < tasks.size(); ++k)
+          if (exited_ms_[k] < 0) {
+            const pid_t pid = pids_[static_cast<std::size_t>(tasks[k])];
+            ::kill(pid, SIGKILL);
+            mn_.wait(pid, 10s);
+          }
+        break;
+      }
+      std::this_thread::sleep_for(5ms);  // polls the workers' exits (one pass over all)
     }
     return codes;
   }
+  /// When each worker of the last wait_all exited (ms after its `since`; -1: it did not).
+  const std::vector<double>& exited() const { return exited_ms_; }
 
   /// The steps of the complete checkpoints task `t` holds in the shared run directory.
   std::vector<std::int64_t> checkpoints_of(int t) const {
@@ -176,6 +196,7 @@ class node_job {
   std::string name_, dir_;
   std::vector<std::string> extra_;
   std::vector<pid_t> pids_;
+  std::vector<double> exited_ms_;
 };
 
 /// The final model of an uninterrupted run of the job on these nodes.
@@ -326,5 +347,73 @@ TEST_CASE("multinode job: kill a node outright, the survivors name the dead task
     INFO(job.logs(2));
     CHECK(codes2 == std::vector<int>(workers, 0));
     check_resumed(mn, job, 2, newest, expected);
+  });
+}
+
+TEST_CASE("multinode job: partition a node during an agreement") {
+  with_multinode(nodes, [](multinode& mn) {
+    mn.start_etcd();
+    constexpr auto ack_timeout = 3000ms, request_timeout = 1000ms;
+    node_job job(mn, "job",
+                 {"--ack-timeout", std::to_string(ack_timeout.count()), "--step-timeout", "5000",
+                  "--request-timeout", std::to_string(request_timeout.count())});
+    job.launch(1);
+    REQUIRE(job.wait_steps(5, 30s));
+    // Task 1 (node 0) frozen, so the round cannot end before node 1 is cut off: a notice to
+    // task 0, node 1's acks, then the cut, then task 1 thawed.
+    auto kv = holdfast::make_kv(mn.etcd_url("/job"), {"train", 1});
+    mn.freeze(0, job.tag(1, 1));
+    const auto notice = std::chrono::steady_clock::now();
+    mn.signal(0, SIGTERM, job.tag(1, 0));
+    const auto until = notice + ack_timeout / 2;
+    auto acked = [&](int t) {
+      return kv.try_get(holdfast_test::handler_key("train", "ack/r0/" + std::to_string(t)))
+          .has_value();
+    };
+    while (!(acked(2) && acked(3)) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(5ms);  // polls the store for node 1's acks
+    REQUIRE_MESSAGE(acked(2), job.logs(1));
+    REQUIRE(acked(3));
+    mn.cut(1);
+    mn.thaw(0, job.tag(1, 1));
+    const auto codes = job.wait_all(30s, {}, notice);
+    INFO(job.logs(1));
+    // Nobody runs past the round's deadline (the claim + ack_timeout) plus ack_timeout, plus
+    // the store calls in flight then: on the cut node the watcher's last attempt to read or
+    // record the outcome and the step's last attempt to read a gradient each run to their end,
+    // and one attempt tries the 3 endpoints for up to 1 s each (connect or request timeout).
+    // Measured: node 1 exits 9-10 s after the notice, 3-4 s past deadline + ack_timeout.
+    const auto one_call = 3 * request_timeout;
+    const auto bound = 2 * ack_timeout + 2 * one_call + 1000ms;
+    const auto& took = job.exited();
+    std::printf(
+        "multinode job: partitioned node 1: exit codes %d %d %d %d after %.0f %.0f %.0f "
+        "%.0f ms (bound %lld ms)\n",
+        codes[0], codes[1], codes[2], codes[3], took[0], took[1], took[2], took[3],
+        static_cast<long long>(bound.count()));
+    for (double ms : took) CHECK(ms < static_cast<double>(bound.count()));
+    // The majority (node 0 and the store-only host) recorded one outcome.
+    auto majority = holdfast::make_kv(
+        "etcd://" + mn.address(0) + ":2379," + mn.address(2) + ":2379/job", {"train", 1});
+    const auto recorded = holdfast_test::recorded_step(majority, "train");
+    REQUIRE(recorded);
+    for (int t = 0; t < workers; ++t) {
+      const std::string log = mn.log_of(job.tag(1, t), 1 << 20);
+      const auto saves = numbers_after(log, "checkpoint at step ");
+      INFO("worker " << t << " exited " << codes[static_cast<std::size_t>(t)]);
+      if (codes[static_cast<std::size_t>(t)] == 42) {  // whoever saves, saves the recorded step
+        REQUIRE(recorded->what == holdfast::agreement_value::kind::step);
+        CHECK(saves == std::vector<std::int64_t>{recorded->step});
+      } else {
+        CHECK(saves.empty());
+      }
+      if (t >= 2) {  // cut off after acking: cannot read the outcome
+        CHECK(codes[static_cast<std::size_t>(t)] == 5);
+        CHECK(log.find("could not reach the store") != std::string::npos);
+      } else {  // saved, or named the missing tasks (the recorded timeout or the step's own)
+        CHECK(
+            (codes[static_cast<std::size_t>(t)] == 42 || codes[static_cast<std::size_t>(t)] == 3));
+      }
+    }
   });
 }
