@@ -15,7 +15,11 @@
 //   - partition node 1 during an agreement (after its workers acked, before the outcome: a
 //     worker of node 0 is frozen meanwhile): whoever saves saves the recorded step, node 1's
 //     workers cannot read the outcome and raise agreement_unreachable (exit 5) having saved
-//     nothing, and nobody runs past the round's deadline plus ack_timeout.
+//     nothing, and nobody runs past the round's deadline plus ack_timeout (plus the store calls
+//     in flight then);
+//   - freeze node 1 (SIGSTOP to its workers and its etcd member) across the ack deadline, then
+//     thaw it: node 0 names tasks 2 and 3 through the recorded outcome within ack_timeout, and
+//     node 1, thawed, follows that same recorded decision; nobody saves.
 // A heavy suite (HOLDFAST_HEAVY_TESTS), run serially. The parent process starts no thread.
 #include <doctest/doctest.h>
 #include <signal.h>
@@ -415,5 +419,53 @@ TEST_CASE("multinode job: partition a node during an agreement") {
             (codes[static_cast<std::size_t>(t)] == 42 || codes[static_cast<std::size_t>(t)] == 3));
       }
     }
+  });
+}
+
+TEST_CASE("multinode job: freeze a node across the ack deadline, then thaw it") {
+  with_multinode(nodes, [](multinode& mn) {
+    mn.start_etcd();
+    constexpr auto ack_timeout = 2000ms, request_timeout = 1000ms;
+    node_job job(mn, "job",
+                 {"--ack-timeout", std::to_string(ack_timeout.count()), "--step-timeout", "60000",
+                  "--request-timeout", std::to_string(request_timeout.count())});
+    job.launch(1);
+    REQUIRE(job.wait_steps(5, 30s));
+    mn.freeze(1);  // its workers and its etcd member
+    const auto notice = std::chrono::steady_clock::now();
+    mn.signal(0, SIGTERM, job.tag(1, 0));
+    // Node 0 names the frozen tasks through the recorded outcome (a 60 s step timeout could not).
+    const auto codes0 = job.wait_all(30s, {0, 1}, notice);
+    const auto took0 = job.exited();
+    INFO(job.logs(1));
+    CHECK(codes0 == std::vector<int>{3, 3});
+    const auto bound0 = ack_timeout + 2 * request_timeout + 2000ms;
+    for (double ms : took0) CHECK(ms < static_cast<double>(bound0.count()));
+    auto kv = holdfast::make_kv(mn.etcd_url("/job"), {"train", 1});
+    const std::string outcome_key = holdfast_test::handler_key("train", "ctl/r0/step");
+    const auto before = kv.try_get(outcome_key);
+    REQUIRE(before);
+    const auto recorded = holdfast::parse_agreement_value(*before);
+    REQUIRE(recorded);
+    CHECK(recorded->what == holdfast::agreement_value::kind::timeout);
+    CHECK(recorded->tasks == std::vector<int>{2, 3});
+    // Thawed, node 1 follows that decision: it raises the same timeout and saves nothing.
+    const auto thawed = std::chrono::steady_clock::now();
+    mn.thaw(1);
+    const auto codes1 = job.wait_all(30s, {2, 3}, thawed);
+    const auto took1 = job.exited();
+    std::printf(
+        "multinode job: frozen node 1: node 0 exited %.0f %.0f ms after the notice "
+        "(ack_timeout %lld ms), node 1 %.0f %.0f ms after the thaw\n",
+        took0[0], took0[1], static_cast<long long>(ack_timeout.count()), took1[0], took1[1]);
+    CHECK(codes1 == std::vector<int>{3, 3});
+    for (double ms : took1)
+      CHECK(ms < static_cast<double>((ack_timeout + 4 * request_timeout).count()));
+    for (int t = 0; t < workers; ++t) {
+      const std::string log = mn.log_of(job.tag(1, t), 1 << 20);
+      CHECK_MESSAGE(log.find("no answer from tasks 2,3") != std::string::npos, "worker " << t);
+      CHECK_MESSAGE(numbers_after(log, "checkpoint at step ").empty(), "worker " << t);
+    }
+    CHECK(kv.try_get(outcome_key) == before);  // one recorded decision
   });
 }
