@@ -359,7 +359,7 @@ TEST_CASE("multinode job: partition a node during an agreement") {
     mn.start_etcd();
     constexpr auto ack_timeout = 3000ms, request_timeout = 1000ms;
     node_job job(mn, "job",
-                 {"--ack-timeout", std::to_string(ack_timeout.count()), "--step-timeout", "5000",
+                 {"--ack-timeout", std::to_string(ack_timeout.count()), "--step-timeout", "8000",
                   "--request-timeout", std::to_string(request_timeout.count())});
     job.launch(1);
     REQUIRE(job.wait_steps(5, 30s));
@@ -414,9 +414,12 @@ TEST_CASE("multinode job: partition a node during an agreement") {
       if (t >= 2) {  // cut off after acking: cannot read the outcome
         CHECK(codes[static_cast<std::size_t>(t)] == 5);
         CHECK(log.find("could not reach the store") != std::string::npos);
-      } else {  // saved, or named the missing tasks (the recorded timeout or the step's own)
-        CHECK(
-            (codes[static_cast<std::size_t>(t)] == 42 || codes[static_cast<std::size_t>(t)] == 3));
+      } else {
+        // Saved; or named the missing tasks (the recorded timeout); or, unable to run to the
+        // recorded step without node 1's gradients, gave up at the step's own timeout (3) or
+        // on the peer's error that did (4).
+        const int c = codes[static_cast<std::size_t>(t)];
+        CHECK((c == 42 || c == 3 || c == 4));
       }
     }
   });
