@@ -358,9 +358,10 @@ int run_worker(const options& o, Kv kv) {
         try {
           return call();
         } catch (const std::exception& e) {
-          if (!holdfast::is_transient_kv_error(e) || clock_type::now() >= give_up) throw;
+          if (!holdfast::is_transient_kv_error(e)) throw;
+          if (failed()) throw step_abandoned{};  // before the step's own timeout
+          if (clock_type::now() >= give_up) throw;
         }
-        if (failed()) throw step_abandoned{};
       }
     };
     std::vector<gradient> grads(static_cast<std::size_t>(o.workers));
