@@ -277,7 +277,8 @@ TEST_CASE("multinode job: preempt one node, every worker saves at one step, a fr
       std::map<std::int64_t, int> seen;
       for (auto s : job.steps_of(t)) ++seen[s];
       CHECK_MESSAGE(seen.size() == static_cast<std::size_t>(steps), "worker " << t);
-      for (const auto& [s, n] : seen) CHECK_MESSAGE(n == 1, "worker " << t << " step " << s);
+      for (const auto& e : seen)
+        CHECK_MESSAGE(e.second == 1, "worker " << t << " step " << e.first);
     }
   });
 }

@@ -266,12 +266,14 @@ TEST_CASE("multinode: without namespaces the harness says why") {
   // No `ip` on the PATH: the constructor throws multinode_unavailable, naming the tool.
   holdfast_test::child c([] {
     ::setenv("PATH", "/nonexistent", 1);
+    bool constructed = false;
     try {
       multinode mn(2);
-      CHILD_REQUIRE(!"constructed");
+      constructed = true;
     } catch (const holdfast_test::multinode_unavailable& e) {
       CHILD_REQUIRE(std::string(e.what()).find("iproute2") != std::string::npos);
     }
+    CHILD_REQUIRE(!constructed);
   });
   auto r = c.wait(20s);
   INFO(r.failures);
