@@ -20,7 +20,8 @@
 //   - freeze node 1 (SIGSTOP to its workers and its etcd member) across the ack deadline, then
 //     thaw it: node 0 names tasks 2 and 3 through the recorded outcome within ack_timeout, and
 //     node 1, thawed, follows that same recorded decision; nobody saves.
-// A heavy suite (HOLDFAST_HEAVY_TESTS), run serially. The parent process starts no thread.
+// Built where HOLDFAST_MULTINODE_TESTS is on (the gcc-20-release preset) with the examples, run
+// serially. The parent process starts no thread.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/wait.h>

@@ -2,10 +2,11 @@
 // namespaces on a bridge reach each other's addresses and not the host's loopback services; a
 // 3-member etcd across 3 namespaces elects a leader and serves a put from one node and a get
 // from another; a node cut off the bridge is unreachable and back once reconnected (its etcd
-// member catches up); a lost node's member is removed and added back on a fresh node; the harness
-// leaves no namespace, link or process behind, sweeps the leftovers of a dead run, and says clearly
-// when namespaces cannot be made. A heavy suite (HOLDFAST_HEAVY_TESTS), run serially. The parent
-// process starts no thread.
+// member catches up); a lost node's member is removed and added back on a fresh node; the
+// harness leaves no namespace, link or process behind, sweeps the namespaces and directories of
+// a dead run, and says clearly when namespaces cannot be made. Built where
+// HOLDFAST_MULTINODE_TESTS is on (the gcc-20-release preset), run serially. The parent process
+// starts no thread.
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <netinet/in.h>
@@ -255,10 +256,17 @@ TEST_CASE("multinode: the namespaces of a dead run are swept at start") {
     MESSAGE("skipped: ip netns add: " << out);
     return;
   }
+  // and its scratch directory, with an etcd data directory in it
+  const std::string stale_dir =
+      holdfast_test::mn_detail::scratch_base() + "/hfn" + std::to_string(dead) + "-test";
+  std::filesystem::create_directories(stale_dir + "/node-0/etcd");
   with_multinode(2, [&](multinode& mn) {
     CHECK(std::find(mn.swept().begin(), mn.swept().end(), stale) != mn.swept().end());
     CHECK(!std::filesystem::exists("/run/netns/" + stale));
+    CHECK(!std::filesystem::exists(stale_dir));
   });
+  std::error_code ec;
+  std::filesystem::remove_all(stale_dir, ec);             // when the sweep failed
   holdfast_test::mn_detail::ip({"netns", "del", stale});  // when the sweep failed
 }
 

@@ -22,13 +22,14 @@
 //     that ends; the destructor SIGKILLs and reaps them, kills anything else still inside the
 //     namespaces, deletes the namespaces (their links go with them) and the directories.
 //   - The constructor first sweeps leftovers of runs that died: namespaces named hfn<pid>...
-//     whose pid is gone (their processes are killed first).
+//     whose pid is gone (their processes are killed first), and their directories
+//     (<scratch>/hfn<pid>-..., where etcd's data would otherwise pile up).
 //   - Where namespaces cannot be made (no `ip`, no CAP_SYS_ADMIN, a kernel that refuses), the
 //     constructor throws multinode_unavailable, naming the reason; tests turn that into a
-//     failure when CI=true (multinode_skip_or_fail).
+//     failure when CI=true, a skip elsewhere (with_multinode, multinode_case.hpp).
 // Caveats:
 //   - Only the process (and thread) that made the harness may drive it; forked children use
-//     node::enter() and nothing else.
+//     enter() and nothing else.
 //   - replace_etcd_member keeps etcd's default strict reconfiguration check: etcd refuses to
 //     remove or add a member ("unhealthy cluster") until the others have been connected for 5 s,
 //     so a replacement within 5 s of a start or of a member's loss waits for that.
@@ -173,14 +174,38 @@ inline pid_t owner_of(const std::string& name) {
   return pid > 0 ? static_cast<pid_t>(pid) : 0;
 }
 
-/// Deletes the namespaces of harnesses whose process is gone; returns their names.
+/// Where the run's directories go: /dev/shm when it has room (etcd fsyncs on every write),
+/// else $TMPDIR or /tmp.
+inline std::string scratch_base() {
+  struct statvfs st {};
+  if (::access("/dev/shm", W_OK) == 0 && ::statvfs("/dev/shm", &st) == 0 &&
+      static_cast<unsigned long long>(st.f_bavail) * st.f_frsize >= (1ull << 30))
+    return "/dev/shm";
+  const char* t = std::getenv("TMPDIR");
+  return t && *t ? t : "/tmp";
+}
+
+/// True when `name` is a harness's ("hfn<pid>...") and that process is gone.
+inline bool stale(const std::string& name) {
+  const pid_t owner = owner_of(name);
+  if (owner <= 0 || owner == ::getpid()) return false;
+  return ::kill(owner, 0) != 0 && errno == ESRCH;  // alive, or not ours to judge: kept
+}
+
+/// Deletes the namespaces and scratch directories of harnesses whose process is gone; returns
+/// their names.
 inline std::vector<std::string> sweep_stale() {
   std::vector<std::string> swept;
-  for (const auto& name : netns_names()) {
-    const pid_t owner = owner_of(name);
-    if (owner <= 0 || owner == ::getpid()) continue;
-    if (::kill(owner, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
-    destroy_netns(name);
+  for (const auto& name : netns_names())
+    if (stale(name)) {
+      destroy_netns(name);
+      swept.push_back(name);
+    }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(scratch_base(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find('-') == std::string::npos || !stale(name)) continue;
+    std::filesystem::remove_all(e.path(), ec);
     swept.push_back(name);
   }
   return swept;
@@ -209,17 +234,6 @@ inline std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout
   }
   if (r != pid) return std::nullopt;
   return status;
-}
-
-/// Where the run's directories go: /dev/shm when it has room (etcd fsyncs on every write),
-/// else $TMPDIR or /tmp.
-inline std::string scratch_base() {
-  struct statvfs st {};
-  if (::access("/dev/shm", W_OK) == 0 && ::statvfs("/dev/shm", &st) == 0 &&
-      static_cast<unsigned long long>(st.f_bavail) * st.f_frsize >= (1ull << 30))
-    return "/dev/shm";
-  const char* t = std::getenv("TMPDIR");
-  return t && *t ? t : "/tmp";
 }
 
 }  // namespace mn_detail
