@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <holdfast/kv/etcd.hpp>
 #include <mutex>
 #include <optional>
@@ -121,6 +122,76 @@ TEST_CASE("etcd_kv: a hung server (SIGSTOP) times out each call within its reque
   }
   server.thaw();
   CHECK(patient.try_get("k") == std::optional<std::string>("v"));  // and it recovers
+}
+
+TEST_CASE("etcd_kv: a kv_call_deadline ends a call by it, past silent and hung endpoints") {
+  // Three endpoints out of reach (two that never accept, one frozen member): without a bound one
+  // call takes a 1 s timeout on each, about 3 s; under a kv_call_deadline it fails by the
+  // deadline, as a timeout (transient, so a caller's retry loop goes on), naming the endpoints.
+  holdfast_test::etcd_server server;
+  holdfast_test::blackhole silent_a, silent_b;
+  etcd_kv patient(options_for({server.url()}, 2000ms, 10000ms), ns0);
+  patient.put("k", "v");
+  etcd_kv kv(options_for({silent_a.url(), silent_b.url(), server.url()}, 1000ms, 1000ms), ns0);
+  server.freeze();
+  struct resume {
+    holdfast_test::etcd_server& s;
+    ~resume() { s.thaw(); }
+  } resume_on_exit{server};
+  constexpr auto bound = 400ms;
+  const std::function<void()> calls[] = {[&] { (void)kv.try_get("k"); }, [&] { kv.put("k2", "v"); },
+                                         [&] { (void)kv.get("k3", 5s); },
+                                         [&] { (void)kv.list(""); }};
+  for (const auto& call : calls) {
+    const auto t0 = clk::now();
+    holdfast::error e = [&] {
+      const holdfast::kv_call_deadline scope(t0 + bound);
+      return error_from(call);
+    }();
+    const auto ms = ms_since(t0);
+    INFO(std::string(e.what()));
+    CHECK(e.errnum() == ETIMEDOUT);
+    CHECK(holdfast::is_transient_kv_error(e));
+    CHECK(ms < 400 * 1.5);  // not the 3 s of three timeouts
+  }
+  // Once it has passed, a call fails at once, before any endpoint is tried.
+  {
+    const holdfast::kv_call_deadline scope(clk::now() - 1ms);
+    const auto t0 = clk::now();
+    auto e = error_from([&] { (void)kv.try_get("k"); });
+    CHECK(contains(e.what(), "kv_call_deadline"));
+    CHECK(ms_since(t0) < 50);
+  }
+  server.thaw();
+  CHECK(patient.try_get("k") == std::optional<std::string>("v"));
+}
+
+TEST_CASE(
+    "kv_call_deadline: scopes nest, the earliest deadline applies, each restores the one before") {
+  using holdfast::kv_call_deadline;
+  CHECK_FALSE(kv_call_deadline::current().has_value());
+  CHECK(kv_call_deadline::cap(5000ms) == 5000ms);
+  const auto now = clk::now();
+  {
+    const kv_call_deadline outer(now + 10s);
+    CHECK(kv_call_deadline::current() == now + 10s);
+    {
+      const kv_call_deadline later(now + 60s);  // cannot extend the outer one
+      CHECK(kv_call_deadline::current() == now + 10s);
+      const kv_call_deadline earlier(now + 1s);
+      CHECK(kv_call_deadline::current() == now + 1s);
+      CHECK(kv_call_deadline::cap(5000ms) <= 1000ms);
+      CHECK(kv_call_deadline::cap(10ms) == 10ms);
+      CHECK_FALSE(kv_call_deadline::passed());
+    }
+    CHECK(kv_call_deadline::current() == now + 10s);
+    std::thread other([] { CHECK_FALSE(kv_call_deadline::current().has_value()); });  // per thread
+    other.join();
+    const kv_call_deadline past(now - 1ms);
+    CHECK(kv_call_deadline::passed());
+    CHECK(kv_call_deadline::cap(5000ms) == 0ms);
+  }
+  CHECK_FALSE(kv_call_deadline::current().has_value());
 }
 
 TEST_CASE("etcd_kv: garbage and error replies from a fake server are clear errors, never hangs") {

@@ -29,6 +29,8 @@
 //     strictly below `prefix + "/"` (so "acks" covers "acks/0" but neither "acks" itself nor
 //     "acks2/0"); an empty prefix covers the whole namespace. A trailing `/` is accepted.
 //     Results are sorted by key, bytewise (unsigned), like etcd.
+//   - A thread bounds its own store calls with a `kv_call_deadline` scope (kv/call_deadline.hpp):
+//     etcd_kv's calls end by it (failing with ETIMEDOUT), whatever their own timeouts.
 //   - `counting_kv<Kv>` counts the operations of any backend per kind, thread-safely (get_many
 //     included; watches are not store operations and are not counted).
 // Caveats:
@@ -52,6 +54,7 @@
 
 #include "detail/detect.hpp"  // detail::detect: the contract's traits
 #include "error.hpp"
+#include "kv/call_deadline.hpp"  // kv_call_deadline: a thread's bound on its store calls
 
 HOLDFAST_NAMESPACE_BEGIN
 

@@ -26,8 +26,10 @@
 //         of the reply (etcd may have applied it): only reads (etcd_request::read) are resent
 //         there, once, on a fresh connection.
 //     Connecting (with a TLS handshake) is bounded by `connect_timeout`, a request by
-//     `request_timeout`. The suspect marks are shared by every handle on the client and updated
-//     lock-free.
+//     `request_timeout`, both cut to the time left before the calling thread's
+//     kv_call_deadline (kv/call_deadline.hpp), after which no further endpoint is tried (the
+//     call fails with ETIMEDOUT, naming the endpoints tried). The suspect marks are shared by every
+//     handle on the client and updated lock-free.
 //   - Every failure throws holdfast::error naming the operation and the key, with the
 //     endpoint's own error inside: ECONNREFUSED/ETIMEDOUT/ECONNRESET/... when no endpoint answered
 //     in time (a connection closed before the reply is ECONNRESET), EAGAIN for etcd's
@@ -95,10 +97,11 @@
 #include "../../detail/http.hpp"  // http_pool, http_open_stream, parse_endpoint_url, transports
 #include "../../detail/json.hpp"
 #include "../../error.hpp"
-#include "../../io.hpp"  // open_file, read_all: the password file
-#include "../../kv.hpp"  // is_transient_kv_error
-#include "gateway.hpp"   // etcd_errno, etcd_int, etcd_unauthenticated, etcd_take_lines
-#include "options.hpp"   // etcd_options, etcd_stats
+#include "../../io.hpp"          // open_file, read_all: the password file
+#include "../../kv.hpp"          // is_transient_kv_error
+#include "../call_deadline.hpp"  // kv_call_deadline: the caller's bound on a call
+#include "gateway.hpp"           // etcd_errno, etcd_int, etcd_unauthenticated, etcd_take_lines
+#include "options.hpp"           // etcd_options, etcd_stats
 
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
@@ -194,7 +197,8 @@ class etcd_client {
           return go;
         };
         watch_opens_.fetch_add(1, std::memory_order_relaxed);
-        pool_.stream(ep, req, timeouts(), deadline, on_data);
+        const auto bound = kv_call_deadline::current();
+        pool_.stream(ep, req, timeouts(), bound && *bound < deadline ? *bound : deadline, on_data);
         if (go) emit(std::string::npos);
       });
     });
@@ -266,7 +270,7 @@ class etcd_client {
       authorized(ep, op, key, nullptr, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
         const std::string url = ep.url() + target;
-        const auto deadline = clock::now() + opts_.request_timeout;
+        const auto deadline = clock::now() + kv_call_deadline::cap(opts_.request_timeout);
         pending.clear();
         watch_opens_.fetch_add(1, std::memory_order_relaxed);
         auto s = pool_.open_stream(ep, req, timeouts());
@@ -350,8 +354,20 @@ class etcd_client {
     return kind == etcd_request::read ? http_resend::on_stale : http_resend::never;
   }
 
+  // The options' timeouts, cut to the time left before the caller's kv_call_deadline.
   http_timeouts timeouts() const {
-    return http_timeouts{opts_.connect_timeout, opts_.request_timeout};
+    return http_timeouts{kv_call_deadline::cap(opts_.connect_timeout),
+                         kv_call_deadline::cap(opts_.request_timeout)};
+  }
+
+  // Throws ETIMEDOUT (transient) once the caller's kv_call_deadline has passed: no endpoint is
+  // tried after it. `failures` are those of the endpoints tried before.
+  static void check_call_deadline(const std::string& op, const std::string& key,
+                                  const std::string& failures = {}) {
+    if (kv_call_deadline::passed())
+      throw error(ETIMEDOUT, op, key,
+                  "the caller's deadline (kv_call_deadline) passed" +
+                      (failures.empty() ? std::string() : " after: " + failures));
   }
 
   // Nothing was sent: connecting, or the TLS handshake, failed.
@@ -552,6 +568,7 @@ class etcd_client {
     std::string failures;
     int last_errno = 0;
     for (std::size_t k : try_order()) {
+      check_call_deadline(op, key, failures);
       try {
         fn(endpoints_[k]);
         mark_good(k);
@@ -571,6 +588,7 @@ class etcd_client {
   // error; the error is reported as a failure of `op` on `key`.
   template <class Fn>
   void at_endpoint(std::size_t k, const std::string& op, const std::string& key, Fn&& fn) const {
+    check_call_deadline(op, key);
     try {
       fn(endpoints_.at(k));
     } catch (const error& e) {

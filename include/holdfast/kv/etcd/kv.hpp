@@ -28,7 +28,8 @@
 //     name their writer tell the two apart.
 //   - get's own timeout bounds the wait for the key, not a request: against hung servers its
 //     range fails with ETIMEDOUT after request_timeout per endpoint, even when the get's timeout
-//     is shorter. While it waits, a get makes one range and one watch per request_timeout.
+//     is shorter (a kv_call_deadline, kv/call_deadline.hpp, bounds both). While it waits, a get
+//     makes one range and one watch per request_timeout.
 #pragma once
 
 #include <algorithm>
