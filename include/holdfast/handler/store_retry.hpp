@@ -6,8 +6,12 @@
 //   - retrying(fn, deadline) calls `fn` until it returns, retrying transient store errors
 //     (is_transient_kv_error: refused, reset, timed out, etcd "unavailable") with backoff (5 ms
 //     doubling to 200 ms) until `deadline`, the last attempt at the deadline; then, or for any
-//     other error, the error is thrown. A stop request (the flag, with the condition variable
-//     notified under the mutex) ends the retries and the pause between them at once.
+//     other error, the error is thrown. Each attempt runs under a kv_call_deadline
+//     (kv/call_deadline.hpp) of `deadline`, or of 100 ms from its start when less is left (the
+//     last attempt): a store call never outlasts the retries' deadline by more than that, over
+//     etcd whatever its request_timeout and however many endpoints are out of reach. A stop request
+//     (the flag, with the condition variable notified under the mutex) ends the retries and the
+//     pause between them at once.
 //   - insert_once(kv, key, value, deadline) stays exactly-once across retries, and never
 //     reports as lost a key this caller created: an attempt that failed may have been applied
 //     (a timed-out write), so a retry first reads the key; and an insert that answers `false`
@@ -30,7 +34,8 @@
 #include <optional>
 #include <string>
 
-#include "../kv.hpp"  // is_transient_kv_error
+#include "../kv.hpp"                // is_transient_kv_error
+#include "../kv/call_deadline.hpp"  // kv_call_deadline: an attempt ends by the deadline
 #include "../version.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -61,6 +66,12 @@ class store_retry {
     std::chrono::milliseconds backoff(5);
     for (;;) {
       try {
+        const auto steady_now = std::chrono::steady_clock::now();
+        const auto left = deadline - Clock::now();
+        const kv_call_deadline bound(
+            steady_now + std::max<std::chrono::steady_clock::duration>(
+                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(left),
+                             last_attempt));
         return fn();
       } catch (const std::exception& e) {
         if (!is_transient_kv_error(e) || stop_.load() || Clock::now() >= deadline) throw;
@@ -104,6 +115,9 @@ class store_retry {
   }
 
  private:
+  // The least an attempt is given (the last one, made at the deadline).
+  static constexpr std::chrono::milliseconds last_attempt{100};
+
   std::mutex& mutex_;
   std::condition_variable& wake_;
   const std::atomic<bool>& stop_;

@@ -21,7 +21,11 @@
 //     waited on: while the claimant waits for an ack, each look that finds nothing is followed
 //     by a look at the outcome key, and a value there ends the wait (wait_or_outcome).
 //   - Store calls are retried while they fail transiently, until the machine's retry deadline
-//     (store_retry.hpp); a call that fails for good is fed to the machine (on_store_failure).
+//     (store_retry.hpp), each attempt under a kv_call_deadline of that deadline (at least 100
+//     ms), so over etcd a worker cut off from every member still ends its agreement within the
+//     round's deadline plus one ack_timeout; a call that fails for good is fed to the machine
+//     (on_store_failure). Once the machine has failed the watcher makes no store call more: it
+//     waits for its stop, so a destruction is never held up by a reconnection.
 //     An insert that finds the key holding this worker's own value (a late commit) is fed to
 //     the machine as created, so a claimant never takes itself for a loser.
 //   - Stopping (request_watcher_stop, stop_watcher) wakes the watcher wherever it sleeps;
@@ -514,7 +518,14 @@ class agreement_watcher {
 
   // Blocks for one slice on the key that can start or end an agreement now (a claim, a final
   // claim, or the error key), and feeds what it saw to the machine.
+  // Once the machine has failed (sticky: nothing the store says changes it), it waits for the
+  // stop only, without a store call that a stop could not cut short (a reconnection to
+  // endpoints out of reach would hold up the handler's destruction).
   void wait_for_trigger(std::unique_lock<std::mutex>& lock) {
+    if (machine_.state() == agreement_state::failed) {
+      watch_cv_.wait(lock, [&] { return stop_.load(); });
+      return;
+    }
     const std::uint64_t round = machine_.round();
     const std::optional<agreement_key> trigger = machine_.watch_key();
     std::string key;
