@@ -482,6 +482,110 @@ TEST_CASE("threads: a worker stuck inside a step still acks (steps coupled by a 
   }
 }
 
+TEST_CASE(
+    "threads: a step waiting for a dead peer stops with step_abandoned: the recorded timeout") {
+  // Steps coupled by an exchange through the store (as a gradient all-reduce): task 2 stops
+  // after step 4 without a notice (its handler gone, it never acks), so tasks 0 and 1 block in
+  // step 5 waiting for its part. A notice to task 0 starts an agreement that records a timeout
+  // naming task 2 after ack_timeout; the blocked steps see agreement_failed() and throw
+  // step_abandoned, and run() raises that timeout at once, long before the steps' own 30 s.
+  job j(3);
+  std::vector<outcome> out(3);
+  std::vector<std::thread> th;
+  std::atomic<int> abandoned{0};
+  constexpr auto ack_timeout = 500ms;
+  for (int t = 0; t < 3; ++t)
+    th.emplace_back([&, t] {
+      auto& o = out[static_cast<std::size_t>(t)];
+      auto t0 = std::chrono::steady_clock::now();
+      try {
+        scenario sc;
+        sc.n = 3;
+        sc.ack_timeout = ack_timeout;
+        handler_t h(make_config(j, t, sc, &o), j.kv, {t, 3, "abandon"},
+                    holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+        while (h.total_run_calls() < (t == 2 ? 5 : 100000)) {
+          const std::int64_t k = h.total_run_calls();
+          t0 = std::chrono::steady_clock::now();
+          h.run([&] {
+            const std::string prefix = "grad/" + std::to_string(k);
+            j.kv.put(prefix + "/" + std::to_string(t), "g");
+            const auto give_up = std::chrono::steady_clock::now() + 30s;
+            while (j.kv.list(prefix).size() < 3) {
+              if (h.agreement_failed()) {
+                ++abandoned;
+                throw holdfast::step_abandoned{};
+              }
+              if (std::chrono::steady_clock::now() >= give_up)
+                throw std::runtime_error("the step waited out its own 30 s");
+              (void)j.kv.get(prefix + "/never", 5ms);  // waits a little for the peers
+            }
+            ++o.st.acc;
+          });
+          j.b.set(t, h.total_run_calls());
+        }
+        o.finished = true;
+      } catch (const holdfast::agreement_timeout& e) {
+        o.error = "timeout";
+        o.missing = e.missing_tasks();
+        o.error_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+      } catch (const std::exception& e) {
+        o.error = std::string("other ") + e.what();
+      }
+      j.b.set(t, std::numeric_limits<std::int64_t>::max());
+    });
+  th[2].join();  // task 2 ran its 5 steps and is gone
+  REQUIRE(out[2].finished);
+  REQUIRE(j.b.wait_all(5, 10s));  // tasks 0 and 1 are inside step 5, waiting for task 2
+  j.flags[0]->store(true);
+  th[0].join();
+  th[1].join();
+  for (int t : {0, 1}) {
+    auto& o = out[static_cast<std::size_t>(t)];
+    INFO("task " << t << ": " << o.error);
+    CHECK(o.error == "timeout");
+    CHECK(o.missing == std::vector<int>{2});
+    // within the claim's ack_timeout (+ the watch's slices), far below the steps' 30 s
+    CHECK(o.error_ms < static_cast<double>((ack_timeout * 3).count()));
+    CHECK(o.st.saves == 0);
+  }
+  CHECK(abandoned.load() == 2);
+}
+
+TEST_CASE("threads: step_abandoned with no failed agreement is published as an error") {
+  job j(2);
+  std::vector<outcome> out(2);
+  std::vector<std::thread> th;
+  for (int t = 0; t < 2; ++t)
+    th.emplace_back([&, t] {
+      auto& o = out[static_cast<std::size_t>(t)];
+      try {
+        handler_t h = task_handler(j, t, 2, "misuse", o);
+        while (h.total_run_calls() < 10000) {  // 1 ms steps: 10 s at most
+          h.run([&] {
+            if (t == 1 && h.total_run_calls() == 3) throw holdfast::step_abandoned{};
+            std::this_thread::sleep_for(1ms);
+          });
+          j.b.set(t, h.total_run_calls());
+        }
+      } catch (const holdfast::peer_error& e) {
+        o.error = "peer " + std::to_string(e.origin_task()) + " " + e.type_name();
+      } catch (const std::logic_error& e) {
+        o.error = std::string("logic ") + e.what();
+      } catch (const std::exception& e) {
+        o.error = std::string("other ") + e.what();
+      }
+      j.b.set(t, std::numeric_limits<std::int64_t>::max());
+    });
+  for (auto& x : th) x.join();
+  CHECK(out[1].error.find("logic holdfast: a step threw step_abandoned, but no agreement failed") ==
+        0);
+  CHECK(out[0].error.find("peer 1 ") == 0);
+  CHECK(out[0].error.find("step_abandoned") != std::string::npos);
+}
+
 TEST_CASE("threads: restart restores and resumes, the total work is exact") {
   job j(4);
   scenario sc;

@@ -130,4 +130,15 @@ class peer_error : public error {
   std::string message_;
 };
 
+/// Not a failure: what a step throws to stop waiting for its peers once the handler says the
+/// agreement failed (preemption_handler::agreement_failed()); run() catches it and raises that
+/// failure (agreement_timeout, agreement_unreachable or peer_error) instead. Thrown while no
+/// agreement failed, run() publishes it as this worker's error and throws std::logic_error.
+class step_abandoned : public std::exception {
+ public:
+  const char* what() const noexcept override {
+    return "holdfast::step_abandoned: the step stopped waiting for its peers";
+  }
+};
+
 HOLDFAST_NAMESPACE_END

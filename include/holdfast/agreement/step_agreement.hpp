@@ -150,6 +150,24 @@ enum class agreement_state : unsigned char {
   stopped,          ///< shut down; inert
 };
 
+/// Whether `s` is between a notice or a claim and the round's recorded outcome: the agreement is
+/// under way and ends (an outcome known, or a failure) within the round's deadline plus one
+/// ack_timeout. A training step that waits for its peers can wait that long rather than time out
+/// on its own first (examples/preemptible_training.cpp).
+constexpr bool agreement_under_way(agreement_state s) noexcept {
+  switch (s) {
+    case agreement_state::noticed:
+    case agreement_state::claimed:
+    case agreement_state::acked:
+    case agreement_state::final_noticed:
+    case agreement_state::final_claimed:
+    case agreement_state::final_acked:
+      return true;
+    default:
+      return false;
+  }
+}
+
 /// A verdict for one step.
 enum class agreement_action : unsigned char {
   proceed,             ///< run the step
@@ -626,19 +644,7 @@ class basic_step_agreement {
   using kind = agreement_value::kind;
 
   // Between a notice or a claim and the round's recorded outcome.
-  bool agreeing() const noexcept {
-    switch (state_) {
-      case agreement_state::noticed:
-      case agreement_state::claimed:
-      case agreement_state::acked:
-      case agreement_state::final_noticed:
-      case agreement_state::final_claimed:
-      case agreement_state::final_acked:
-        return true;
-      default:
-        return false;
-    }
-  }
+  bool agreeing() const noexcept { return agreement_under_way(state_); }
 
   // A phase (first save or final save) starts: no deadline, nothing being recorded.
   void new_phase() noexcept {

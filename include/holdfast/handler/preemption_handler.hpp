@@ -104,6 +104,10 @@
 //     holdfast::agreement_timeout naming the missing task ids within `ack_timeout`, never hang.
 //   - An exception from a step is published; every other worker throws holdfast::peer_error
 //     (origin task, type name, message) from its next run(); the origin re-throws its own.
+//   - A step blocked on its peers need not wait out its own timeout when the agreement failed
+//     (a peer named dead, the store out of reach): it polls agreement_failed() (a lock and a
+//     load) and throws holdfast::step_abandoned, which run() turns into the recorded failure,
+//     unpublished (the peers hold it already). The step is not counted.
 //   - Saving: the Config's save override when it has one (then the Checkpointer never saves),
 //     else Checkpointer::save(step); a Checkpointer with wait_until_finished() (async saves) is
 //     waited for before the preemption save (a periodic save in flight never races it) and
@@ -148,6 +152,7 @@
 #include <functional>  // std::invoke: the step
 #include <mutex>
 #include <optional>
+#include <stdexcept>  // logic_error: step_abandoned with nothing failed
 #include <string>
 #include <utility>
 #include <vector>
@@ -235,6 +240,18 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
     }
     try {
       std::invoke(std::forward<F>(step), std::forward<Args>(args)...);
+    } catch (const step_abandoned&) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (machine_.state() == agreement_state::failed) {
+          raise_attention_locked();  // the next run() raises it again
+          raise();
+        }
+      }
+      publish_error();
+      throw std::logic_error(
+          "holdfast: a step threw step_abandoned, but no agreement failed (see "
+          "preemption_handler::agreement_failed())");
     } catch (...) {
       publish_error();
       throw;
@@ -275,6 +292,11 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
     std::lock_guard<std::mutex> lock(mutex_);
     return machine_.state();
   }
+  /// True once this worker's agreement failed (a recorded timeout naming tasks, a peer's error,
+  /// the store out of reach): the next run() raises it. A step that waits for its peers (an
+  /// exchange through the store, a collective with a timeout) checks it while it waits and
+  /// throws holdfast::step_abandoned to stop: run() then raises the failure at once.
+  bool agreement_failed() const { return state() == agreement_state::failed; }
   /// A copy of the protocol (for inspection).
   agreement_type agreement() const {
     std::lock_guard<std::mutex> lock(mutex_);
