@@ -16,11 +16,12 @@
 // within their deadline instead of hanging. --save-every N also checkpoints every N steps (a
 // restart then agrees on the newest checkpoint every worker holds); --ack-timeout is the
 // handler's ack_timeout (default 10 s) and --step-timeout how long a step waits for its peers'
-// gradients (default 5 s), --request-timeout one etcd request's (default 5 s; a write in flight
-// when the etcd leader dies gets no answer until then, and is retried). A step waiting for
-// gradients also stops waiting once the handler has recorded that the agreement failed (a dead peer
-// named through the recorded outcome), so the next step boundary raises that outcome instead of the
-// step's own timeout.
+// gradients (default 5 s; while an agreement is under way, until it ends), --request-timeout one
+// etcd request's (default 5 s; a write in flight when the etcd leader dies gets no answer until
+// then, and is retried). A step waiting for gradients also stops waiting once the handler says the
+// agreement failed (a dead peer named through the recorded outcome, the store out of reach): it
+// throws holdfast::step_abandoned and run() raises that outcome, rather than the step's own
+// timeout.
 //
 // Built as preemptible_training_tls (HOLDFAST_DEMO_TLS, linked with OpenSSL), it also takes
 // etcds:// URLs (TLS and authentication, holdfast/kv/url.hpp) through the example transport
@@ -326,8 +327,6 @@ int run_worker(const options& o, Kv kv) {
   auto log = holdfast::open_file(o.dir + "/steps-" + std::to_string(t) + ".log",
                                  O_WRONLY | O_CREAT | O_APPEND, 0644);
 
-  struct step_abandoned {};  // never leaves the step (run() would publish it as an error)
-  bool abandoned = false;    // a step stopped waiting: the handler recorded a failed agreement
   auto step = [&] {
     const std::int64_t s = handler.total_run_calls();
     std::vector<sample> batch;
@@ -346,44 +345,43 @@ int run_worker(const options& o, Kv kv) {
     gradient g = compute_gradient(m, batch);
     // Synchronous data parallelism: publish this worker's gradient, wait for every peer's.
     const std::string prefix = "grad/" + std::to_string(s) + "/";
-    // A store call that fails transiently (a member lost, an election) is retried until the
-    // step's timeout: the put writes the same value again, the get just asks again.
-    // Waits in slices, so a failed agreement (the handler's recorded outcome naming a dead
-    // peer, or its store out of reach) ends the wait: the step returns unapplied and the next
-    // run() raises that outcome.
     const auto give_up = clock_type::now() + o.step_timeout;
-    auto failed = [&] { return handler.state() == holdfast::agreement_state::failed; };
-    auto retried = [&](auto call) {
+    // The step gives up at its timeout, but not while an agreement is under way: that one ends
+    // within its round's deadline plus ack_timeout with an outcome this step then follows.
+    auto timed_out = [&] {
+      return clock_type::now() >= give_up && !holdfast::agreement_under_way(handler.state());
+    };
+    // One store call, bounded to 250 ms (a kv_call_deadline: whatever the store's own timeouts
+    // and however many etcd members are out of reach), retried while it fails transiently (a
+    // member lost, an election). Before each, a failed agreement (the handler's recorded outcome
+    // naming a dead peer, or its store out of reach) ends the step: step_abandoned, which run()
+    // turns into that outcome.
+    auto call = [&](auto fn) {
       for (;;) {
+        if (handler.agreement_failed()) throw holdfast::step_abandoned{};
         try {
-          return call();
+          const holdfast::kv_call_deadline bound(clock_type::now() + 250ms);
+          return fn();
         } catch (const std::exception& e) {
-          if (!holdfast::is_transient_kv_error(e)) throw;
-          if (failed()) throw step_abandoned{};  // before the step's own timeout
-          if (clock_type::now() >= give_up) throw;
+          if (!holdfast::is_transient_kv_error(e) || timed_out()) throw;
         }
       }
     };
+    call([&] {  // a retry writes the same value again
+      kv.put(prefix + std::to_string(t), encode(&g, sizeof g));
+      return true;
+    });
     std::vector<gradient> grads(static_cast<std::size_t>(o.workers));
     std::vector<int> missing;
-    try {
-      retried([&] {
-        kv.put(prefix + std::to_string(t), encode(&g, sizeof g));
-        return 0;
-      });
-      for (int p = 0; p < o.workers; ++p) {
-        std::optional<std::string> v;
-        while (!(v = retried([&] { return kv.get(prefix + std::to_string(p), 100ms); })) &&
-               clock_type::now() < give_up)
-          if (failed()) throw step_abandoned{};
-        if (v)
-          grads[static_cast<std::size_t>(p)] = decode<gradient>(*v);
-        else
-          missing.push_back(p);
+    for (int p = 0; p < o.workers; ++p) {
+      std::optional<std::string> v;
+      while (!(v = call([&] { return kv.get(prefix + std::to_string(p), 100ms); })) &&
+             !timed_out()) {
       }
-    } catch (const step_abandoned&) {
-      abandoned = true;  // not applied, not logged
-      return;
+      if (v)
+        grads[static_cast<std::size_t>(p)] = decode<gradient>(*v);
+      else
+        missing.push_back(p);
     }
     if (!missing.empty()) throw holdfast::agreement_timeout(prefix, missing);
     apply_update(m, grads);
@@ -397,15 +395,6 @@ int run_worker(const options& o, Kv kv) {
   try {
     while (handler.total_run_calls() < o.steps) {
       auto status = handler.run(step);
-      if (abandoned) {
-        // The recorded outcome is raised at the next step boundary (at once, or as soon as the
-        // watcher has flagged it); the abandoned step is never saved.
-        for (auto until = clock_type::now() + 5s; clock_type::now() < until;) {
-          handler.save_checkpoint_if_preempted();
-          std::this_thread::sleep_for(1ms);
-        }
-        throw std::runtime_error("a step stopped waiting, but no failed agreement was raised");
-      }
       if (o.save_every > 0 && status == holdfast::run_status::ran &&
           handler.total_run_calls() % o.save_every == 0)
         handler.checkpointer().save(handler.total_run_calls());
