@@ -1,7 +1,7 @@
 // The C++ job (examples/preemptible_training, its worker mode) across nodes of the multi-node
-// harness (support/multinode.hpp): 2 nodes, 2 workers per node, coordinating over etcd://
-// with all three members (one per namespace; the third host is store-only), checkpoints in the
-// shared run directory, each worker's cache in its node's local directory.
+// harness (support/multinode.hpp): 2 nodes (3 in one case), 2 workers per node, coordinating over
+// etcd:// with all three members (one per host; with 2 nodes the third is store-only), checkpoints
+// in the shared run directory, each worker's cache in its node's local directory.
 //   - preempt one node (SIGTERM to its workers, as a cloud does): every worker on every node
 //     saves once, at the one recorded step, and exits 42; the node is then lost (its etcd
 //     member included), a fresh node takes its place (the member removed and added back), and
@@ -55,8 +55,7 @@ using holdfast_test::with_multinode;
 namespace {
 
 constexpr int per_node = 2;
-constexpr int nodes = 2;
-constexpr int workers = per_node * nodes;
+constexpr int nodes = 2;  // the cases' default; the preemption case also runs on 3
 constexpr int steps = 40;
 
 std::string slurp(const std::string& path) {
@@ -81,7 +80,11 @@ class node_job {
       : mn_(mn),
         name_(std::move(name)),
         dir_(mn.shared_dir() + "/" + name_),
-        extra_(std::move(extra)) {}
+        extra_(std::move(extra)),
+        workers_(per_node * mn.nodes()) {}
+
+  /// Workers in all: per_node on each node.
+  int workers() const { return workers_; }
 
   const std::string& dir() const { return dir_; }
   /// The store URL: every member, the key prefix of this job.
@@ -96,7 +99,7 @@ class node_job {
   /// Starts every worker of `incarnation`.
   void launch(int incarnation) {
     pids_.clear();
-    for (int t = 0; t < workers; ++t) {
+    for (int t = 0; t < workers_; ++t) {
       const int node = node_of(t);
       std::vector<std::string> argv = {HOLDFAST_DEMO_BINARY,
                                        "--worker",
@@ -104,7 +107,7 @@ class node_job {
                                        "--incarnation",
                                        std::to_string(incarnation),
                                        "--workers",
-                                       std::to_string(workers),
+                                       std::to_string(workers_),
                                        "--steps",
                                        std::to_string(steps),
                                        "--grace",
@@ -135,14 +138,14 @@ class node_job {
     const auto until = std::chrono::steady_clock::now() + timeout;
     for (;;) {
       bool all = true;
-      for (int t = 0; t < workers; ++t) all = all && steps_of(t).size() >= n;
+      for (int t = 0; t < workers_; ++t) all = all && steps_of(t).size() >= n;
       if (all) return true;
       if (std::chrono::steady_clock::now() >= until) return false;
       std::this_thread::sleep_for(10ms);  // polls the workers' step logs
     }
   }
 
-  /// Waits for the workers of the last launch running `tasks` (all when empty); their exit
+  /// Waits for the workers_ of the last launch running `tasks` (all when empty); their exit
   /// codes (-1: killed by a signal, -2: still running at the deadline, then killed). exited()
   /// then says when each ended, in ms after `since`.
   std::vector<int> wait_all(std::chrono::milliseconds timeout, std::vector<int> tasks = {},
@@ -150,7 +153,7 @@ class node_job {
     const auto start = std::chrono::steady_clock::now(), until = start + timeout;
     if (since == std::chrono::steady_clock::time_point{}) since = start;
     if (tasks.empty())
-      for (int t = 0; t < workers; ++t) tasks.push_back(t);
+      for (int t = 0; t < workers_; ++t) tasks.push_back(t);
     std::vector<int> codes(tasks.size(), -2);
     exited_ms_.assign(tasks.size(), -1);
     for (std::size_t left = tasks.size(); left > 0;) {
@@ -191,7 +194,7 @@ class node_job {
   /// Every worker's log of `incarnation`, for failure messages.
   std::string logs(int incarnation) const {
     std::string out;
-    for (int t = 0; t < workers; ++t)
+    for (int t = 0; t < workers_; ++t)
       out += "--- " + tag(incarnation, t) + "\n" + mn_.log_of(tag(incarnation, t), 1500);
     return out;
   }
@@ -200,6 +203,7 @@ class node_job {
   multinode& mn_;
   std::string name_, dir_;
   std::vector<std::string> extra_;
+  int workers_;
   std::vector<pid_t> pids_;
   std::vector<double> exited_ms_;
 };
@@ -210,7 +214,7 @@ std::string reference_model(multinode& mn) {
   ref.launch(1);
   const auto codes = ref.wait_all(60s);
   INFO(ref.logs(1));
-  REQUIRE(codes == std::vector<int>(workers, 0));
+  REQUIRE(codes == std::vector<int>(static_cast<std::size_t>(ref.workers()), 0));
   const std::string model = slurp(ref.dir() + "/final-model.bin");
   REQUIRE(!model.empty());
   return model;
@@ -219,7 +223,7 @@ std::string reference_model(multinode& mn) {
 /// Every worker of `incarnation` restored `step` and the job ended on `expected`.
 void check_resumed(multinode& mn, const node_job& job, int incarnation, std::int64_t step,
                    const std::string& expected) {
-  for (int t = 0; t < workers; ++t) {
+  for (int t = 0; t < job.workers(); ++t) {
     const auto restored =
         numbers_after(mn.log_of(job.tag(incarnation, t), 1 << 20), "restored checkpoint of step ");
     CHECK_MESSAGE(restored == std::vector<std::int64_t>{step}, "worker " << t);
@@ -227,61 +231,70 @@ void check_resumed(multinode& mn, const node_job& job, int incarnation, std::int
   CHECK(slurp(job.dir() + "/final-model.bin") == expected);
 }
 
+/// Preempts node `lost` (SIGTERM to its workers): every worker saves at the recorded step and
+/// exits 42; then a fresh node replaces it (its etcd member removed and added back), every worker
+/// restores that step and the job finishes bit-exact, each step run once per worker.
+void preempt_and_replace(multinode& mn, int lost) {
+  mn.start_etcd();
+  const std::string expected = reference_model(mn);  // what the preempted job must match
+
+  // Incarnation 1: node `lost`'s workers get SIGTERM once every worker has run a few steps.
+  node_job job(mn, "job");
+  job.launch(1);
+  REQUIRE(job.wait_steps(8, 30s));
+  const auto notice = std::chrono::steady_clock::now();
+  mn.signal(lost, SIGTERM, "job-i1-");
+  const auto codes = job.wait_all(40s);  // ack_timeout (10 s) and more
+  const double took =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - notice).count();
+  std::printf(
+      "multinode job: %d nodes, preempted node %d: notice -> every worker exited: %.0f ms\n",
+      mn.nodes(), lost, took);
+  INFO(job.logs(1));
+  CHECK(codes == std::vector<int>(static_cast<std::size_t>(job.workers()), 42));
+  // One save per worker, all at the recorded step.
+  std::set<std::int64_t> saved;
+  for (int t = 0; t < job.workers(); ++t) {
+    const auto saves = numbers_after(mn.log_of(job.tag(1, t), 1 << 20), "checkpoint at step ");
+    CHECK_MESSAGE(saves.size() == 1, "worker " << t << " saved " << saves.size() << " times");
+    saved.insert(saves.begin(), saves.end());
+  }
+  REQUIRE(saved.size() == 1);
+  const std::int64_t step = *saved.begin();
+  auto kv = holdfast::make_kv(job.url(), {"train", 1});
+  const auto recorded = holdfast_test::recorded_step(kv, "train");
+  REQUIRE(recorded);
+  CHECK(recorded->what == holdfast::agreement_value::kind::step);
+  CHECK(recorded->step == step);
+
+  // The node is lost (its etcd member with it); a fresh node takes its place.
+  mn.kill(lost);
+  mn.wipe_local(lost);
+  mn.replace_etcd_member(lost);
+
+  // Incarnation 2: every worker restores that step and the job finishes bit-exact.
+  job.launch(2);
+  const auto codes2 = job.wait_all(60s);
+  INFO(job.logs(2));
+  CHECK(codes2 == std::vector<int>(static_cast<std::size_t>(job.workers()), 0));
+  check_resumed(mn, job, 2, step, expected);
+  for (int t = 0; t < job.workers(); ++t) {
+    std::map<std::int64_t, int> seen;
+    for (auto s : job.steps_of(t)) ++seen[s];
+    CHECK_MESSAGE(seen.size() == static_cast<std::size_t>(steps), "worker " << t);
+    for (const auto& e : seen) CHECK_MESSAGE(e.second == 1, "worker " << t << " step " << e.first);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("multinode job: preempt one node, every worker saves at one step, a fresh node resumes") {
-  with_multinode(nodes, [](multinode& mn) {
-    mn.start_etcd();
+  with_multinode(nodes, [](multinode& mn) { preempt_and_replace(mn, 1); });
+}
 
-    const std::string expected = reference_model(mn);  // what the preempted job must match
-
-    // Incarnation 1: node 1's workers get SIGTERM once every worker has run a few steps.
-    node_job job(mn, "job");
-    job.launch(1);
-    REQUIRE(job.wait_steps(8, 30s));
-    const auto notice = std::chrono::steady_clock::now();
-    mn.signal(1, SIGTERM, "job-i1-");
-    const auto codes = job.wait_all(40s);  // ack_timeout (10 s) and more
-    const double took =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - notice)
-            .count();
-    std::printf("multinode job: preempted node 1: notice -> every worker exited: %.0f ms\n", took);
-    INFO(job.logs(1));
-    CHECK(codes == std::vector<int>(workers, 42));
-    // One save per worker, all at the recorded step.
-    std::set<std::int64_t> saved;
-    for (int t = 0; t < workers; ++t) {
-      const auto saves = numbers_after(mn.log_of(job.tag(1, t), 1 << 20), "checkpoint at step ");
-      CHECK_MESSAGE(saves.size() == 1, "worker " << t << " saved " << saves.size() << " times");
-      saved.insert(saves.begin(), saves.end());
-    }
-    REQUIRE(saved.size() == 1);
-    const std::int64_t step = *saved.begin();
-    auto kv = holdfast::make_kv(job.url(), {"train", 1});
-    const auto recorded = holdfast_test::recorded_step(kv, "train");
-    REQUIRE(recorded);
-    CHECK(recorded->what == holdfast::agreement_value::kind::step);
-    CHECK(recorded->step == step);
-
-    // The node is lost (its etcd member with it); a fresh node takes its place.
-    mn.kill(1);
-    mn.wipe_local(1);
-    mn.replace_etcd_member(1);
-
-    // Incarnation 2: every worker restores that step and the job finishes bit-exact.
-    job.launch(2);
-    const auto codes2 = job.wait_all(60s);
-    INFO(job.logs(2));
-    CHECK(codes2 == std::vector<int>(workers, 0));
-    check_resumed(mn, job, 2, step, expected);
-    for (int t = 0; t < workers; ++t) {
-      std::map<std::int64_t, int> seen;
-      for (auto s : job.steps_of(t)) ++seen[s];
-      CHECK_MESSAGE(seen.size() == static_cast<std::size_t>(steps), "worker " << t);
-      for (const auto& e : seen)
-        CHECK_MESSAGE(e.second == 1, "worker " << t << " step " << e.first);
-    }
-  });
+TEST_CASE(
+    "multinode job: 3 nodes, preempt one, every worker saves at one step, a fresh one resumes") {
+  with_multinode(3, [](multinode& mn) { preempt_and_replace(mn, 2); });
 }
 
 TEST_CASE("multinode job: kill a node outright, the survivors name the dead tasks in time") {
@@ -320,7 +333,7 @@ TEST_CASE("multinode job: kill a node outright, the survivors name the dead task
     CHECK(recorded->what == holdfast::agreement_value::kind::timeout);
     CHECK(recorded->tasks == std::vector<int>{2, 3});
     // Nobody saved for the failed agreement, nobody saved a step twice: only periodic saves.
-    for (int t = 0; t < workers; ++t) {
+    for (int t = 0; t < job.workers(); ++t) {
       const auto saves = numbers_after(mn.log_of(job.tag(1, t), 1 << 20), "checkpoint at step ");
       std::set<std::int64_t> once(saves.begin(), saves.end());
       CHECK_MESSAGE(once.size() == saves.size(), "worker " << t);
@@ -328,7 +341,7 @@ TEST_CASE("multinode job: kill a node outright, the survivors name the dead task
     }
     // The newest checkpoint every task holds.
     std::optional<std::set<std::int64_t>> common;
-    for (int t = 0; t < workers; ++t) {
+    for (int t = 0; t < job.workers(); ++t) {
       const auto held = job.checkpoints_of(t);
       std::set<std::int64_t> mine(held.begin(), held.end());
       if (!common) {
@@ -351,7 +364,7 @@ TEST_CASE("multinode job: kill a node outright, the survivors name the dead task
     job.launch(2);
     const auto codes2 = job.wait_all(60s);
     INFO(job.logs(2));
-    CHECK(codes2 == std::vector<int>(workers, 0));
+    CHECK(codes2 == std::vector<int>(static_cast<std::size_t>(job.workers()), 0));
     check_resumed(mn, job, 2, newest, expected);
   });
 }
@@ -405,7 +418,7 @@ TEST_CASE("multinode job: partition a node during an agreement") {
         "etcd://" + mn.address(0) + ":2379," + mn.address(2) + ":2379/job", {"train", 1});
     const auto recorded = holdfast_test::recorded_step(majority, "train");
     REQUIRE(recorded);
-    for (int t = 0; t < workers; ++t) {
+    for (int t = 0; t < job.workers(); ++t) {
       const std::string log = mn.log_of(job.tag(1, t), 1 << 20);
       const auto saves = numbers_after(log, "checkpoint at step ");
       INFO("worker " << t << " exited " << codes[static_cast<std::size_t>(t)]);
@@ -468,7 +481,7 @@ TEST_CASE("multinode job: freeze a node across the ack deadline, then thaw it") 
     CHECK(codes1 == std::vector<int>{3, 3});
     for (double ms : took1)
       CHECK(ms < static_cast<double>((ack_timeout + 4 * request_timeout).count()));
-    for (int t = 0; t < workers; ++t) {
+    for (int t = 0; t < job.workers(); ++t) {
       const std::string log = mn.log_of(job.tag(1, t), 1 << 20);
       CHECK_MESSAGE(log.find("no answer from tasks 2,3") != std::string::npos, "worker " << t);
       CHECK_MESSAGE(numbers_after(log, "checkpoint at step ").empty(), "worker " << t);
