@@ -1798,9 +1798,15 @@ TEST_CASE("a store failure before the deadline goes on to record the outcome —
   CHECK(a.state() == agreement_state::acked);                  // recording: nothing decided yet
   CHECK(a.retry_deadline() == t0 + milliseconds(2000));        // one more ack_timeout to record
   CHECK(a.decide(4, t0).action == agreement_action::proceed);  // never acked: never waits
+  // Its claim may not exist: it is inserted first (an outcome without its claim would go unseen
+  // by the workers that watch the claim key), then the acks are listed.
   auto in = a.protocol_next(4, t0 + milliseconds(1000));
-  CHECK(in.kind == op::list);
-  SUBCASE("the store is back: the timeout naming the missing tasks is recorded") {
+  CHECK(in.kind == op::insert);
+  CHECK(key_of(in) == "run/ctl/r0/claim");
+  SUBCASE("the store is back: the claim, then the timeout naming the missing tasks") {
+    a.on_insert(true);
+    in = a.protocol_next(4, t0 + milliseconds(1000));
+    CHECK(in.kind == op::list);
     a.on_list({{"run/ack/r0/0", "3"}});
     in = a.protocol_next(4, t0 + milliseconds(1000));
     CHECK(in.value == "timeout 1,2 by 1/0");
@@ -1808,11 +1814,16 @@ TEST_CASE("a store failure before the deadline goes on to record the outcome —
     CHECK(a.failure().kind == agreement_failure::timeout);
     CHECK(a.failure().missing_tasks == std::vector<int>{1, 2});
   }
+  SUBCASE("another claim exists: the acks, then the outcome, as a follower's recording") {
+    a.on_insert(false);
+    in = a.protocol_next(4, t0 + milliseconds(1000));
+    CHECK(in.kind == op::list);
+  }
   SUBCASE("recording fails too: unreachable, never a save") {
-    a.on_store_failure("kv list: Connection timed out");
+    a.on_store_failure("kv insert: Connection timed out");
     CHECK(a.state() == agreement_state::failed);
     CHECK(a.failure().kind == agreement_failure::unreachable);
-    CHECK(a.failure().message == "kv list: Connection timed out");
+    CHECK(a.failure().message == "kv insert: Connection timed out");
     CHECK(a.failure().key == agreement_key::step);
     CHECK(a.decide(4, t0).action == agreement_action::fail);
   }

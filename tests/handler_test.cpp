@@ -933,6 +933,85 @@ TEST_CASE("threads: a store unreachable past the deadline gives agreement_unreac
   CHECK(w.o.st.saves == 0);
 }
 
+// A store whose inserts of a claim key fail with ETIMEDOUT (transient) until a time: the
+// noticed worker's claim that cannot be written (an etcd leader lost with its node) for longer
+// than the round's deadline.
+struct claim_blocked_kv {
+  holdfast::in_process_kv inner;
+  std::shared_ptr<std::atomic<std::chrono::steady_clock::rep>> until =
+      std::make_shared<std::atomic<std::chrono::steady_clock::rep>>(0);
+  bool insert(const std::string& k, std::string_view v) {
+    if (k.size() > 6 && k.compare(k.size() - 6, 6, "/claim") == 0 &&
+        std::chrono::steady_clock::now().time_since_epoch().count() < until->load())
+      throw holdfast::error(ETIMEDOUT, "kv insert", k);
+    return inner.insert(k, v);
+  }
+  void put(const std::string& k, std::string_view v) { inner.put(k, v); }
+  std::optional<std::string> try_get(const std::string& k) { return inner.try_get(k); }
+  std::optional<std::string> get(const std::string& k, std::chrono::milliseconds t) {
+    return inner.get(k, t);
+  }
+  holdfast::kv_pairs list(const std::string& p) { return inner.list(p); }
+  bool erase(const std::string& k) { return inner.erase(k); }
+  std::size_t erase_prefix(const std::string& p) { return inner.erase_prefix(p); }
+};
+
+TEST_CASE(
+    "threads: a claim that cannot be written until the deadline: every worker follows one "
+    "outcome") {
+  // Task 0 is noticed, but its claim insert fails until 1.5 x ack_timeout, past the round's
+  // deadline: it goes on to record the outcome (a timeout). That outcome must not be recorded
+  // without its claim: the idle tasks watch the claim key, and would train on, never learning
+  // that task 0 raised a timeout naming them. So every task ends with the same recorded timeout.
+  constexpr auto ack_timeout = 500ms;
+  job j(3);
+  claim_blocked_kv store{holdfast::in_process_kv(holdfast::kv_namespace("blocked", "0"))};
+  using blocked_handler_t = holdfast::preemption_handler<config_t, claim_blocked_kv>;
+  std::vector<outcome> out(3);
+  std::vector<std::thread> th;
+  for (int t = 0; t < 3; ++t)
+    th.emplace_back([&, t] {
+      auto& o = out[static_cast<std::size_t>(t)];
+      try {
+        scenario sc;
+        sc.n = 3;
+        sc.ack_timeout = ack_timeout;
+        claim_blocked_kv kv = store;
+        if (t != 0) kv.until = std::make_shared<std::atomic<std::chrono::steady_clock::rep>>(0);
+        blocked_handler_t h(make_config(j, t, sc, &o), kv, {t, 3, "blocked"},
+                            holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
+        while (h.total_run_calls() < 50000) {  // 200 us steps: 10 s at most
+          h.run([&] { busy(200); });
+          j.b.set(t, h.total_run_calls());
+        }
+        o.finished = true;
+      } catch (const holdfast::agreement_timeout& e) {
+        o.error = "timeout";
+        o.missing = e.missing_tasks();
+      } catch (const std::exception& e) {
+        o.error = std::string("other ") + e.what();
+      }
+      j.b.set(t, std::numeric_limits<std::int64_t>::max());
+    });
+  REQUIRE(j.b.wait_all(20, 10s));
+  store.until->store(
+      (std::chrono::steady_clock::now() + ack_timeout * 3 / 2).time_since_epoch().count());
+  j.flags[0]->store(true);
+  for (auto& x : th) x.join();
+  for (int t = 0; t < 3; ++t) {
+    const auto& o = out[static_cast<std::size_t>(t)];
+    INFO("task " << t << ": " << o.error);
+    CHECK(o.error == "timeout");
+    CHECK_FALSE(o.finished);
+    CHECK(o.missing == out[0].missing);  // one recorded decision
+    CHECK(o.st.saves == 0);
+  }
+  CHECK(!out[0].missing.empty());
+  auto v = holdfast::parse_agreement_value(
+      store.inner.try_get("holdfast/blocked/ctl/r0/claim").value_or(""));
+  CHECK(v.has_value());  // the claim exists beside the outcome
+}
+
 TEST_CASE("threads: the restore agreement resumes every worker from the newest common step") {
   job j(3);
   // task 0 holds 10, 20, 30; task 1 holds 10, 20; task 2 holds 20, 30: the common newest is 20

@@ -56,7 +56,9 @@
 //   acked          | on_list after the deadline, tasks M missing      | W: insert step "timeout M"
 //   acked          | on_insert(timeout) true                          | failed (timeout, M)
 //   acked          | on_insert(timeout) false                         | W: wait step: follow it
-//   noticed..acked | on_store_failure (retries ran out), not recording| recording: W: list ack/
+//   noticed        | on_store_failure (retries ran out), not recording| recording: W: insert
+//                  |                                                  | claim, then W: list ack/
+//   claimed, acked | on_store_failure (retries ran out), not recording| recording: W: list ack/
 //   noticed..acked | on_store_failure while recording                 | failed (unreachable)
 //   step_published | (entering it) W: erase ack/<me>; the recorder of   | (no result)
 //                  | a first step in round N > 0: erase ctl/r<N-1>/*  |
@@ -90,11 +92,14 @@
 // are made idempotent by the driver (values name their writer: a retry reads the key first).
 //
 // Guarantees:
-//   - Exactly one claim per round (insert-once) and one recorded outcome per phase; every worker
-//     that acts follows it: all save at the recorded step, or all fail with the recorded
-//     timeout naming the same missing tasks (a worker stopped past the deadline that resumes
-//     finds the recorded timeout and fails with it). No worker saves at a step the outcome key
-//     does not hold, and none fails with a timeout while it holds a step.
+//   - Exactly one claim per round (insert-once) and one recorded outcome per phase, never an
+//     outcome without its claim (a noticed worker whose claim insert failed until the deadline
+//     inserts the claim again before it records, so the idle workers, who watch the claim key,
+//     join the round and find the outcome); every worker that acts follows it: all save at the
+//     recorded step, or all fail with the recorded timeout naming the same missing tasks (a worker
+//     stopped past the deadline that resumes finds the recorded timeout and fails with it). No
+//     worker saves at a step the outcome key does not hold, and none fails with a timeout while it
+//     holds a step.
 //   - A worker that can reach the store neither to read nor to record the outcome fails with
 //     kind unreachable and never saves (outside the invariant; the restore agreement in the
 //     handler keeps the restarted job on one step).
@@ -329,8 +334,12 @@ class basic_step_agreement {
     }
     recording_ = true;
     if (ack_deadline_ == time_point{}) ack_deadline_ = round_deadline_;
+    // A noticed worker does not know whether its claim exists: it makes sure it does first, or
+    // an outcome recorded without it would go unseen by the idle workers (they watch the claim).
+    const bool claim_unknown =
+        state_ == agreement_state::noticed || state_ == agreement_state::final_noticed;
     state_ = phase_state(phase(), agreement_state::acked);
-    awaiting_ = pending(protocol_op::timeout_list);
+    awaiting_ = pending(claim_unknown ? protocol_op::claim : protocol_op::timeout_list);
   }
 
   /// Until when the driver may retry the store instruction it holds (transient failures, with
@@ -373,7 +382,10 @@ class basic_step_agreement {
     if (awaiting_ == issued(protocol_op::claim)) {
       awaiting_ = nothing_awaited();
       claimant_ = created || claimant_;
-      state_ = phase_state(phase(), agreement_state::claimed);
+      if (recording_)  // the claim made sure of while recording: now the acks, then the outcome
+        awaiting_ = pending(protocol_op::timeout_list);
+      else
+        state_ = phase_state(phase(), agreement_state::claimed);
     } else if (awaiting_ == issued(protocol_op::insert_step)) {
       awaiting_ = nothing_awaited();
       if (created)
@@ -756,6 +768,9 @@ class basic_step_agreement {
       case protocol_op::read_error:
         awaiting_ = issued(protocol_op::read_error);
         return make(instruction::op::try_get, agreement_key::error, -1, {});
+      case protocol_op::claim:  // recording, the claim never confirmed: insert it first
+        awaiting_ = issued(protocol_op::claim);
+        return make(instruction::op::insert, claim_key(), -1, value_text(kind::claim));
       case protocol_op::timeout_list:
         awaiting_ = issued(protocol_op::timeout_list);
         return make(instruction::op::list, ack_key(), -1, {});
