@@ -234,8 +234,9 @@ def restored_round(checks, events, pairs, want, what):
     failed to form shows up as workers of a later restart (the agent restarted it) or none."""
     starts = of_phase(events, "start", pairs)
     got = {e["rank"]: e["restored"] for e in starts}
+    first = min(launch + restart for launch, restart in pairs.values())
     other = sorted((e["rank"], e["launch"], e["restart"]) for e in events if e["kind"] == "start"
-                   and e["rank"] not in got and e["launch"] >= min(p[0] for p in pairs.values()))
+                   and e["rank"] not in got and e["launch"] + e["restart"] >= first)
     checks(sorted(got) == list(range(WORKERS)) and set(got.values()) == {want},
            f"{what}: every worker started at its expected (launch, restart) and restored step "
            f"{want}: {dict(sorted(got.items()))}"
