@@ -174,6 +174,58 @@ def _agent_store(timeout):
                          is_master=False, timeout=timeout)
 
 
+_LAUNCH = None  # this process's launch number, once agreed (_launch_number)
+_LAUNCH_KEYS = "holdfast/launch/"
+
+
+def _launch_number(agent, timeout):
+    """The number of this launch of the worker group, the same in every task, fresh in the
+    agent's store: task 0 takes it from a counter there (store.add) and hands it to each task.
+
+    Not TORCHELASTIC_RESTART_COUNT: every node's agent counts its own restarts, so a node
+    relaunched alone (restart 0) runs beside a node whose agent restarted its group (restart 1),
+    and the agent's store still holds the keys of every earlier launch. The hand-off is immune
+    to those keys: each task publishes a fresh nonce (its own random value) under
+    launch/hello/<rank> and waits for the answer under launch/mailbox/<nonce>, a key nobody
+    wrote before; task 0 answers every nonce it sees under hello/<rank> (a stale one, left by a
+    dead task of an earlier launch, is answered too and never read) until every task confirmed
+    under launch/<n>/ready/<rank>, keys only this launch can write. Computed once per process;
+    `timeout` (a timedelta) bounds the wait (RuntimeError naming the tasks that never came).
+    """
+    global _LAUNCH
+    if _LAUNCH is not None:
+        return _LAUNCH
+    import time
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    deadline = time.monotonic() + timeout.total_seconds()
+    if rank != 0:
+        nonce = f"{os.getpid()}-{os.urandom(8).hex()}"
+        agent.set(f"{_LAUNCH_KEYS}hello/{rank}", nonce)
+        n = int(agent.get(f"{_LAUNCH_KEYS}mailbox/{nonce}").decode())  # waits (store timeout)
+        agent.set(f"{_LAUNCH_KEYS}{n}/ready/{rank}", nonce)
+        _LAUNCH = n
+        return n
+    n = int(agent.add(f"{_LAUNCH_KEYS}counter", 1))
+    answered, pending = {}, set(range(1, world))
+    while pending:
+        for r in sorted(pending):
+            hello = f"{_LAUNCH_KEYS}hello/{r}"
+            if agent.check([hello]):
+                nonce = agent.get(hello).decode()
+                if answered.get(r) != nonce:
+                    agent.set(f"{_LAUNCH_KEYS}mailbox/{nonce}", str(n))
+                    answered[r] = nonce
+            if agent.check([f"{_LAUNCH_KEYS}{n}/ready/{r}"]):
+                pending.discard(r)
+        if pending:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"holdfast_torch: launch {n}: tasks {sorted(pending)} never "
+                                   f"joined within {timeout.total_seconds():g} s")
+            time.sleep(0.005)  # polls the agent's store (a remote state)
+    _LAUNCH = n
+    return n
+
+
 def init_process_group(backend=None, timeout=None, **kwargs):
     """torch.distributed.init_process_group, made safe for torchrun's restarts.
 
@@ -183,9 +235,11 @@ def init_process_group(backend=None, timeout=None, **kwargs):
     "a new TCPStore for every retry"; StaticTCPRendezvous keeps one): the new gloo group reads
     the dead group's addresses under default_pg/ and fails with "Gloo connectFullMesh failed
     ... Connection refused" (pytorch issue 135712 is the same stale-key bug with the c10d
-    rendezvous). This gives every restart its own prefix, <TORCHELASTIC_RESTART_COUNT>, on a
-    client of the agent's store; elsewhere it is init_process_group unchanged. Extra keyword
-    arguments go to torch's init_process_group.
+    rendezvous). This gives every launch of the group its own prefix, holdfast/launch-<n>/, on
+    a client of the agent's store, n being the launch number every task agrees on
+    (_launch_number: not the restart count, which differs between nodes when one node is
+    relaunched alone); elsewhere it is init_process_group unchanged. Extra keyword arguments go
+    to torch's init_process_group.
     """
     import datetime
     import torch.distributed as dist
@@ -194,24 +248,32 @@ def init_process_group(backend=None, timeout=None, **kwargs):
     agent = _agent_store(timeout)
     if agent is None or "store" in kwargs or "init_method" in kwargs:
         return dist.init_process_group(backend, timeout=timeout, **kwargs)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"holdfast/attempt-{attempt}", agent)
+    store = dist.PrefixStore(f"holdfast/launch-{_launch_number(agent, timeout)}/pg", agent)
     return dist.init_process_group(backend, timeout=timeout, store=store,
                                    rank=int(os.environ["RANK"]),
                                    world_size=int(os.environ["WORLD_SIZE"]), **kwargs)
 
 
 def _launch_channel(timeout):
-    """A store every task of this launch (and restart) shares, fresh for each: the torchrun
-    agent's store under a per-restart prefix, else the default process group's store."""
+    """A store every task of this launch shares, fresh for each: the torchrun agent's store
+    under the launch number's prefix, else the default process group's store."""
     import torch.distributed as dist
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     agent = _agent_store(timeout)
     if agent is not None:
-        return dist.PrefixStore(f"holdfast/incarnation/attempt-{attempt}", agent)
+        return dist.PrefixStore(f"holdfast/launch-{_launch_number(agent, timeout)}/incarnation",
+                                agent)
     if dist.is_available() and dist.is_initialized():
         return dist.PrefixStore("holdfast/incarnation", dist.distributed_c10d._get_default_store())
     return None
+
+
+def _torch_incarnation(timeout_s):
+    """store="torch" under torchrun: the launch number (the same in every task), else None (the
+    restart count, as before)."""
+    import datetime
+    timeout = datetime.timedelta(seconds=timeout_s)
+    agent = _agent_store(timeout)
+    return None if agent is None else _launch_number(agent, timeout)
 
 
 def _take_incarnation(url, run_id, task, timeout_s):
@@ -272,12 +334,16 @@ class Handler(_ext.Handler):
     task, num_tasks, run_id, restart: default to torchrun's RANK, WORLD_SIZE,
                 TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT; keys are scoped by
                 (run_id, incarnation), so each restart of the worker group agrees afresh.
-                store="torch": the incarnation is the restart count (torchrun's store is new
-                in every launch). A URL store outlives launches, and a relaunched torchrun
-                keeps its run id and counts restarts from 0 again: there task 0 takes a fresh
-                incarnation from the store (a counter) and hands it to the others through the
-                launch's own store (torchrun's agent store, else the process group's), so no
-                launch reads the keys an earlier one left. incarnation=N sets it yourself.
+                Under torchrun the restart count is not shared: each node's agent counts its
+                own, so a node relaunched alone is at 0 beside one at 1. store="torch": the
+                incarnation is the launch number every task agrees on (_launch_number: task
+                0 takes it from a counter in the agent's store and hands it to each task),
+                else the restart count (no agent store). A URL store outlives launches, and a
+                relaunched torchrun keeps its run id and counts restarts from 0 again: there
+                task 0 takes a fresh incarnation from the store (a counter) and hands it to
+                the others through the launch's own store (the agent's store under the launch
+                number, else the process group's), so no launch reads the keys an earlier one
+                left. incarnation=N sets it yourself.
     notice_file: a path whose appearance is a notice too (besides the preset's signals): what
                 an sbatch trap for --signal=B:USR1@N writes (docs in examples/pytorch/README).
     checkpoints: a CheckpointManager; the handler restores from it at construction (after
@@ -306,6 +372,8 @@ class Handler(_ext.Handler):
         restart = _env_int("TORCHELASTIC_RESTART_COUNT", 0) if restart is None else int(restart)
         if incarnation is None and store != "torch":
             incarnation = _take_incarnation(store, run_id, task, float(ack_timeout))
+        elif incarnation is None and torch_store is None:
+            incarnation = _torch_incarnation(float(ack_timeout))
         if incarnation is not None:
             restart = int(incarnation)
         if store == "torch" and torch_store is None:

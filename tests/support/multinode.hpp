@@ -294,6 +294,8 @@ class multinode {
   std::string ns(int i) const { return prefix_ + "n" + std::to_string(check(i)); }
   /// Host `i`'s address, "10.231.0.<i+1>".
   std::string address(int i) const { return "10.231.0." + std::to_string(check(i) + 1); }
+  /// Host `i`'s network interface inside its namespace ("hfnPv<i>"; e.g. GLOO_SOCKET_IFNAME).
+  std::string interface_name(int i) const { return veth(i); }
   /// The hub's address (the harness's own thread).
   static std::string hub_address() { return "10.231.0.254"; }
   /// The shared run directory.
