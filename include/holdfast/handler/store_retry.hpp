@@ -33,6 +33,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>  // is_same_v: the steady clock needs no conversion
 
 #include "../kv.hpp"                // is_transient_kv_error
 #include "../kv/call_deadline.hpp"  // kv_call_deadline: an attempt ends by the deadline
@@ -66,12 +67,7 @@ class store_retry {
     std::chrono::milliseconds backoff(5);
     for (;;) {
       try {
-        const auto steady_now = std::chrono::steady_clock::now();
-        const auto left = deadline - Clock::now();
-        const kv_call_deadline bound(
-            steady_now + std::max<std::chrono::steady_clock::duration>(
-                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(left),
-                             last_attempt));
+        const kv_call_deadline bound(attempt_end(deadline));
         return fn();
       } catch (const std::exception& e) {
         if (!is_transient_kv_error(e) || stop_.load() || Clock::now() >= deadline) throw;
@@ -117,6 +113,19 @@ class store_retry {
  private:
   // The least an attempt is given (the last one, made at the deadline).
   static constexpr std::chrono::milliseconds last_attempt{100};
+
+  // When an attempt made now must end: `deadline` on the steady clock (through Clock::now()
+  // for another clock), or last_attempt from now when that is later.
+  static std::chrono::steady_clock::time_point attempt_end(time_point deadline) {
+    using steady = std::chrono::steady_clock;
+    const auto now = steady::now();
+    steady::time_point end;
+    if constexpr (std::is_same_v<Clock, steady>)
+      end = deadline;
+    else
+      end = now + std::chrono::duration_cast<steady::duration>(deadline - Clock::now());
+    return std::max(end, now + std::chrono::duration_cast<steady::duration>(last_attempt));
+  }
 
   std::mutex& mutex_;
   std::condition_variable& wake_;

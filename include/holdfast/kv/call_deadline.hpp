@@ -22,7 +22,11 @@
 //   - filesystem_kv and in_process_kv ignore it: their calls wait on no network (a get still
 //     ends by its own timeout).
 //   - Per thread: the calls of other threads (an etcd lease's keep-alives) are not bounded.
-//   - Not movable: it restores the deadline of its own thread in its destructor.
+//   - Make it a named local, destroyed on the thread that made it in the reverse order of
+//     construction (a temporary ends at once; one on the heap breaks the nesting): it restores
+//     the deadline before it in its destructor. Not copyable or movable.
+//   - The bound covers the whole call: a connect and then the exchange each get what is left
+//     (an http request sent again on a fresh connection too), within a millisecond.
 #pragma once
 
 #include <chrono>
@@ -49,15 +53,14 @@ class kv_call_deadline {
   /// The deadline in force on this thread, if any.
   static std::optional<clock::time_point> current() noexcept { return slot(); }
 
-  /// The time left before the deadline in force (zero once it passed), or `otherwise` without
-  /// one: what a call that would wait `otherwise` may wait.
-  template <class Rep, class Period>
-  static std::chrono::duration<Rep, Period> cap(std::chrono::duration<Rep, Period> otherwise) {
+  /// What a call that would wait `otherwise` may wait: the time left before the deadline in
+  /// force, rounded up to a millisecond (zero once it passed), when that is less.
+  static std::chrono::milliseconds cap(std::chrono::milliseconds otherwise) {
     const auto& d = slot();
     if (!d) return otherwise;
     const auto left = *d - clock::now();
-    if (left <= clock::duration::zero()) return std::chrono::duration<Rep, Period>::zero();
-    const auto cut = std::chrono::ceil<std::chrono::duration<Rep, Period>>(left);
+    if (left <= clock::duration::zero()) return std::chrono::milliseconds::zero();
+    const auto cut = std::chrono::ceil<std::chrono::milliseconds>(left);
     return cut < otherwise ? cut : otherwise;
   }
 

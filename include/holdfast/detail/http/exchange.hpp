@@ -214,7 +214,8 @@ bool http_exchange(Conn& conn, const http_endpoint& ep, const http_request& req,
     ~report() { info.received = sock.received(); }
   } rep{info, sock};
   info.reusable = false;
-  const auto read_deadline = http_clock::now() + t.read;
+  const auto read_deadline =
+      t.until ? std::min(http_clock::now() + t.read, *t.until) : http_clock::now() + t.read;
   const bool stream_ends_first = stream_deadline && *stream_deadline < read_deadline;
   const auto head_deadline = stream_ends_first ? *stream_deadline : read_deadline;
   sock.send_all(http_serialize(ep, req, info.keep_alive), head_deadline);

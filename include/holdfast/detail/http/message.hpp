@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -29,10 +30,18 @@
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
 
-/// How long connecting, and then the whole exchange after connecting, may take.
+/// How long connecting, and then the whole exchange after connecting, may take; `until`, when
+/// set, is an end for the whole call besides (the caller's deadline: the exchange after a slow
+/// connect gets only what is left of it).
 struct http_timeouts {
   std::chrono::milliseconds connect{1000};
   std::chrono::milliseconds read{2000};
+  std::optional<std::chrono::steady_clock::time_point> until;
+
+  http_timeouts() = default;
+  http_timeouts(std::chrono::milliseconds c, std::chrono::milliseconds r,
+                std::optional<std::chrono::steady_clock::time_point> u = std::nullopt)
+      : connect(c), read(r), until(u) {}
 };
 
 /// Header fields as sent or received, in order.

@@ -27,6 +27,7 @@
 #include <poll.h>       // poll: is an idle connection still quiet
 #include <sys/types.h>  // pid_t: the process the idle connections belong to
 
+#include <algorithm>  // min, max: a resend within what is left of the call
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -99,6 +100,10 @@ class http_pool {
     }
     if (stale) {  // the server closed it as we reused it: once more, on a fresh connection
       conn.reset();
+      if (t.until)  // within what is left of the call
+        t.connect =
+            std::min(t.connect, std::chrono::ceil<std::chrono::milliseconds>(std::max(
+                                    *t.until - http_clock::now(), http_clock::duration::zero())));
       try {
         conn.emplace(connect(ep, t, where, cancel));
       } catch (const error&) {

@@ -28,7 +28,9 @@
 //     Connecting (with a TLS handshake) is bounded by `connect_timeout`, a request by
 //     `request_timeout`, both cut to the time left before the calling thread's
 //     kv_call_deadline (kv/call_deadline.hpp), after which no further endpoint is tried (the
-//     call fails with ETIMEDOUT, naming the endpoints tried). The suspect marks are shared by every
+//     call fails with ETIMEDOUT, naming the endpoints tried; an endpoint that did not answer
+//     within what was left is marked suspect as for its own timeout: a hung member is left
+//     behind by short-budget callers too). The suspect marks are shared by every
 //     handle on the client and updated lock-free.
 //   - Every failure throws holdfast::error naming the operation and the key, with the
 //     endpoint's own error inside: ECONNREFUSED/ETIMEDOUT/ECONNRESET/... when no endpoint answered
@@ -270,7 +272,8 @@ class etcd_client {
       authorized(ep, op, key, nullptr, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
         const std::string url = ep.url() + target;
-        const auto deadline = clock::now() + kv_call_deadline::cap(opts_.request_timeout);
+        const auto window = kv_call_deadline::cap(opts_.request_timeout);
+        const auto deadline = clock::now() + window;
         pending.clear();
         watch_opens_.fetch_add(1, std::memory_order_relaxed);
         auto s = pool_.open_stream(ep, req, timeouts());
@@ -288,9 +291,8 @@ class etcd_client {
             throw http_connection_closed(EPROTO, "http", url,
                                          "the watch stream ended before its first message");
           if (clock::now() >= deadline)
-            throw error(
-                ETIMEDOUT, "recv", url,
-                "no watch message within " + std::to_string(opts_.request_timeout.count()) + " ms");
+            throw error(ETIMEDOUT, "recv", url,
+                        "no watch message within " + std::to_string(window.count()) + " ms");
         }
         if (!go) pending.clear();
         out = std::move(s);
@@ -355,9 +357,10 @@ class etcd_client {
   }
 
   // The options' timeouts, cut to the time left before the caller's kv_call_deadline.
+  // The whole call (connect, then the exchange) ends by that deadline: `until`.
   http_timeouts timeouts() const {
     return http_timeouts{kv_call_deadline::cap(opts_.connect_timeout),
-                         kv_call_deadline::cap(opts_.request_timeout)};
+                         kv_call_deadline::cap(opts_.request_timeout), kv_call_deadline::current()};
   }
 
   // Throws ETIMEDOUT (transient) once the caller's kv_call_deadline has passed: no endpoint is

@@ -232,8 +232,9 @@ class basic_etcd_kv {
   // value of the first put, or std::nullopt when the window ends or the watch is closed.
   std::optional<std::string> watch(const std::string& key, std::int64_t revision,
                                    std::chrono::steady_clock::time_point deadline) const {
-    const auto window =
+    auto window =
         std::min(deadline, std::chrono::steady_clock::now() + client_->options().request_timeout);
+    if (const auto bound = kv_call_deadline::current()) window = std::min(window, *bound);
     const std::string body =
         "{\"create_request\":{\"key\":" + detail::json_quote(detail::base64_encode(root_ + key)) +
         ",\"start_revision\":\"" + std::to_string(revision) + "\"}}";

@@ -33,7 +33,8 @@
 //   - A watch the server cancels for its token makes the client authenticate again at the next
 //     open (kv/etcd/client.hpp).
 // Caveats:
-//   - take() may block on its own network work: a probe up to request_timeout, a reconnection
+//   - take() may block on its own network work (each cut to the calling thread's
+//     kv_call_deadline): a probe up to request_timeout, a reconnection
 //     up to connect_timeout + request_timeout (after a compaction, plus a range that fails over
 //     like list()). A watch cancelled for another reason (permission denied) makes take() throw;
 //     the watch retries later.
