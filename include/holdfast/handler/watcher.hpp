@@ -25,7 +25,8 @@
 //     ms), so over etcd a worker cut off from every member still ends its agreement within the
 //     round's deadline plus one ack_timeout; a call that fails for good is fed to the machine
 //     (on_store_failure). Once the machine has failed the watcher makes no store call more: it
-//     waits for its stop, so a destruction is never held up by a reconnection.
+//     closes its watches and waits for its stop, so a destruction is never held up by a
+//     reconnection.
 //     An insert that finds the key holding this worker's own value (a late commit) is fed to
 //     the machine as created, so a claimant never takes itself for a loser.
 //   - Stopping (request_watcher_stop, stop_watcher) wakes the watcher wherever it sleeps;
@@ -263,6 +264,9 @@ class agreement_watcher {
           break;
         }
         case op::wait: {
+          // Its store calls are retried until the machine's retry deadline, which may be later
+          // than the wait's own end (a wait issued at its deadline while recording).
+          wait_retry_until_ = std::max(until, in.deadline);
           std::optional<std::string> outcome_value;
           auto v = wait_for_key(key, in.deadline, outcome_key, outcome_value);
           lock.lock();
@@ -334,18 +338,18 @@ class agreement_watcher {
   };
 
   // Waits until `key` holds a value or `deadline` passes; transient store errors are retried
-  // until the deadline. With `outcome_key` (the claimant waiting for an ack also looks at the
-  // round's outcome), the wait ends early when that key holds a value, stored in
-  // `outcome_value`. The claimant's acks come in batches where the store has a native get_many
-  // or can list without a watch, else through a watch on the round's acks where the store is
-  // evented, else from blocking gets; a control key comes with the control watch where the
-  // store is evented.
+  // until wait_retry_until_ (the machine's retry deadline, or the wait's deadline if later). With
+  // `outcome_key` (the claimant waiting for an ack also looks at the round's outcome), the wait
+  // ends early when that key holds a value, stored in `outcome_value`. The claimant's acks come in
+  // batches where the store has a native get_many or can list without a watch, else through a watch
+  // on the round's acks where the store is evented, else from blocking gets; a control key comes
+  // with the control watch where the store is evented.
   std::optional<std::string> wait_for_key(const std::string& key, time_point deadline,
                                           const std::string& outcome_key,
                                           std::optional<std::string>& outcome_value) {
     const bool collecting = !outcome_key.empty();
     auto read_outcome = [&] {
-      return retrying([&] { return kv_.try_get(outcome_key); }, deadline);
+      return retrying([&] { return kv_.try_get(outcome_key); }, wait_retry_until_);
     };
     if (collecting && ack_reads_ != ack_reads::one_by_one)
       return wait_or_outcome(outcome_key, outcome_value, batch_look(key, deadline), read_outcome);
@@ -380,7 +384,7 @@ class agreement_watcher {
       auto left = std::max<typename Clock::duration>(deadline - Clock::now(), {});
       auto slice = std::min<std::chrono::milliseconds>(
           std::chrono::ceil<std::chrono::milliseconds>(left), options_.watch_interval);
-      auto v = retrying([&] { return kv_.get(key, slice); }, deadline);
+      auto v = retrying([&] { return kv_.get(key, slice); }, wait_retry_until_);
       return key_look{std::move(v), Clock::now() >= deadline};
     };
   }
@@ -396,25 +400,25 @@ class agreement_watcher {
     if (!control) {
       const std::string prefix = key.substr(0, key.rfind('/'));
       if (ack_cache_.prefix != prefix || !ack_cache_.watch)
-        retrying([&] { ack_cache_.open(kv_, prefix); }, deadline);
+        retrying([&] { ack_cache_.open(kv_, prefix); }, wait_retry_until_);
     }
     watch_cache<Kv>& cache = control ? control_cache_ : ack_cache_;
     const std::string& also_watched = control ? std::string() : outcome_key;
-    retrying([&] { await_watches(Clock::now()); }, deadline);  // what arrived already
+    retrying([&] { await_watches(Clock::now()); }, wait_retry_until_);  // what arrived already
     bool first = true;
     auto look = [&] {
       if (!first) {
         if (Clock::now() >= deadline)  // the last word is the store's, not the watch's
-          return key_look{retrying([&] { return kv_.try_get(key); }, deadline), true};
+          return key_look{retrying([&] { return kv_.try_get(key); }, wait_retry_until_), true};
         cache.follow(key);
         if (!also_watched.empty()) control_cache_.follow(also_watched);
-        retrying([&] { await_watches(deadline); }, deadline);
+        retrying([&] { await_watches(deadline); }, wait_retry_until_);
       }
       first = false;
-      return key_look{retrying([&] { return cache.lookup(kv_, key); }, deadline), false};
+      return key_look{retrying([&] { return cache.lookup(kv_, key); }, wait_retry_until_), false};
     };
     auto read_outcome = [&] {
-      return retrying([&] { return control_cache_.lookup(kv_, also_watched); }, deadline);
+      return retrying([&] { return control_cache_.lookup(kv_, also_watched); }, wait_retry_until_);
     };
     return wait_or_outcome(also_watched, outcome_value, look, read_outcome);
   }
@@ -480,12 +484,12 @@ class agreement_watcher {
     if constexpr (has_kv_list_v<Kv>) {
       if (ack_reads_ == ack_reads::list) {
         auto list = [&] {
-          for (auto& e : retrying([&] { return kv_.list(ack_batch_.prefix); }, deadline))
+          for (auto& e : retrying([&] { return kv_.list(ack_batch_.prefix); }, wait_retry_until_))
             ack_batch_.present.emplace(std::move(e.first), std::move(e.second));
         };
         list();
         if (!ack_batch_.present.count(key))
-          if (auto v = retrying([&] { return kv_.get(key, slice); }, deadline))
+          if (auto v = retrying([&] { return kv_.get(key, slice); }, wait_retry_until_))
             ack_batch_.present.emplace(key, std::move(*v));
         if (Clock::now() >= deadline) {
           // the acks that came while the get waited: what a read of each at the deadline
@@ -502,7 +506,7 @@ class agreement_watcher {
       std::string k = ack_batch_.prefix + std::to_string(t);
       if (!ack_batch_.present.count(k)) keys.push_back(std::move(k));
     }
-    auto values = retrying([&] { return holdfast::get_many(kv_, keys, slice); }, deadline);
+    auto values = retrying([&] { return holdfast::get_many(kv_, keys, slice); }, wait_retry_until_);
     for (std::size_t i = 0; i < keys.size() && i < values.size(); ++i)
       if (values[i]) ack_batch_.present.emplace(keys[i], std::move(*values[i]));
     if (Clock::now() >= deadline) ack_batch_.final = true;
@@ -518,11 +522,15 @@ class agreement_watcher {
 
   // Blocks for one slice on the key that can start or end an agreement now (a claim, a final
   // claim, or the error key), and feeds what it saw to the machine.
-  // Once the machine has failed (sticky: nothing the store says changes it), it waits for the
-  // stop only, without a store call that a stop could not cut short (a reconnection to
-  // endpoints out of reach would hold up the handler's destruction).
+  // Once the machine has failed (sticky: nothing the store says changes it), it closes its
+  // watches and waits for the stop only, without a store call that a stop could not cut short
+  // (a reconnection to endpoints out of reach would hold up the handler's destruction).
   void wait_for_trigger(std::unique_lock<std::mutex>& lock) {
     if (machine_.state() == agreement_state::failed) {
+      if constexpr (can_watch) {  // nothing more to learn: no stream left open on the store
+        control_cache_.close();
+        ack_cache_.close();
+      }
       watch_cv_.wait(lock, [&] { return stop_.load(); });
       return;
     }
@@ -686,6 +694,7 @@ class agreement_watcher {
   std::condition_variable train_cv_;  // wakes a training thread waiting for the step
   std::atomic<bool> stop_{false};
   store_retry<Clock> store_{mutex_, watch_cv_, stop_};  // retries end at a stop request
+  time_point wait_retry_until_{};  // the current wait's retry deadline (watcher thread only)
   std::optional<std::chrono::steady_clock::time_point> last_notice_;  // watcher thread only
   waker waker_;  // notices, stop requests and the training thread wake the watcher
   // ctl/, for the watcher's life (watcher thread only)
