@@ -1829,6 +1829,28 @@ TEST_CASE("a store failure before the deadline goes on to record the outcome —
   }
 }
 
+TEST_CASE("grace: a final claim that failed until the deadline is inserted before the outcome") {
+  step_agreement a(cfg(0, 1, milliseconds(1000)));
+  fake_kv kv;
+  a.on_notice(t0);
+  CHECK(decide(a, kv, 10, t0).action == agreement_action::proceed);
+  CHECK(decide(a, kv, 11, t0 + milliseconds(10)).action == agreement_action::save_then_continue);
+  const auto mean = milliseconds(50);
+  CHECK(a.decide(13, t0 + milliseconds(701), mean).action == agreement_action::proceed);
+  REQUIRE(a.state() == agreement_state::final_noticed);
+  auto in = a.protocol_next(13, t0 + milliseconds(701));
+  CHECK(key_of(in) == "run/ctl/r0/final");
+  a.on_store_failure("kv insert: Connection timed out");  // retried until the deadline
+  CHECK(a.state() == agreement_state::final_acked);
+  in = a.protocol_next(13, t0 + milliseconds(1701));
+  CHECK(in.kind == op::insert);  // the final claim first, then the final acks
+  CHECK(key_of(in) == "run/ctl/r0/final");
+  a.on_insert(true);
+  in = a.protocol_next(13, t0 + milliseconds(1701));
+  CHECK(in.kind == op::list);
+  CHECK(key_of(in) == "run/final_ack/r0/");
+}
+
 TEST_CASE("the retry deadline follows the ack deadline once acked") {
   step_agreement a(cfg(0, 2));
   a.on_claim_seen(0);

@@ -547,8 +547,8 @@ TEST_CASE(
     INFO("task " << t << ": " << o.error);
     CHECK(o.error == "timeout");
     CHECK(o.missing == std::vector<int>{2});
-    // within the claim's ack_timeout (+ the watch's slices), far below the steps' 30 s
-    CHECK(o.error_ms < static_cast<double>((ack_timeout * 3).count()));
+    // about the claim's ack_timeout after the notice; what matters: far below the steps' 30 s
+    CHECK(o.error_ms < 10000);
     CHECK(o.st.saves == 0);
   }
   CHECK(abandoned.load() == 2);
@@ -583,7 +583,7 @@ TEST_CASE("threads: step_abandoned with no failed agreement is published as an e
   CHECK(out[1].error.find("logic holdfast: a step threw step_abandoned, but no agreement failed") ==
         0);
   CHECK(out[0].error.find("peer 1 ") == 0);
-  CHECK(out[0].error.find("step_abandoned") != std::string::npos);
+  CHECK(out[0].error.find("logic_error") != std::string::npos);  // what the origin threw
 }
 
 TEST_CASE("threads: restart restores and resumes, the total work is exact") {
@@ -933,17 +933,22 @@ TEST_CASE("threads: a store unreachable past the deadline gives agreement_unreac
   CHECK(w.o.st.saves == 0);
 }
 
-// A store whose inserts of a claim key fail with ETIMEDOUT (transient) until a time: the
-// noticed worker's claim that cannot be written (an etcd leader lost with its node) for longer
-// than the round's deadline.
+// A store whose inserts of a claim key fail with ETIMEDOUT (transient) for `block` from the
+// first attempt: the noticed worker's claim that cannot be written (an etcd leader lost with
+// its node) for longer than the round's deadline. A zero `block` never fails.
 struct claim_blocked_kv {
+  using clock = std::chrono::steady_clock;
   holdfast::in_process_kv inner;
-  std::shared_ptr<std::atomic<std::chrono::steady_clock::rep>> until =
-      std::make_shared<std::atomic<std::chrono::steady_clock::rep>>(0);
+  clock::duration block{};
+  std::shared_ptr<std::atomic<clock::rep>> until = std::make_shared<std::atomic<clock::rep>>(0);
   bool insert(const std::string& k, std::string_view v) {
-    if (k.size() > 6 && k.compare(k.size() - 6, 6, "/claim") == 0 &&
-        std::chrono::steady_clock::now().time_since_epoch().count() < until->load())
-      throw holdfast::error(ETIMEDOUT, "kv insert", k);
+    if (block > clock::duration::zero() && k.size() > 6 &&
+        k.compare(k.size() - 6, 6, "/claim") == 0) {
+      const auto now = clock::now().time_since_epoch().count();
+      clock::rep unset = 0;
+      until->compare_exchange_strong(unset, now + block.count());  // from the first attempt
+      if (now < until->load()) throw holdfast::error(ETIMEDOUT, "kv insert", k);
+    }
     return inner.insert(k, v);
   }
   void put(const std::string& k, std::string_view v) { inner.put(k, v); }
@@ -959,7 +964,7 @@ struct claim_blocked_kv {
 TEST_CASE(
     "threads: a claim that cannot be written until the deadline: every worker follows one "
     "outcome") {
-  // Task 0 is noticed, but its claim insert fails until 1.5 x ack_timeout, past the round's
+  // Task 0 is noticed, but its claim insert fails for 1.5 x ack_timeout, past the round's
   // deadline: it goes on to record the outcome (a timeout). That outcome must not be recorded
   // without its claim: the idle tasks watch the claim key, and would train on, never learning
   // that task 0 raised a timeout naming them. So every task ends with the same recorded timeout.
@@ -977,7 +982,7 @@ TEST_CASE(
         sc.n = 3;
         sc.ack_timeout = ack_timeout;
         claim_blocked_kv kv = store;
-        if (t != 0) kv.until = std::make_shared<std::atomic<std::chrono::steady_clock::rep>>(0);
+        if (t == 0) kv.block = ack_timeout * 3 / 2;  // past the round's deadline
         blocked_handler_t h(make_config(j, t, sc, &o), kv, {t, 3, "blocked"},
                             holdfast_test::make_checkpoints(j.ckpt_dir(t), &o.st), opts(sc));
         while (h.total_run_calls() < 50000) {  // 200 us steps: 10 s at most
@@ -994,8 +999,6 @@ TEST_CASE(
       j.b.set(t, std::numeric_limits<std::int64_t>::max());
     });
   REQUIRE(j.b.wait_all(20, 10s));
-  store.until->store(
-      (std::chrono::steady_clock::now() + ack_timeout * 3 / 2).time_since_epoch().count());
   j.flags[0]->store(true);
   for (auto& x : th) x.join();
   for (int t = 0; t < 3; ++t) {

@@ -10,6 +10,8 @@
 //   - Bad input (a malformed file, a corrupt cache, an invalid key) also derives from
 //     holdfast::error, so one catch clause sees every holdfast failure.
 //   - Expected outcomes (a filled slot, an existing key, a timeout) are values, never exceptions.
+//   - holdfast::step_abandoned is not a failure and not a holdfast::error: a step throws it for
+//     the handler's run() to catch (a step's own catch of std::exception would swallow it).
 // Caveats:
 //   - errno values are Linux's; the category is std::generic_category().
 #pragma once

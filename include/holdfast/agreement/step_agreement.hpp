@@ -57,7 +57,8 @@
 //   acked          | on_insert(timeout) true                          | failed (timeout, M)
 //   acked          | on_insert(timeout) false                         | W: wait step: follow it
 //   noticed        | on_store_failure (retries ran out), not recording| recording: W: insert
-//                  |                                                  | claim, then W: list ack/
+//                  |                                                  | claim
+//   acked, recording| on_insert(claim), true or false                 | W: list ack/
 //   claimed, acked | on_store_failure (retries ran out), not recording| recording: W: list ack/
 //   noticed..acked | on_store_failure while recording                 | failed (unreachable)
 //   step_published | (entering it) W: erase ack/<me>; the recorder of   | (no result)
@@ -114,13 +115,16 @@
 //     `acked time + ack_timeout`; past it the outcome is recorded or read within the retry
 //     deadline.
 //   - Re-armable: after a save without exit (or rearm()), the next round uses fresh keys.
+//   - agreement_under_way(state) is true from a notice or a claim until the round's outcome is
+//     known (or it failed): an outcome comes within the round's deadline plus one ack_timeout.
 // Caveats:
 //   - If every noticed worker dies during the grace countdown, nobody publishes the final step
 //     and the survivors train on until the scheduler kills them.
-//   - A noticed worker that cannot insert its claim before its deadline records a timeout in a
-//     round its peers may never see (they watch the claim key): it fails alone, its peers train
-//     on until their next collective with it fails.
-#pragma once
+//   - A noticed worker that cannot insert its claim before its deadline inserts it while
+//     recording, then lists the acks: it never acked, so the timeout it records names itself
+//     (and whoever had not acked by then), though it is alive; every worker follows that one
+//     decision. Only a worker that cannot insert the claim even while recording fails alone
+//     (unreachable), its peers training on until their next collective with it fails.
 #pragma once
 
 #include <algorithm>
@@ -630,7 +634,8 @@ class basic_step_agreement {
   // The sub-state of a state: the store operation of the protocol the machine is in the middle
   // of (the transition table's "W: <op>"), and whether it is issued (the driver holds it:
   // "(awaiting result)", its result is the next event) or pending (the next protocol_next() issues
-  // it). claim and ack are only ever issued: protocol_next() issues them from noticed and claimed.
+  // it). ack is only ever issued (protocol_next() issues it from claimed); claim is issued from
+  // noticed, and is pending only while recording (the claim made sure of first).
   enum class protocol_op : unsigned char {
     none,            // nothing issued, nothing pending
     claim,           // insert claim

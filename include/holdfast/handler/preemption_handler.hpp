@@ -106,8 +106,11 @@
 //     (origin task, type name, message) from its next run(); the origin re-throws its own.
 //   - A step blocked on its peers need not wait out its own timeout when the agreement failed
 //     (a peer named dead, the store out of reach): it polls agreement_failed() (a lock and a
-//     load) and throws holdfast::step_abandoned, which run() turns into the recorded failure,
-//     unpublished (the peers hold it already). The step is not counted.
+//     load) and throws holdfast::step_abandoned, which run() turns into the failure, not
+//     published as this worker's error (a recorded timeout or a peer's error is in the store
+//     already; an unreachable store is this worker's alone). The step is not counted.
+//     agreement_under_way() says a round's outcome is still to come (within its deadline plus
+//     one ack_timeout): such a step can hold its own timeout until then.
 //   - Saving: the Config's save override when it has one (then the Checkpointer never saves),
 //     else Checkpointer::save(step); a Checkpointer with wait_until_finished() (async saves) is
 //     waited for before the preemption save (a periodic save in flight never races it) and
@@ -248,10 +251,14 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
           raise();
         }
       }
-      publish_error();
-      throw std::logic_error(
-          "holdfast: a step threw step_abandoned, but no agreement failed (see "
-          "preemption_handler::agreement_failed())");
+      try {  // misuse: this worker's error, published as what it is
+        throw std::logic_error(
+            "holdfast: a step threw step_abandoned, but no agreement failed (see "
+            "preemption_handler::agreement_failed())");
+      } catch (const std::logic_error&) {
+        publish_error();
+        throw;
+      }
     } catch (...) {
       publish_error();
       throw;
@@ -297,6 +304,10 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
   /// exchange through the store, a collective with a timeout) checks it while it waits and
   /// throws holdfast::step_abandoned to stop: run() then raises the failure at once.
   bool agreement_failed() const { return state() == agreement_state::failed; }
+  /// True while an agreement is under way whose outcome this worker does not know yet
+  /// (holdfast::agreement_under_way(state())): it comes within the round's deadline plus one
+  /// ack_timeout.
+  bool agreement_under_way() const { return holdfast::agreement_under_way(state()); }
   /// A copy of the protocol (for inspection).
   agreement_type agreement() const {
     std::lock_guard<std::mutex> lock(mutex_);
