@@ -348,23 +348,22 @@ int run_worker(const options& o, Kv kv) {
     const auto give_up = clock_type::now() + o.step_timeout;
     // The step gives up at its timeout, but not while an agreement is under way: that one ends
     // within its round's deadline plus ack_timeout with an outcome this step then follows.
-    auto timed_out = [&] {
-      return clock_type::now() >= give_up && !holdfast::agreement_under_way(handler.state());
-    };
-    // One store call, bounded to 250 ms (a kv_call_deadline: whatever the store's own timeouts
-    // and however many etcd members are out of reach), retried while it fails transiently (a
-    // member lost, an election). Before each, a failed agreement (the handler's recorded outcome
-    // naming a dead peer, or its store out of reach) ends the step: step_abandoned, which run()
-    // turns into that outcome.
+    auto timed_out = [&] { return clock_type::now() >= give_up && !handler.agreement_under_way(); };
+    // One store call, bounded to 300 ms (a kv_call_deadline: whatever the store's own timeouts
+    // and however many etcd members are out of reach), retried after 20 ms while it fails
+    // transiently (a member lost, an election). Before each, a failed agreement (the handler's
+    // recorded outcome naming a dead peer, or its store out of reach) ends the step:
+    // step_abandoned, which run() turns into that outcome.
     auto call = [&](auto fn) {
       for (;;) {
         if (handler.agreement_failed()) throw holdfast::step_abandoned{};
         try {
-          const holdfast::kv_call_deadline bound(clock_type::now() + 250ms);
+          const holdfast::kv_call_deadline bound(clock_type::now() + 300ms);
           return fn();
         } catch (const std::exception& e) {
           if (!holdfast::is_transient_kv_error(e) || timed_out()) throw;
         }
+        std::this_thread::sleep_for(20ms);
       }
     };
     call([&] {  // a retry writes the same value again
@@ -375,7 +374,7 @@ int run_worker(const options& o, Kv kv) {
     std::vector<int> missing;
     for (int p = 0; p < o.workers; ++p) {
       std::optional<std::string> v;
-      while (!(v = call([&] { return kv.get(prefix + std::to_string(p), 100ms); })) &&
+      while (!(v = call([&] { return kv.get(prefix + std::to_string(p), 200ms); })) &&
              !timed_out()) {
       }
       if (v)
@@ -385,7 +384,13 @@ int run_worker(const options& o, Kv kv) {
     }
     if (!missing.empty()) throw holdfast::agreement_timeout(prefix, missing);
     apply_update(m, grads);
-    if (s >= 2) kv.erase_prefix("grad/" + std::to_string(s - 2));
+    if (s >= 2) {  // cleanup of an older step's gradients: best effort, bounded
+      try {
+        const holdfast::kv_call_deadline bound(clock_type::now() + 300ms);
+        kv.erase_prefix("grad/" + std::to_string(s - 2));
+      } catch (const std::exception&) {  // a few keys left behind; never fails the step
+      }
+    }
     std::string line = std::to_string(s) + "\n";
     holdfast::write_all(log, line.data(), line.size());
     say("@step %d %" PRId64, t, s);
