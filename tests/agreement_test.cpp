@@ -1,6 +1,7 @@
 // step_agreement, the pure state machine: every row of the transition table in agreement.hpp,
 // then many machines driven together over a tiny in-test key-value map (a discrete-event
-// simulation with random notices, skews and interleavings), which must always agree on one step.
+// simulation with random notices, skews and interleavings, workers stalled, dead or cut off from
+// the store), which must always agree on one step.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -1179,6 +1180,8 @@ struct sim_worker {
   step_agreement sm;
   std::int64_t counter = 0;
   std::optional<step_agreement::instruction> parked;  // a wait whose key is absent
+  std::optional<step_agreement::instruction> held;    // an instruction retried: store cut off
+  std::set<std::pair<std::uint64_t, int>> saved_in;   // the (round, phase) it saved in
   std::vector<std::int64_t> saves;
   bool exited = false;
   int skew = 1;          // this worker runs one step every `skew` ticks
@@ -1196,15 +1199,24 @@ struct sim_result {
 };
 
 // Faults of a simulation: a short deadline, workers frozen (all their threads: SIGSTOP) from
-// one tick to another, a worker dead from a tick on.
+// one tick to another, a worker dead from a tick on, workers whose store is cut off from one
+// tick to another (the etcd leader lost with its node, a partition: every store instruction
+// fails and the driver retries it until retry_deadline(), then reports on_store_failure; the
+// training side runs on).
 struct sim_faults {
   milliseconds ack_timeout{100000};
   std::vector<std::tuple<int, int, int>> stalls;  // (worker, from tick, to tick)
   int dead = -1;
   int dead_from = 0;
+  std::vector<std::tuple<int, int, int>> cuts;  // (worker, from tick, to tick): store cut off
   bool frozen(int worker, int tick) const {
     if (worker == dead && tick >= dead_from) return true;
     for (auto& [who, from, to] : stalls)
+      if (who == worker && tick >= from && tick < to) return true;
+    return false;
+  }
+  bool cut_off(int worker, int tick) const {
+    for (auto& [who, from, to] : cuts)
       if (who == worker && tick >= from && tick < to) return true;
     return false;
   }
@@ -1249,6 +1261,8 @@ class sim_engine {
       w.push_back(sim_worker{step_agreement(c),
                              0,
                              std::nullopt,
+                             std::nullopt,
+                             {},
                              {},
                              false,
                              skews[static_cast<std::size_t>(i)],
@@ -1266,8 +1280,8 @@ class sim_engine {
     for (std::size_t i = 0; i < w.size(); ++i) {
       if (dead(i, tick)) continue;
       auto& x = w[i];
-      if (x.exited || x.parked || x.sm.state() != agreement_state::idle || x.sm.needs_attention() ||
-          (first && x.sm.round() != first->sm.round()))
+      if (x.exited || x.parked || x.held || x.sm.state() != agreement_state::idle ||
+          x.sm.needs_attention() || (first && x.sm.round() != first->sm.round()))
         return false;
       if (!first) first = &x;
     }
@@ -1282,7 +1296,7 @@ class sim_engine {
     for (std::size_t i : order) {
       auto& x = w[i];
       if (x.exited || faults_.frozen(static_cast<int>(i), tick)) continue;
-      watcher(x, now);
+      watcher(x, now, faults_.cut_off(static_cast<int>(i), tick));
       training(x, tick, now);
     }
   }
@@ -1294,18 +1308,31 @@ class sim_engine {
   std::string why;
   std::map<std::pair<std::uint64_t, int>, std::vector<std::string>> acted;
   std::map<std::pair<std::uint64_t, int>, std::string> recorded;
-  int outcome_seen = 0;  // how many collections on_outcome_seen cut short
+  int outcome_seen = 0;         // how many collections on_outcome_seen cut short
+  int store_failures = 0;       // on_store_failure calls (a store cut off past the retry deadline)
+  int claim_unknown = 0;        // of them, in noticed: the claim inserted first while recording
+  int final_claim_unknown = 0;  // in final_noticed: the final claim inserted first
+  // (round, phase, task) of each worker that failed unreachable
+  std::vector<std::tuple<std::uint64_t, int, int>> unreachable;
   // > 0: the workers' steps end in a collective, so none gets more than `lockstep` steps ahead
   // of the slowest worker still training (over many rounds, free-running counters would drift
   // apart without bound; within one round they may)
   std::int64_t lockstep = 0;
 
  private:
-  void watcher(sim_worker& x, clk::time_point now) {
+  // The watcher side. While the store is cut off (`cut`) the watcher sees no key, and the
+  // instruction it holds (a parked wait included: its connection is lost) is retried: when the
+  // retry deadline passes first, on_store_failure; when the cut ends first, it is performed. An
+  // erase is best effort: dropped.
+  void watcher(sim_worker& x, clk::time_point now, bool cut) {
     const auto rd = x.sm.round();
-    if (rng_() % 3 == 0 && kv.has(name(agreement_key::claim, rd))) x.sm.on_claim_seen(rd);
-    if (rng_() % 3 == 0 && kv.has(name(agreement_key::final_claim, rd))) x.sm.on_final_seen(rd);
-    if (x.parked) {
+    if (!cut && rng_() % 3 == 0 && kv.has(name(agreement_key::claim, rd))) x.sm.on_claim_seen(rd);
+    if (!cut && rng_() % 3 == 0 && kv.has(name(agreement_key::final_claim, rd)))
+      x.sm.on_final_seen(rd);
+    if (x.parked && cut) {
+      x.held = std::move(x.parked);
+      x.parked.reset();
+    } else if (x.parked) {
       auto v = kv.try_get(key_of(*x.parked));
       std::optional<std::string> outcome;
       if (!v && x.sm.collecting() && rng_() % 2 == 0)
@@ -1319,21 +1346,65 @@ class sim_engine {
         x.sm.on_value(v);
       }
     }
-    while (!x.parked) {
+    if (x.held) {
+      if (!cut) {
+        auto in = std::move(*x.held);
+        x.held.reset();
+        if (!issue(x, in, now, cut)) return;
+      } else if (now >= x.sm.retry_deadline()) {
+        x.held.reset();
+        ++store_failures;
+        const auto st = x.sm.state();
+        claim_unknown += st == agreement_state::noticed;
+        final_claim_unknown += st == agreement_state::final_noticed;
+        x.sm.on_store_failure("store cut off");
+      } else {
+        return;  // still retrying
+      }
+    }
+    while (!x.parked && !x.held) {
       auto in = x.sm.protocol_next(x.counter, now);  // the counter of the step under way
       if (in.kind == op::decide) break;
-      if (in.kind == op::wait && now < in.deadline && !kv.has(key_of(in))) {
-        x.parked = in;
-        break;
-      }
-      if (in.kind == op::insert && in.key == agreement_key::claim) {
-        bool ok = kv.insert(key_of(in), in.value);
-        claims += ok;
-        x.sm.on_insert(ok);
-        continue;
-      }
-      perform(x.sm, in, kv);
+      if (!issue(x, in, now, cut)) break;
     }
+  }
+
+  // Performs `in`, or parks it (a wait whose key is absent) or holds it (the store cut off):
+  // false when the watcher stops there this tick.
+  bool issue(sim_worker& x, const step_agreement::instruction& in, clk::time_point now, bool cut) {
+    if (cut) {
+      if (in.kind != op::erase) x.held = in;  // an erase is dropped (best effort)
+      return in.kind == op::erase;
+    }
+    if (in.kind == op::wait && now < in.deadline && !kv.has(key_of(in))) {
+      x.parked = in;
+      return false;
+    }
+    if (in.kind == op::insert && in.key == agreement_key::claim) {
+      bool ok = kv.insert(key_of(in), in.value);
+      claims += ok;
+      x.sm.on_insert(ok);
+      return true;
+    }
+    perform(x.sm, in, kv);
+    check_claim(in);
+    return true;
+  }
+
+  // No outcome key (step, final step) exists without its claim key (claim, final claim): the
+  // idle workers (and those training through the grace period) watch the claim key alone, and
+  // would never find the outcome. Checked as an outcome is recorded (a claim key is erased only
+  // with its outcome key, one round later, in one go).
+  void check_claim(const step_agreement::instruction& in) {
+    if (in.kind != op::insert ||
+        (in.key != agreement_key::step && in.key != agreement_key::final_step))
+      return;
+    const auto claim =
+        in.key == agreement_key::step ? agreement_key::claim : agreement_key::final_claim;
+    if (!kv.has(name(claim, in.round)))
+      fail("round " + std::to_string(in.round) +
+           (in.key == agreement_key::step ? ": outcome '" : ": final outcome '") +
+           kv.try_get(key_of(in)).value_or("") + "' recorded without its claim");
   }
 
   // The smallest counter of the workers still training (not dead, not exited).
@@ -1377,6 +1448,7 @@ class sim_engine {
         if (in.step != agreed || in.step != x.counter)
           fail("saved at " + std::to_string(in.step) + ", agreed " + std::to_string(agreed));
         x.saves.push_back(in.step);
+        x.saved_in.emplace(rd, phase);
         note(rd, phase, "save " + std::to_string(in.step));
         if (in.action == agreement_action::save_then_exit)
           x.exited = true;
@@ -1385,10 +1457,18 @@ class sim_engine {
         break;
       case agreement_action::fail: {
         const auto& f = x.sm.failure();
+        const int fphase = f.key == agreement_key::final_step ? 1 : 0;
+        x.exited = true;
+        if (f.kind == agreement_failure::unreachable) {  // outside the one-outcome invariant
+          unreachable.emplace_back(f.round, fphase, x.sm.settings().task);
+          if (x.saved_in.count({f.round, fphase}))
+            fail("task " + std::to_string(x.sm.settings().task) +
+                 " saved, then failed unreachable");
+          break;
+        }
         if (f.kind != agreement_failure::timeout)
           fail("failure kind " + std::to_string(static_cast<int>(f.kind)));
-        note(f.round, f.key == agreement_key::final_step ? 1 : 0, timeout_text(f.missing_tasks));
-        x.exited = true;
+        note(f.round, fphase, timeout_text(f.missing_tasks));
         break;
       }
       case agreement_action::proceed:
@@ -1787,6 +1867,138 @@ TEST_CASE("simulation: no_exit rounds on the grace path with stalls and deaths �
                    << " ended in a timeout");
   CHECK(failed_runs > 10);
   CHECK(full_runs > 10);
+}
+
+TEST_CASE(
+    "simulation: 1000 trials with stores cut off around the deadlines — one outcome, no outcome "
+    "without its claim") {
+  // A worker's store is cut off (the etcd leader lost with its node, a partition) from around
+  // the notice, or around the end of the grace period (the final claim), for up to 2.5 ack
+  // timeouts or for good: the noticed worker's claim insert fails until its deadline (it then
+  // inserts the claim while recording, and lists the acks), a follower's ack or wait fails (it
+  // records or reads the outcome after its deadline), or the cut outlasts the recording too (it
+  // fails unreachable, alone). Every trial, on top of the engine's checks (no save past the
+  // agreed step, no outcome key recorded without its claim key; an unreachable worker never
+  // saved in that phase): every worker that acts follows its phase's recorded
+  // outcome; once an outcome is recorded, every live worker not cut off at the end acts on it
+  // (none trains on unaware); no outcome only where every noticed worker failed unreachable or
+  // is cut off at the end.
+  std::mt19937 rng(3303);
+  int timeouts = 0, saves = 0, none = 0, finals = 0;
+  int store_failures = 0, claim_unknown = 0, final_claim_unknown = 0, unreachable = 0;
+  constexpr int forever = 1 << 30;
+  auto pick = [&](int m) { return static_cast<int>(rng() % static_cast<unsigned>(m)); };
+  for (int trial = 0; trial < 1000; ++trial) {
+    const int n = 2 + pick(5);
+    std::vector<int> skews;
+    for (int i = 0; i < n; ++i) skews.push_back(1 + pick(4));
+    const bool grace_path = rng() % 2 == 0;
+    const auto grace = grace_path ? milliseconds(30 + pick(50)) : milliseconds(0);
+    sim_faults f;
+    f.ack_timeout = milliseconds(40 + pick(60));
+    const int ack = static_cast<int>(f.ack_timeout.count());
+    const int notice = 20 + pick(50);
+    const int noticed = pick(n);
+    std::vector<std::pair<int, int>> notices{{noticed, notice}};
+    if (rng() % 4 == 0) notices.emplace_back((noticed + 1) % n, notice + pick(ack));
+    const int anchor =
+        grace_path && rng() % 2 ? notice + static_cast<int>(grace.count()) + pick(10) : notice;
+    const int from = anchor - 5 + pick(10);
+    f.cuts.emplace_back(rng() % 4 ? noticed : pick(n), from,
+                        rng() % 8 == 0 ? forever : from + ack / 2 + pick(2 * ack));
+    if (rng() % 3 == 0) {  // another worker cut off around the deadline
+      const int from2 = anchor + ack / 2 + pick(ack);
+      f.cuts.emplace_back(pick(n), from2, from2 + 1 + pick(2 * ack));
+    }
+    if (rng() % 4 == 0) {  // and one frozen
+      const int from3 = anchor + pick(2 * ack);
+      f.stalls.emplace_back(pick(n), from3, from3 + 1 + pick(ack));
+    }
+    sim_engine e(n, skews, rng, f, grace, true);
+    auto cut_at_end = [&](int i) {
+      for (auto& [who, a, b] : f.cuts)
+        if (who == i && b == forever) return true;
+      return false;
+    };
+    // Until every worker acted or is cut off for good, or nothing can happen any more: every
+    // noticed worker is gone, and the others are idle (or in grace) with no claim to join.
+    const int last_notice = std::max(notices.front().second, notices.back().second);
+    for (int tick = 0; tick < 8000; ++tick) {
+      bool done = true, quiet = tick > last_notice;
+      for (int i = 0; i < n; ++i) {
+        const auto& x = e.w[static_cast<std::size_t>(i)];
+        if (x.exited || (cut_at_end(i) && f.cut_off(i, tick))) continue;
+        done = false;
+        const auto st = x.sm.state();
+        const bool claim = e.kv.has(name(
+            st == agreement_state::idle ? agreement_key::claim : agreement_key::final_claim, 0));
+        for (auto& nt : notices) quiet = quiet && nt.first != i;
+        quiet = quiet && !claim && !x.parked && !x.held &&
+                (st == agreement_state::idle || st == agreement_state::grace);
+      }
+      if (done || quiet) break;
+      for (auto& nt : notices)
+        if (nt.second == tick)
+          e.w[static_cast<std::size_t>(nt.first)].sm.on_notice(t0 + milliseconds(tick));
+      e.tick(tick);
+    }
+    const auto recorded = e.kv.try_get(name(agreement_key::step, 0));
+    const auto final_recorded = e.kv.try_get(name(agreement_key::final_step, 0));
+    INFO("trial " << trial << " n " << n << " grace " << grace.count() << " ack " << ack
+                  << " notice " << notice << " task " << noticed << " cut "
+                  << std::get<0>(f.cuts[0]) << " [" << from << ", " << std::get<2>(f.cuts[0])
+                  << ") recorded '" << recorded.value_or("-") << "' final '"
+                  << final_recorded.value_or("-") << "'");
+    REQUIRE_MESSAGE(!e.broken, e.why);
+    std::string why;
+    REQUIRE_MESSAGE(all_follow_recorded(e, why), why);
+    REQUIRE(e.claims <= 1);
+    auto failed_unreachable = [&](int i) {
+      for (auto& u : e.unreachable)
+        if (std::get<2>(u) == i) return true;
+      return false;
+    };
+    // The phases that must have an outcome: the first (a worker was noticed), and the final one
+    // when the first saved on the grace path.
+    const bool final_due = grace_path && recorded && recorded->rfind("step", 0) == 0;
+    for (int p = 0; p < (final_due ? 2 : 1); ++p) {
+      const bool have = p == 0 ? recorded.has_value() : final_recorded.has_value();
+      if (have) {
+        for (int i = 0; i < n; ++i) {
+          const auto& x = e.w[static_cast<std::size_t>(i)];
+          INFO("phase " << p << " task " << i << " state " << static_cast<int>(x.sm.state())
+                        << " counter " << x.counter);
+          CHECK((cut_at_end(i) || x.exited || x.saved_in.count({0, p}) != 0));
+        }
+      } else {
+        for (auto& nt : notices) {
+          INFO("phase " << p << ": no outcome, noticed task " << nt.first << " state "
+                        << static_cast<int>(e.w[static_cast<std::size_t>(nt.first)].sm.state()));
+          CHECK((cut_at_end(nt.first) || failed_unreachable(nt.first)));
+        }
+      }
+    }
+    if (!recorded)
+      ++none;
+    else
+      (recorded->rfind("timeout", 0) == 0 ? timeouts : saves)++;
+    finals += final_recorded.has_value();
+    store_failures += e.store_failures;
+    claim_unknown += e.claim_unknown;
+    final_claim_unknown += e.final_claim_unknown;
+    unreachable += static_cast<int>(e.unreachable.size());
+  }
+  MESSAGE("first outcomes: " << saves << " steps, " << timeouts << " timeouts, " << none
+                             << " none; " << finals << " final outcomes; " << store_failures
+                             << " store failures, " << claim_unknown << " with the claim unknown, "
+                             << final_claim_unknown << " with the final claim unknown; "
+                             << unreachable << " workers unreachable");
+  CHECK(saves > 100);  // the mix covers every path
+  CHECK(timeouts > 100);
+  CHECK(finals > 100);
+  CHECK(claim_unknown > 50);
+  CHECK(final_claim_unknown > 20);
+  CHECK(unreachable > 20);
 }
 
 TEST_CASE("a store failure before the deadline goes on to record the outcome — during it, fails") {
