@@ -629,9 +629,17 @@ int driver_main(options o) {
   print_agreement(open_kv(o, 1));
 
   if (o.kill) {
+    // A survivor reports the dead worker itself (3: its step's timeout names it), or through
+    // the survivor that did first (4: that worker's published error, naming it, is raised on
+    // every other worker, whose waiting step stops at it: step_abandoned).
+    const auto error = open_kv(o, 1).try_get(
+        holdfast::agreement_key_name("holdfast/train/", holdfast::agreement_key::error, 0));
+    const bool error_names_victim =
+        error && error->find("no answer from tasks " + std::to_string(victim)) != std::string::npos;
     int reported = 0;
     for (auto& w : ws)
-      if (w.task != victim && w.exit_code == 3) ++reported;
+      if (w.task != victim && (w.exit_code == 3 || (w.exit_code == 4 && error_names_victim)))
+        ++reported;
     bool ok = reported == o.workers - 1;
     std::printf(
         "\nverdict: %s — %d of %d surviving workers reported the dead worker %d instead "
