@@ -57,6 +57,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>  // yield: an install waits for a handler copying a record
 #include <utility>
 
 #include "../detail/waker.hpp"  // waker_slot: what the handler notifies
@@ -89,13 +90,17 @@ inline constexpr int signal_saved_ring = 8;
 
 /// Per signal: how many notices installed it and what was there before. The handler may still
 /// be running (on another thread) when the next install saves a new previous disposition, so
-/// saved dispositions go into a ring and are published by an index: a running handler keeps
-/// reading the record it loaded, which is not reused until eight more changes.
+/// saved dispositions go into a ring and are published by an index. The handler copies the
+/// record it loaded under a reader count of that record, and only while it is still the
+/// published one (read_previous); an install waits for a record's readers before it rewrites it
+/// (eight changes later), so no copy ever meets a write.
 struct signal_disposition {
   int installs = 0;  // under signal_table::mu
   struct sigaction saved[signal_saved_ring] {};
   /// Per saved record: an SA_RESETHAND handler had its one call (set by the signal handler).
   std::atomic<bool> used_up[signal_saved_ring]{};
+  /// Per saved record: handlers copying it now (a few instructions each).
+  std::atomic<int> readers[signal_saved_ring]{};
   std::atomic<int> current{0};
   const struct sigaction& previous() const noexcept {
     return saved[current.load(std::memory_order_acquire)];
@@ -131,10 +136,29 @@ inline bool calls_function(const struct sigaction& sa) noexcept {
          h != reinterpret_cast<std::uintptr_t>(SIG_IGN);
 }
 
+/// A copy of the published previous disposition and its index, made under the record's reader
+/// count and only while it is still the published one: an install rewriting a record (never the
+/// published one) waits for its readers, and one publishing it has finished writing it. The
+/// operations are sequentially consistent, so a reader whose count the install missed sees the
+/// index moved on and tries again.
+inline struct sigaction read_previous(signal_disposition& d, int& index) noexcept {
+  for (;;) {
+    const int i = d.current.load();
+    d.readers[i].fetch_add(1);
+    if (d.current.load() == i) {
+      const struct sigaction copy = d.saved[i];
+      d.readers[i].fetch_sub(1);
+      index = i;
+      return copy;
+    }
+    d.readers[i].fetch_sub(1);
+  }
+}
+
 inline void chain_previous(int sig, siginfo_t* info, void* ctx) noexcept {
   signal_disposition& d = signal_slot.sig[sig];
-  const int i = d.current.load(std::memory_order_acquire);
-  const struct sigaction& prev = d.saved[i];
+  int i = 0;
+  const struct sigaction prev = read_previous(d, i);
   // SIG_DFL, SIG_IGN: nothing. Re-raising a default SIGTERM would kill the process we are
   // here to save; the notice takes over the default action instead.
   if (!calls_function(prev)) return;
@@ -219,6 +243,9 @@ inline void install_signal(int sig) {
     const int i = d.current.load(std::memory_order_relaxed);
     if (!same_disposition(d.saved[i], current) || d.used_up[i].load()) {
       const int next = (i + 1) % signal_saved_ring;
+      // A handler still copying that record (it loaded the index eight changes ago): it is a
+      // few instructions from done.
+      while (d.readers[next].load() != 0) std::this_thread::yield();
       d.saved[next] = current;
       d.used_up[next].store(false);
       d.current.store(next, std::memory_order_release);
