@@ -5,43 +5,16 @@
 // Prints an environment line, then one row per case: median, minimum and p99 ns per operation,
 // the baseline's median, and the ratio case / baseline (medians). --tsv prints
 // case<TAB>median_ns<TAB>baseline<TAB>baseline_median_ns<TAB>ratio for machines to read.
-#include <sys/utsname.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "bench.hpp"
-
-#ifndef HOLDFAST_BENCH_FLAGS
-#define HOLDFAST_BENCH_FLAGS "unknown"
-#endif
+#include "environment.hpp"  // bench::environment: the first line
 
 namespace {
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
-std::string environment() {
-  utsname u{};
-  ::uname(&u);
-#if defined(__clang__)
-  std::string compiler = "clang " __clang_version__;
-#elif defined(__GNUC__)
-  std::string compiler = "g++ " __VERSION__;
-#else
-  std::string compiler = "unknown";
-#endif
-  return "compiler: " + compiler + " | flags: " HOLDFAST_BENCH_FLAGS + " | cpu: " + cpu_model() +
-         " | kernel: " + u.sysname + " " + u.release;
-}
 
 std::size_t calibrate(const bench::case_def& c) {
   if (c.cfg.iterations) return c.cfg.iterations;
@@ -115,7 +88,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("%s%s\n", tsv ? "# " : "", environment().c_str());
+  std::printf("%s%s\n", tsv ? "# " : "", bench::environment().c_str());
   if (tsv) std::printf("case\tmedian_ns\tbaseline\tbaseline_median_ns\tratio\n");
   for (const auto& c : bench::registry()) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;

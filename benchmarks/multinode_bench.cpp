@@ -35,7 +35,6 @@
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,12 +61,9 @@
 #include <vector>
 
 #include "../tests/support/multinode.hpp"
-#include "bench.hpp"   // summarize
-#include "stamps.hpp"  // now_ns
-
-#ifndef HOLDFAST_BENCH_FLAGS
-#define HOLDFAST_BENCH_FLAGS "unknown"
-#endif
+#include "bench.hpp"        // summarize
+#include "environment.hpp"  // bench::environment: the first line
+#include "stamps.hpp"       // now_ns
 
 namespace {
 
@@ -501,28 +497,6 @@ kill_result kill_run(int nodes, std::chrono::milliseconds ack_timeout, bool lead
   return out;
 }
 
-std::string environment() {
-  utsname u{};
-  ::uname(&u);
-#if defined(__clang__)
-  std::string compiler = "clang " __clang_version__;
-#elif defined(__GNUC__)
-  std::string compiler = "g++ " __VERSION__;
-#else
-  std::string compiler = "unknown";
-#endif
-  std::string cpu = "unknown";
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) {
-      cpu = line.substr(line.find(':') + 2);
-      break;
-    }
-  return "compiler: " + compiler + " | flags: " HOLDFAST_BENCH_FLAGS + " | cpu: " + cpu + " x" +
-         std::to_string(std::thread::hardware_concurrency()) + " | kernel: " + u.sysname + " " +
-         u.release;
-}
-
 int usage(const char* self) {
   std::fprintf(stderr,
                "usage: %s [--runs N] [--nodes 2,3] [--ack-timeout MS] [--request-timeout MS] "
@@ -568,7 +542,7 @@ int main(int argc, char** argv) {
                  "CAP_SYS_ADMIN and CAP_NET_ADMIN) for its nodes. Run it as root (sudo).\n");
     return 1;
   }
-  std::printf("%s\n", environment().c_str());
+  std::printf("%s\n", bench::environment().c_str());
   std::printf(
       "# %d workers per node (each a process in its node's network namespace), etcd_kv over a "
       "3-member etcd (one member per namespace), medians of %d runs; times in ms\n",
