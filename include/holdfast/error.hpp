@@ -18,6 +18,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -130,6 +131,39 @@ class peer_error : public error {
   int origin_;
   std::string type_;
   std::string message_;
+};
+
+/// A hang verdict recorded for this job (handler/hang.hpp): a task stayed in a step, a save or
+/// the restore past its bound, or stopped renewing its liveness lease (frozen). run() throws it
+/// on every worker that learns the verdict (with the hang_report policy; hang_restart ends the
+/// process instead). ETIMEDOUT.
+class hang_detected : public error {
+ public:
+  hang_detected(int task, std::string phase, std::int64_t step, std::int64_t elapsed_ms,
+                std::int64_t bound_ms, std::string description)
+      : error(ETIMEDOUT, "hang", "task " + std::to_string(task), description),
+        task_(task),
+        phase_(std::move(phase)),
+        step_(step),
+        elapsed_ms_(elapsed_ms),
+        bound_ms_(bound_ms) {}
+  /// The task that hung.
+  int hung_task() const noexcept { return task_; }
+  /// Where: "step", "save", "restore" or "frozen".
+  const std::string& phase() const noexcept { return phase_; }
+  /// The step it was at; -1 unknown.
+  std::int64_t step() const noexcept { return step_; }
+  /// How long it had been in the phase, in milliseconds, when the verdict was recorded.
+  std::int64_t elapsed_ms() const noexcept { return elapsed_ms_; }
+  /// The bound it passed, in milliseconds.
+  std::int64_t bound_ms() const noexcept { return bound_ms_; }
+
+ private:
+  int task_;
+  std::string phase_;
+  std::int64_t step_;
+  std::int64_t elapsed_ms_;
+  std::int64_t bound_ms_;
 };
 
 /// Not a failure: what a step throws to stop waiting for its peers once the handler says the

@@ -29,23 +29,31 @@ HOLDFAST_NAMESPACE_BEGIN
 /// parse_agreement_value and written by format_agreement_value):
 ///   value  := body " by " task "/" nonce
 ///   body   := "claim" | "step " int | "timeout " int ("," int)* | "abort" | "none"
+///           | "hang " int " " phase " " (int | "-") " " int " " int
+///   phase  := "step" | "save" | "restore" | "frozen"
 ///   int    := "0" | [1-9][0-9]*   (a non-negative int64; task ids fit an int)
 ///   nonce  := 1 to 32 of [0-9A-Za-z_-]   (the writing handler's instance: a restarted process
 ///                                         with the same task writes another nonce)
 /// e.g. "step 57 by 2/9f3a0c1d", "timeout 1,3 by 0/77e2b4aa". Timeout task lists are ascending
-/// with no duplicates.
+/// with no duplicates. A hang verdict (handler/hang.hpp) names the hung task, the phase it hung
+/// in, the step it was at ("-": unknown, a frozen worker), how long it had been in that phase and
+/// the bound it passed, in milliseconds: "hang 2 step 57 12034 10000 by 0/77e2b4aa".
 struct agreement_value {
   /// What the value says.
-  enum class kind : unsigned char { claim, step, timeout, abort, none };
+  enum class kind : unsigned char { claim, step, timeout, abort, none, hang };
   kind what = kind::step;  ///< the body
-  std::int64_t step = -1;  ///< step: the agreed (or restored) step
-  std::vector<int> tasks;  ///< timeout: the tasks that did not answer, ascending
-  int writer = -1;         ///< the task that wrote it
-  std::string nonce;       ///< the writing handler instance
+  std::int64_t step = -1;  ///< step: the agreed (or restored) step; hang: the step, -1 unknown
+  std::vector<int> tasks;  ///< timeout: the tasks that did not answer, ascending; hang: the task
+  std::string phase;       ///< hang: step, save, restore or frozen
+  std::int64_t elapsed_ms = 0;  ///< hang: how long the task had been in the phase
+  std::int64_t bound_ms = 0;    ///< hang: the bound it passed
+  int writer = -1;              ///< the task that wrote it
+  std::string nonce;            ///< the writing handler instance
 
   /// Same body and writer.
   friend bool operator==(const agreement_value& a, const agreement_value& b) {
-    return a.what == b.what && a.step == b.step && a.tasks == b.tasks && a.writer == b.writer &&
+    return a.what == b.what && a.step == b.step && a.tasks == b.tasks && a.phase == b.phase &&
+           a.elapsed_ms == b.elapsed_ms && a.bound_ms == b.bound_ms && a.writer == b.writer &&
            a.nonce == b.nonce;
   }
   /// Not the same value.
@@ -64,6 +72,9 @@ inline std::optional<std::int64_t> parse_agreement_int(std::string_view s, std::
     v = v * 10 + d;
   }
   return v;
+}
+inline bool agreement_hang_phase_ok(std::string_view p) {
+  return p == "step" || p == "save" || p == "restore" || p == "frozen";
 }
 inline bool agreement_nonce_ok(std::string_view n) {
   if (n.empty() || n.size() > 32) return false;
@@ -104,6 +115,14 @@ inline std::string format_agreement_value(const agreement_value& v) {
       break;
     case agreement_value::kind::none:
       body = "none";
+      break;
+    case agreement_value::kind::hang:
+      if (v.tasks.size() != 1 || v.tasks[0] < 0 || !detail::agreement_hang_phase_ok(v.phase) ||
+          v.step < -1 || v.elapsed_ms < 0 || v.bound_ms < 0)
+        throw std::invalid_argument("agreement value: bad hang verdict");
+      body = "hang " + std::to_string(v.tasks[0]) + " " + v.phase + " " +
+             (v.step < 0 ? std::string("-") : std::to_string(v.step)) + " " +
+             std::to_string(v.elapsed_ms) + " " + std::to_string(v.bound_ms);
       break;
   }
   return body + " by " + std::to_string(v.writer) + "/" + v.nonce;
@@ -151,6 +170,32 @@ inline std::optional<agreement_value> parse_agreement_value(std::string_view tex
         if (comma == std::string_view::npos) break;
         body.remove_prefix(comma + 1);
       }
+    } else if (word("hang ")) {
+      v.what = agreement_value::kind::hang;
+      auto field = [&]() {  // the next space-separated field (the last one: the rest)
+        const auto sp = body.find(' ');
+        std::string_view f = body.substr(0, sp);
+        body = sp == std::string_view::npos ? std::string_view() : body.substr(sp + 1);
+        return f;
+      };
+      auto task = detail::parse_agreement_int(field(), int_max);
+      const std::string_view phase = field(), step = field();
+      auto elapsed = detail::parse_agreement_int(field(), INT64_MAX);
+      const std::string_view last = body;
+      auto bound = detail::parse_agreement_int(last, INT64_MAX);
+      if (!task || !detail::agreement_hang_phase_ok(phase) || !elapsed || !bound)
+        return std::nullopt;
+      if (step == "-") {
+        v.step = -1;
+      } else {
+        auto s = detail::parse_agreement_int(step, INT64_MAX);
+        if (!s) return std::nullopt;
+        v.step = *s;
+      }
+      v.tasks.push_back(static_cast<int>(*task));
+      v.phase = std::string(phase);
+      v.elapsed_ms = *elapsed;
+      v.bound_ms = *bound;
     } else {
       return std::nullopt;
     }

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "../version.hpp"
+#include "hang.hpp"  // hang_options
 
 HOLDFAST_NAMESPACE_BEGIN
 
@@ -41,6 +42,9 @@ struct handler_options {
   /// that (needs a Checkpointer with all_steps() and restore_step()); false: each worker
   /// restores its own latest checkpoint.
   bool agree_on_restore = true;
+  /// The hang detector's tuning (handler/hang.hpp; the handler's Hang policy decides whether it
+  /// runs and what a verdict does).
+  hang_options hang;
 };
 
 /// What run() / save_checkpoint_if_preempted() did.

@@ -1,0 +1,325 @@
+// holdfast/handler/hang.hpp — what the handler's hang detector is made of: the phases a worker
+// can hang in (hang_phase), the bounds it learns from the job (hang_bounds, hang_learner), its
+// options (hang_options), the verdict it records (hang_verdict, spelt in the agreement's value
+// grammar) and the policies that act on one (hang_none, hang_report, hang_restart).
+//
+// A phase is hung when it runs past max(multiplier x learned bound, floor): the learned bound of
+// a step is the longest step time over the last one to two windows of steps (a windowed max, two
+// buckets), of a save or a restore the longest of the last ones seen. Until warmup_steps steps
+// are timed, a step's bound is warmup_floor. The bounds persist in the checkpoint metadata
+// (checkpoint_manager: "hang_bounds"), so a restarted job starts with its predecessor's.
+//
+// Guarantees:
+//   - hang_learner::add_step costs a compare, an increment and a compare per step; it
+//     recomputes and publishes a bound (one relaxed atomic store) only when the window's maximum
+//     grows, a window ends or the warm-up does.
+//   - A verdict's value text is the agreement grammar's "hang" body (agreement/value.hpp), so a
+//     verdict recorded into a round's outcome key is read by every worker's agreement machine.
+//   - hang_none compiles detection out: no atomic store per step, no watcher wake-up.
+// Caveats:
+//   - The bounds are the job's own: a job whose steps grow slowly (a curriculum) raises its
+//     bound with them, but a job whose step time jumps by more than `multiplier` at once (an
+//     evaluation inside a step) needs a floor above that step, or it is taken for a hang.
+#pragma once
+
+#include <unistd.h>  // _exit: the restart policy
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>  // fprintf: the report's log line
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "../agreement/value.hpp"
+#include "../version.hpp"
+
+HOLDFAST_NAMESPACE_BEGIN
+
+/// Where a worker hung: in a step (between two run() boundaries), in a save, in the restore at
+/// construction, or as a whole process (frozen: its liveness key expired; see handler/liveness).
+enum class hang_phase : unsigned char { none, step, save, restore, frozen };
+
+/// "step", "save", "restore", "frozen" ("none" for none).
+inline const char* hang_phase_name(hang_phase p) noexcept {
+  switch (p) {
+    case hang_phase::step:
+      return "step";
+    case hang_phase::save:
+      return "save";
+    case hang_phase::restore:
+      return "restore";
+    case hang_phase::frozen:
+      return "frozen";
+    case hang_phase::none:
+      break;
+  }
+  return "none";
+}
+
+/// The phase named `s` (hang_phase_name's), or none.
+inline hang_phase parse_hang_phase(std::string_view s) noexcept {
+  for (hang_phase p : {hang_phase::step, hang_phase::save, hang_phase::restore, hang_phase::frozen})
+    if (s == hang_phase_name(p)) return p;
+  return hang_phase::none;
+}
+
+/// The learned bounds (before the multiplier): what the job measured, and what a checkpoint
+/// records for the next start.
+struct hang_bounds {
+  std::chrono::nanoseconds step{0};     ///< the longest step over the recent window(s)
+  std::chrono::nanoseconds save{0};     ///< the longest of the recent saves
+  std::chrono::nanoseconds restore{0};  ///< the longest restore seen
+  std::uint64_t steps = 0;              ///< steps timed (the warm-up counts them)
+  /// Same values.
+  friend bool operator==(const hang_bounds& a, const hang_bounds& b) {
+    return a.step == b.step && a.save == b.save && a.restore == b.restore && a.steps == b.steps;
+  }
+};
+
+/// A recorded hang: which task, in which phase, at which step, for how long, past which bound,
+/// and who recorded it.
+struct hang_verdict {
+  int task = -1;                         ///< the task that hung
+  hang_phase phase = hang_phase::none;   ///< where
+  std::int64_t step = -1;                ///< the step counter it was at; -1: unknown (frozen)
+  std::chrono::milliseconds elapsed{0};  ///< how long it had been in the phase when recorded
+  std::chrono::milliseconds bound{0};    ///< the bound it passed
+  int recorder = -1;                     ///< the task whose watcher recorded it
+  std::string nonce;                     ///< the recording handler instance
+
+  /// One line for a log: "task 2 hung in step 57 for 12.0 s (bound 10.0 s; recorded by task 0)".
+  std::string describe() const {
+    auto secs = [](std::chrono::milliseconds d) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.1f s", static_cast<double>(d.count()) / 1000.0);
+      return std::string(b);
+    };
+    std::string s = "task " + std::to_string(task) + " hung";
+    if (phase == hang_phase::frozen)
+      s += " (frozen: its liveness lease expired)";
+    else
+      s += std::string(" in ") + hang_phase_name(phase) +
+           (step >= 0 ? " at step " + std::to_string(step) : std::string());
+    return s + " for " + secs(elapsed) + " (bound " + secs(bound) + "; recorded by task " +
+           std::to_string(recorder) + ")";
+  }
+};
+
+/// The verdict as an agreement value (the "hang" body).
+inline agreement_value hang_verdict_value(const hang_verdict& v) {
+  agreement_value a;
+  a.what = agreement_value::kind::hang;
+  a.tasks = {v.task};
+  a.phase = hang_phase_name(v.phase);
+  a.step = v.step < 0 ? -1 : v.step;
+  a.elapsed_ms = v.elapsed.count();
+  a.bound_ms = v.bound.count();
+  a.writer = v.recorder;
+  a.nonce = v.nonce;
+  return a;
+}
+
+/// The verdict an agreement value holds, when it is a "hang" one.
+inline std::optional<hang_verdict> hang_verdict_of(const agreement_value& a) {
+  if (a.what != agreement_value::kind::hang || a.tasks.size() != 1) return std::nullopt;
+  hang_verdict v;
+  v.task = a.tasks[0];
+  v.phase = parse_hang_phase(a.phase);
+  v.step = a.step;
+  v.elapsed = std::chrono::milliseconds(a.elapsed_ms);
+  v.bound = std::chrono::milliseconds(a.bound_ms);
+  v.recorder = a.writer;
+  v.nonce = a.nonce;
+  return v;
+}
+
+/// The detector's tuning (handler_options::hang). Defaults: the bound is 5 x the longest step
+/// of the recent window (nvidia-resiliency-ext's rule), never under 60 s for a step (10 min
+/// until 10 steps are timed), 5 min for a save and 10 min for a restore: a hang is found in
+/// about a minute, or 5 x the longest step where steps are long, against NCCL's 10 minutes.
+struct hang_options {
+  double multiplier = 5.0;  ///< k: a phase is hung past max(k x learned bound, floor)
+  std::chrono::milliseconds step_floor{std::chrono::seconds(60)};     ///< after the warm-up
+  std::chrono::milliseconds warmup_floor{std::chrono::minutes(10)};   ///< a step's, in warm-up
+  std::chrono::milliseconds save_floor{std::chrono::minutes(5)};      ///< a save's
+  std::chrono::milliseconds restore_floor{std::chrono::minutes(10)};  ///< the restore's
+  std::uint32_t warmup_steps = 10;    ///< steps timed before the learned step bound applies
+  std::uint32_t window_steps = 1000;  ///< steps per window of the windowed max
+  /// The longest the watcher sleeps without looking at the training thread's phase (it also
+  /// wakes exactly when the current phase's bound runs out, so this matters only while a bound
+  /// changes under it). Detection is within the bound plus this period.
+  std::chrono::milliseconds period{std::chrono::seconds(1)};
+  /// What the restart policy exits with: EX_TEMPFAIL, a failure the launcher restarts
+  /// (torchrun restarts the group on any nonzero exit while it has restarts left).
+  int exit_code = 75;
+  /// Called once per verdict on the worker's watcher thread (both policies), before the log
+  /// line and, for hang_restart, before the exit. Must not call back into the handler.
+  std::function<void(const hang_verdict&)> on_hang;
+};
+
+namespace detail {
+
+// max(k x learned, floor) in nanoseconds.
+inline std::int64_t hang_bound_ns(double k, std::chrono::nanoseconds learned,
+                                  std::chrono::milliseconds floor) {
+  const double b = k * static_cast<double>(learned.count());
+  const double f = static_cast<double>(std::chrono::nanoseconds(floor).count());
+  const double m = std::max(b, f);
+  return m >= 9.0e18 ? INT64_MAX : static_cast<std::int64_t>(m);
+}
+
+}  // namespace detail
+
+/// The training thread's learner of step and save times, and the bounds it publishes to the
+/// watcher (relaxed atomics the watcher reads). Training thread: add_step, add_save,
+/// add_restore, seed; watcher: step_bound, save_bound, restore_bound.
+class hang_learner {
+ public:
+  explicit hang_learner(const hang_options& o = {})
+      : k_(o.multiplier),
+        step_floor_(o.step_floor),
+        warmup_floor_(o.warmup_floor),
+        save_floor_(o.save_floor),
+        restore_floor_(o.restore_floor),
+        warmup_(o.warmup_steps),
+        window_(std::max<std::uint32_t>(o.window_steps, 1)) {
+    publish_all();
+  }
+
+  /// Starts from bounds a checkpoint recorded (a restarted job): the warm-up is over when they
+  /// counted it over.
+  void seed(const hang_bounds& b) {
+    prev_ = b.step;
+    steps_ = b.steps;
+    save_max_ = b.save;
+    restore_max_ = b.restore;
+    publish_all();
+  }
+
+  /// One step time (the hot path: see the header).
+  void add_step(std::chrono::nanoseconds dt) noexcept {
+    bool changed = false;
+    if (dt > cur_) {
+      cur_ = dt;
+      changed = cur_ > prev_;
+    }
+    if (++in_window_ == window_) {  // the window ends: the older bucket goes
+      prev_ = cur_;
+      cur_ = std::chrono::nanoseconds::zero();
+      in_window_ = 0;
+      changed = true;
+    }
+    if (++steps_ == warmup_) changed = true;
+    if (changed) publish_step();
+  }
+
+  /// One save's duration (its durable end included).
+  void add_save(std::chrono::nanoseconds d) noexcept {
+    save_prev_ = save_last_;
+    save_last_ = d;
+    save_max_ = std::max(save_prev_, save_last_);  // the last two saves: a slow one ages out
+    save_bound_.store(detail::hang_bound_ns(k_, save_max_, save_floor_), std::memory_order_relaxed);
+  }
+
+  /// The restore's duration.
+  void add_restore(std::chrono::nanoseconds d) noexcept {
+    restore_max_ = d;
+    restore_bound_.store(detail::hang_bound_ns(k_, restore_max_, restore_floor_),
+                         std::memory_order_relaxed);
+  }
+
+  /// What was learned (for the checkpoint metadata).
+  hang_bounds bounds() const noexcept {
+    return {std::max(prev_, cur_), save_max_, restore_max_, steps_};
+  }
+
+  /// The bound of a step now, of a save, of the restore (watcher side).
+  std::chrono::nanoseconds step_bound() const noexcept {
+    return std::chrono::nanoseconds(step_bound_.load(std::memory_order_relaxed));
+  }
+  std::chrono::nanoseconds save_bound() const noexcept {
+    return std::chrono::nanoseconds(save_bound_.load(std::memory_order_relaxed));
+  }
+  std::chrono::nanoseconds restore_bound() const noexcept {
+    return std::chrono::nanoseconds(restore_bound_.load(std::memory_order_relaxed));
+  }
+  /// The bound of `p` (none and frozen: none, the largest value).
+  std::chrono::nanoseconds bound(hang_phase p) const noexcept {
+    switch (p) {
+      case hang_phase::step:
+        return step_bound();
+      case hang_phase::save:
+        return save_bound();
+      case hang_phase::restore:
+        return restore_bound();
+      case hang_phase::none:
+      case hang_phase::frozen:
+        break;
+    }
+    return std::chrono::nanoseconds::max();
+  }
+
+ private:
+  void publish_step() noexcept {
+    const std::int64_t b = steps_ < warmup_
+                               ? detail::hang_bound_ns(1.0, {}, warmup_floor_)
+                               : detail::hang_bound_ns(k_, std::max(prev_, cur_), step_floor_);
+    step_bound_.store(b, std::memory_order_relaxed);
+  }
+  void publish_all() noexcept {
+    publish_step();
+    save_bound_.store(detail::hang_bound_ns(k_, save_max_, save_floor_), std::memory_order_relaxed);
+    restore_bound_.store(detail::hang_bound_ns(k_, restore_max_, restore_floor_),
+                         std::memory_order_relaxed);
+  }
+
+  double k_;
+  std::chrono::milliseconds step_floor_, warmup_floor_, save_floor_, restore_floor_;
+  std::uint64_t warmup_;
+  std::uint32_t window_;
+  // training thread only
+  std::chrono::nanoseconds prev_{0}, cur_{0};  // the windowed max's two buckets
+  std::uint32_t in_window_ = 0;
+  std::uint64_t steps_ = 0;
+  std::chrono::nanoseconds save_last_{0}, save_prev_{0}, save_max_{0}, restore_max_{0};
+  // read by the watcher
+  std::atomic<std::int64_t> step_bound_{0}, save_bound_{0}, restore_bound_{0};
+};
+
+/// Hang policy: no detection at all (compiled out).
+struct hang_none {
+  static constexpr bool detects = false;
+  static void act(const hang_verdict&, const hang_options&) noexcept {}
+};
+
+/// Hang policy: report a verdict (hang_options::on_hang, then a line on stderr); the job goes
+/// on. A verdict recorded as a round's outcome still fails that round (hang_detected).
+struct hang_report {
+  static constexpr bool detects = true;
+  static void act(const hang_verdict& v, const hang_options& o) noexcept {
+    try {
+      if (o.on_hang) o.on_hang(v);
+    } catch (...) {
+    }
+    const std::string line = "holdfast: hang detected: " + v.describe() + "\n";
+    (void)!::write(2, line.data(), line.size());
+  }
+};
+
+/// Hang policy: report, then end the process with hang_options::exit_code (_exit: no destructor
+/// runs, no buffer is flushed, nothing half-written is published); every worker does the same
+/// when it learns the verdict, so the launcher restarts the group and the next start resumes
+/// from the newest checkpoint every task holds.
+struct hang_restart {
+  static constexpr bool detects = true;
+  [[noreturn]] static void act(const hang_verdict& v, const hang_options& o) noexcept {
+    hang_report::act(v, o);
+    ::_exit(o.exit_code);
+  }
+};
+
+HOLDFAST_NAMESPACE_END
