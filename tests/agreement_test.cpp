@@ -2117,12 +2117,13 @@ TEST_CASE("values: one grammar, written and read back — anything else is refus
     auto back = holdfast::parse_agreement_value(holdfast::format_agreement_value(v));
     return back && *back == v;
   };
-  CHECK(round_trip({kind::claim, -1, {}, 3, "abc"}));
-  CHECK(round_trip({kind::step, 9223372036854775807, {}, 0, "n"}));
-  CHECK(round_trip({kind::timeout, -1, {0, 7, 12}, 1, "x-Y_9"}));
-  CHECK(round_trip({kind::abort, -1, {}, 2, "n"}));
-  CHECK(round_trip({kind::none, -1, {}, 0, "n"}));
-  CHECK(holdfast::format_agreement_value({kind::step, 57, {}, 2, "9f3a"}) == "step 57 by 2/9f3a");
+  CHECK(round_trip({kind::claim, -1, {}, 3, "abc", {}, 0, 0}));
+  CHECK(round_trip({kind::step, 9223372036854775807, {}, 0, "n", {}, 0, 0}));
+  CHECK(round_trip({kind::timeout, -1, {0, 7, 12}, 1, "x-Y_9", {}, 0, 0}));
+  CHECK(round_trip({kind::abort, -1, {}, 2, "n", {}, 0, 0}));
+  CHECK(round_trip({kind::none, -1, {}, 0, "n", {}, 0, 0}));
+  CHECK(holdfast::format_agreement_value({kind::step, 57, {}, 2, "9f3a", {}, 0, 0}) ==
+        "step 57 by 2/9f3a");
   for (const char* bad : {"",
                           "57",
                           "step 57",
@@ -2147,9 +2148,9 @@ TEST_CASE("values: one grammar, written and read back — anything else is refus
                           "abort by 0/n\n",
                           "stop by 0/n"})
     CHECK_MESSAGE(!holdfast::parse_agreement_value(bad), bad);
-  CHECK_THROWS_AS(holdfast::format_agreement_value({kind::timeout, -1, {}, 0, "n"}),
+  CHECK_THROWS_AS(holdfast::format_agreement_value({kind::timeout, -1, {}, 0, "n", {}, 0, 0}),
                   std::invalid_argument);
-  CHECK_THROWS_AS(holdfast::format_agreement_value({kind::step, 1, {}, 0, "bad nonce"}),
+  CHECK_THROWS_AS(holdfast::format_agreement_value({kind::step, 1, {}, 0, "bad nonce", {}, 0, 0}),
                   std::invalid_argument);
 }
 

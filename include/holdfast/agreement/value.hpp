@@ -44,11 +44,11 @@ struct agreement_value {
   kind what = kind::step;  ///< the body
   std::int64_t step = -1;  ///< step: the agreed (or restored) step; hang: the step, -1 unknown
   std::vector<int> tasks;  ///< timeout: the tasks that did not answer, ascending; hang: the task
+  int writer = -1;         ///< the task that wrote it
+  std::string nonce;       ///< the writing handler instance
   std::string phase;       ///< hang: step, save, restore or frozen
   std::int64_t elapsed_ms = 0;  ///< hang: how long the task had been in the phase
   std::int64_t bound_ms = 0;    ///< hang: the bound it passed
-  int writer = -1;              ///< the task that wrote it
-  std::string nonce;            ///< the writing handler instance
 
   /// Same body and writer.
   friend bool operator==(const agreement_value& a, const agreement_value& b) {
