@@ -40,7 +40,8 @@
 //     whose last save failed resumes from an older step than its peers).
 //   - Steady state (no notice, no claim): run() costs one relaxed atomic load, one atomic add
 //     (the run counter the watcher reads) and one clock read plus two additions for the running
-//     mean of step time; no store traffic, no lock, no allocation.
+//     mean of step time, and with hang detection a relaxed store and a compare or two (below);
+//     no store traffic, no lock, no allocation.
 //   - One background thread per handler (the watcher). It forwards this worker's notice, waits
 //     for the control keys that can start or end an agreement (claim, final claim, outcome,
 //     error), and runs the protocol itself: it claims, acks with the run counter, collects the
@@ -124,6 +125,22 @@
 //     the second agreement and save also end before the grace period does. The save is timed to
 //     its durable end (an async Checkpointer's commit included), so the reserve holds the
 //     final save's commit too.
+//   - Hang detection (the Hang policy, handler/hang.hpp; hang_report by default, hang_restart,
+//     hang_none): the training thread publishes which phase it is in (a step: from one run()
+//     boundary to the next; a save; the restore at construction) and since when, in one relaxed
+//     atomic store per step, and feeds the step time to a windowed max (a compare or two). The
+//     watcher (and, during the restore, a guard thread of the constructor's) wakes when the
+//     phase's bound max(multiplier x learned, floor) runs out and records one verdict for the
+//     job: into the outcome key of a round under way (the round fails: every worker throws
+//     hang_detected), for a policy that ends the job into the claim key every idle worker waits
+//     on (else ctl/hang). Every worker learns it through its watch (or a read per period over a
+//     store without one) and its policy acts once: report (hang_options::on_hang, a stderr line)
+//     or restart (the same, then _exit(exit_code) from the watcher, so a stuck training thread
+//     does not hold the process). The agreement itself is not watched: its deadline plus one
+//     ack_timeout bound it, and its timeout is its recorded outcome. pause_hang_detection() lifts
+//     the bound until the next boundary (an evaluation); a failed, stopped or shut-down handler
+//     watches nothing. The learned bounds go into each checkpoint the handler saves and seed the
+//     next start (a Checkpointer with set_hang_bounds()/restored_hang_bounds()).
 //   - Signal handlers are the notice policy's business; this file installs none.
 // Caveats:
 //   - run() and save_checkpoint_if_preempted() must be called from one thread.

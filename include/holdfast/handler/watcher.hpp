@@ -29,6 +29,12 @@
 //     reconnection.
 //     An insert that finds the key holding this worker's own value (a late commit) is fed to
 //     the machine as created, so a claimant never takes itself for a loser.
+//   - Hang detection (Hang::detects): every sleep ends when the training thread's phase runs out
+//     of its bound (hang_next_), and every wake-up looks at it (look_for_hang), in an idle wait,
+//     a protocol wait or a slice; a verdict is recorded once (record_hang: insert-once where
+//     verdict_keys_locked says, a verdict already there being the one) and the policy acts on
+//     the recorded one once (act_on_hang); a peer's is learned through the machine (a hang value
+//     in a claim or outcome key) or ctl/hang.
 //   - Stopping (request_watcher_stop, stop_watcher) wakes the watcher wherever it sleeps;
 //     stop_watcher joins it, and the destructor does too.
 // Caveats:
@@ -635,7 +641,7 @@ class agreement_watcher {
         read_cached_trigger();
       }
       std::optional<std::string> reported;
-      if constexpr (detects_hangs && !Hang::ends_job) {  // a verdict that fails nothing
+      if constexpr (detects_hangs) {  // a verdict beside the rounds (ctl/hang)
         if (!hang_acted_.load()) {
           reported = control_cache_.lookup(kv_, hang_key_);
           if (reported && !is_hang(*reported)) reported.reset();
@@ -752,8 +758,8 @@ class agreement_watcher {
   }
 
   // The verdict a peer recorded and this worker's machine learned (it failed with kind hang):
-  // the policy acts on it, once. Over a store without a watch, a verdict that fails nothing
-  // (ctl/hang) is read once per hang_options::period.
+  // the policy acts on it, once. A verdict beside the rounds (ctl/hang) comes with the control
+  // watch, or over a store without a watch is read once per hang_options::period.
   void learn_hang() {
     if (hang_acted_.load()) return;
     std::string recorded;
@@ -763,7 +769,7 @@ class agreement_watcher {
           machine_.failure().kind == agreement_failure::hang)
         recorded = machine_.failure().message;
     }
-    if (recorded.empty() && !evented_ && !Hang::ends_job && steady::now() >= hang_read_next_) {
+    if (recorded.empty() && !evented_ && steady::now() >= hang_read_next_) {
       hang_read_next_ = steady::now() + options_.hang.period;
       try {
         if (auto v = kv_.try_get(hang_key_); v && is_hang(*v)) recorded = std::move(*v);
