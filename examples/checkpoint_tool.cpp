@@ -1,8 +1,9 @@
 // checkpoint_tool — look at, check and repair a run's checkpoint directory.
 //
 //   checkpoint_tool list   [options] DIR    the checkpoints in use (step, name, history, saved at,
-//                                           metrics; history "-" when unknown)
-//                                           and the pointer's state; changes nothing
+//                                           metrics; history "-" when unknown; the hang
+//                                           detector's bounds below, when recorded) and the
+//                                           pointer's state; changes nothing
 //   checkpoint_tool verify [options] DIR    exit 0 when the pointer is sound and every checkpoint
 //                                           it keeps is complete, else 1; changes nothing
 //   checkpoint_tool repair [options] DIR    takes the writer lock (waiting --timeout), sweeps
@@ -20,6 +21,7 @@
 #include <time.h>  // gmtime_r: times in UTC
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <holdfast/checkpoint.hpp>
@@ -62,6 +64,12 @@ hf::checkpoint_options options_of(const args& a) {
 
 hf::directory_commit mode_of(const args& a) {
   return a.marker ? hf::directory_commit::marker : hf::directory_commit::rename;
+}
+
+std::string seconds(std::chrono::nanoseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f s", static_cast<double>(d.count()) / 1e9);
+  return buf;
 }
 
 std::string utc(std::chrono::system_clock::time_point t) {
@@ -111,6 +119,11 @@ int list(const args& a) {
     std::printf("  %12lld  %-24s %-16s %-20s %s%s\n", static_cast<long long>(c.step),
                 c.name.c_str(), history.c_str(), when.c_str(), metrics.c_str(),
                 i + 1 == r.checkpoints.size() ? "  (latest)" : "");
+    if (meta && meta->hang)  // what a restarted handler's hang detector starts from
+      std::printf("  %12s  hang bounds: step %s, save %s, restore %s, %llu steps timed\n", "",
+                  seconds(meta->hang->step).c_str(), seconds(meta->hang->save).c_str(),
+                  seconds(meta->hang->restore).c_str(),
+                  static_cast<unsigned long long>(meta->hang->steps));
   }
   print_report(r);
   return 0;
@@ -139,6 +152,9 @@ int demo(const args& a) {
   m.begin_history("demo");  // what the handler's restore agreement sets: list shows it
   std::int64_t first = m.latest_step() ? *m.latest_step() + 1 : 0;
   for (std::int64_t step = first; step < first + a.steps; ++step) {
+    // what the handler's hang detector sets before each save: list shows it
+    m.set_hang_bounds({std::chrono::milliseconds(20), std::chrono::milliseconds(150),
+                       std::chrono::milliseconds(0), static_cast<std::uint64_t>(step + 1) * 100});
     m.save(step,
            [](const std::string& d, std::int64_t s) {
              auto fd = hf::open_file(d + "/state", O_WRONLY | O_CREAT | O_EXCL, 0644);

@@ -3,7 +3,9 @@
 // policies (keep the last N, every N steps, every N hours on an injected clock, the best N by a
 // metric, your own rule, any-of, never the latest nor the pinned step), name prefixes and
 // zero-padded widths (and runs written with another width), and async saves in one process
-// (returns before the commit, one in flight, failures rethrown, restore/destruction wait).
+// (returns before the commit, one in flight, failures rethrown, restore/destruction wait), and
+// the hang detector's bounds in the metadata (every save records the last set, restores read
+// them back, old and malformed files read as none).
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -536,4 +538,192 @@ TEST_CASE("async save: a background failure is rethrown once, by wait or by the 
   });
   CHECK(ran);
   CHECK(s.latest()->step == 6);
+}
+
+namespace {
+
+using std::chrono::nanoseconds;
+
+// Two distinct sets of bounds; the second at the edges of the fields' ranges.
+const holdfast::hang_bounds bounds_a{nanoseconds(1'500'000'000), nanoseconds(20'000'000'000),
+                                     nanoseconds(3'000'000'007), 1234};
+const holdfast::hang_bounds bounds_b{nanoseconds(INT64_MAX), nanoseconds(0), nanoseconds(1),
+                                     UINT64_MAX};
+
+// The metadata of step 7 in history "h1" with `hang` as its "hang_bounds" text (none: absent).
+std::string metadata_text(const std::string& hang) {
+  return "{\"format\": \"holdfast-checkpoint-metadata 1\", \"step\": 7, \"history\": \"h1\", "
+         "\"time_unix_ns\": 5, \"metrics\": {\"loss\": 0.5}" +
+         (hang.empty() ? std::string() : ", \"hang_bounds\": " + hang) + "}";
+}
+
+// restore_step(step) with the default reader, then what it restored.
+std::optional<holdfast::hang_bounds> restored_at(checkpoint_manager<>& m, std::int64_t step) {
+  m.restore_step(step);
+  return m.restored_hang_bounds();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "hang bounds: every save records the last set, restores and a restarted manager read them") {
+  holdfast_test::temp_dir dir("hangb");
+  auto s = holdfast::store::create(dir.path());
+  {
+    checkpoint_manager<> m(s, "r");
+    m.set_writer(write_step);
+    m.set_reader([](const std::string&) {});
+    CHECK(!m.restored_hang_bounds());
+    CHECK(!m.restore());  // nothing to restore
+    CHECK(!m.restored_hang_bounds());
+
+    m.save(1);  // before set_hang_bounds: none recorded
+    m.set_hang_bounds(bounds_a);
+    m.save(2);
+    m.save(3, {{"loss", 0.5}});  // still bounds_a: until set again
+    m.set_hang_bounds(bounds_b);
+    m.save(4);
+
+    CHECK(!m.metadata(1)->hang);
+    CHECK(m.metadata(2)->hang == bounds_a);
+    CHECK(m.metadata(3)->hang == bounds_a);
+    CHECK(m.metadata(3)->metric("loss") == 0.5);
+    CHECK(m.metadata(4)->hang == bounds_b);
+    CHECK(read_file(m.directory() + "/step-1/holdfast-metadata.json").find("hang_bounds") ==
+          std::string::npos);
+
+    // The file: the four integers, in a format older readers still accept.
+    const std::string text = read_file(m.directory() + "/step-2/holdfast-metadata.json");
+    auto doc = holdfast::detail::parse_json(text, "metadata");
+    CHECK(doc.find("format")->as_string() == "holdfast-checkpoint-metadata 1");
+    const auto* h = doc.find("hang_bounds");
+    REQUIRE(h);
+    CHECK(h->find("step_ns")->as_int64() == 1'500'000'000);
+    CHECK(h->find("save_ns")->as_int64() == 20'000'000'000);
+    CHECK(h->find("restore_ns")->as_int64() == 3'000'000'007);
+    CHECK(h->find("steps")->as_uint64() == 1234);
+    CHECK(holdfast::detail::checkpoint_load_identity<holdfast::posix_io>(
+              m.directory() + "/step-2", 2) == holdfast::checkpoint_identity{2, ""});
+
+    // Each restore reports the bounds of the checkpoint it loaded, and only that one's.
+    CHECK(m.restore() == 4);
+    CHECK(m.restored_hang_bounds() == bounds_b);
+    CHECK(restored_at(m, 2) == bounds_a);
+    CHECK(!restored_at(m, 1));
+    CHECK(restored_at(m, 3) == bounds_a);
+    CHECK_THROWS_AS(m.restore_step(99), holdfast::error);  // no checkpoint: none restored
+    CHECK(!m.restored_hang_bounds());
+    CHECK(restored_at(m, 4) == bounds_b);
+    CHECK_THROWS_AS(m.restore_step(2, [](const std::string&) { throw std::runtime_error("x"); }),
+                    std::runtime_error);  // a reader that fails restored nothing
+    CHECK(!m.restored_hang_bounds());
+  }
+
+  // A restarted job: a new manager on the same directory starts with nothing restored, then
+  // reads what its predecessor saved.
+  checkpoint_manager<> next(s, "r");
+  CHECK(!next.restored_hang_bounds());
+  CHECK(next.restore([](const std::string&) {}) == 4);
+  CHECK(next.restored_hang_bounds() == bounds_b);
+  checkpoint_manager<> ro(holdfast::read_only, s, "r");
+  ro.restore_step(2, [](const std::string&) {});
+  CHECK(ro.restored_hang_bounds() == bounds_a);
+}
+
+TEST_CASE("hang bounds: an async save records those set when save() was called") {
+  holdfast_test::temp_dir dir("hanga");
+  checkpoint_options o{0};
+  o.async_save = true;
+  checkpoint_manager<> m(dir / "c", holdfast::directory_commit::rename, o);
+  m.set_hang_bounds(bounds_a);
+  gate g;
+  m.save(1, [&](const std::string& d, std::int64_t step) {
+    return [&g, d, step] {
+      g.wait();  // the commit waits until the bounds were changed
+      write_step(d, step);
+    };
+  });
+  m.set_hang_bounds(bounds_b);  // while step 1 is in flight
+  g.release();
+  m.wait_until_finished();
+  m.save(2, write_step);
+  m.wait_until_finished();
+  CHECK(m.metadata(1)->hang == bounds_a);
+  CHECK(m.metadata(2)->hang == bounds_b);
+  CHECK(m.restore([](const std::string&) {}) == 2);
+  CHECK(m.restored_hang_bounds() == bounds_b);
+  m.restore_step(1, [](const std::string&) {});
+  CHECK(m.restored_hang_bounds() == bounds_a);
+}
+
+TEST_CASE("hang bounds: absent in old files; a malformed one reads as absent, never throws") {
+  using holdfast::detail::parse_checkpoint_metadata;
+  // An old file (no "hang_bounds"): the rest reads, the bounds are absent.
+  auto old = parse_checkpoint_metadata(metadata_text(""), "old");
+  REQUIRE(old);
+  CHECK(old->step == 7);
+  CHECK(old->history == "h1");
+  CHECK(!old->hang);
+
+  auto edge = parse_checkpoint_metadata(
+      metadata_text("{\"step_ns\": 0, \"save_ns\": 9223372036854775807, \"restore_ns\": 2, "
+                    "\"steps\": 18446744073709551615}"),
+      "edge");
+  REQUIRE(edge);
+  CHECK(edge->hang ==
+        holdfast::hang_bounds{nanoseconds(0), nanoseconds(INT64_MAX), nanoseconds(2), UINT64_MAX});
+
+  const std::vector<std::string> malformed = {
+      "null",
+      "[]",
+      "\"5 s\"",
+      "12",
+      "{}",
+      R"({"step_ns": 1, "save_ns": 2, "restore_ns": 3})",                // no steps
+      R"({"save_ns": 2, "restore_ns": 3, "steps": 4})",                  // no step_ns
+      R"({"step_ns": "1", "save_ns": 2, "restore_ns": 3, "steps": 4})",  // a string
+      R"({"step_ns": 1.5, "save_ns": 2, "restore_ns": 3, "steps": 4})",  // a fraction
+      R"({"step_ns": 1, "save_ns": 2e9, "restore_ns": 3, "steps": 4})",  // an exponent
+      R"({"step_ns": 1, "save_ns": 2, "restore_ns": -3, "steps": 4})",   // negative
+      R"({"step_ns": 1, "save_ns": 2, "restore_ns": 3, "steps": -4})",   // negative
+      R"({"step_ns": 9223372036854775808, "save_ns": 2, "restore_ns": 3, "steps": 4})",
+      R"({"step_ns": 1, "save_ns": 2, "restore_ns": 3, "steps": 18446744073709551616})",
+      R"({"step_ns": 1, "save_ns": 2, "restore_ns": 3, "steps": null})",
+  };
+  for (const auto& h : malformed) {
+    CAPTURE(h);
+    std::optional<holdfast::checkpoint_metadata> m;
+    CHECK_NOTHROW(m = parse_checkpoint_metadata(metadata_text(h), "bad"));
+    REQUIRE(m);
+    CHECK(m->step == 7);  // the rest still reads
+    CHECK(m->history == "h1");
+    CHECK(m->metric("loss") == 0.5);
+    CHECK(!m->hang);
+  }
+
+  // On disk: a checkpoint whose file was written by an older holdfast, or holds a malformed
+  // "hang_bounds", or cannot be read at all, restores with no bounds and without an error.
+  holdfast_test::temp_dir dir("hango");
+  checkpoint_manager<> m(dir / "c", holdfast::directory_commit::rename);
+  m.set_hang_bounds(bounds_a);
+  m.save(7, write_step);
+  const std::string file = m.directory() + "/step-7/holdfast-metadata.json";
+  std::int64_t loaded = -1;
+  auto reader = [&](const std::string& d, std::int64_t st) { loaded = holds(d, st) ? st : -2; };
+  CHECK(m.restore(reader) == 7);
+  CHECK(m.restored_hang_bounds() == bounds_a);
+  for (const std::string& text :
+       {metadata_text(""), metadata_text(malformed[9]), metadata_text(malformed[12])}) {
+    write_plain(file, text);
+    loaded = -1;
+    CHECK(m.restore(reader) == 7);
+    CHECK(loaded == 7);
+    CHECK(!m.restored_hang_bounds());
+    m.restore_step(7, reader);
+    CHECK(!m.restored_hang_bounds());
+  }
+  fs::remove(file);
+  fs::create_directory(file);                    // open succeeds, read fails (EISDIR)
+  m.restore_step(7, [](const std::string&) {});  // the checkpoint still restores
+  CHECK(!m.restored_hang_bounds());
 }

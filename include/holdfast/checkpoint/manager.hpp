@@ -39,6 +39,12 @@
 //     handler's restore agreement sets the launch's, so checkpoints of one step from different
 //     launches never match), or none (unknown) before it is called.
 //   - Retention (retention.hpp) never deletes the latest nor a checkpoint of the pinned step.
+//   - Every save records in its metadata the hang bounds set_hang_bounds() set last (sync and
+//     async saves alike: they are taken in save()'s thread, before it returns), or none before
+//     it is called. restored_hang_bounds() is the bounds the metadata of the checkpoint the last
+//     restore()/restore_step() loaded records: none when that restore found no checkpoint,
+//     threw, or the checkpoint records none (saved without them, by an older holdfast, or a
+//     malformed or unreadable metadata file: the bounds never fail a restore).
 // Caveats:
 //   - flock belongs to the open file description: a child forked while a manager lives shares
 //     its writer lock (exec drops it, descriptors are O_CLOEXEC). Do not fork while an async
@@ -314,6 +320,14 @@ class checkpoint_manager {
   /// The history the next save records ("" before begin_history: unknown).
   const std::string& history() const noexcept { return s_->history; }
 
+  /// Sets the hang bounds every later save records in its metadata, until set again (the
+  /// handler gives its learner's before each save, so the next start begins with them).
+  void set_hang_bounds(const hang_bounds& bounds) { s_->hang = bounds; }
+
+  /// The hang bounds recorded in the checkpoint the last restore()/restore_step() loaded;
+  /// nothing when none was restored or it records none.
+  std::optional<hang_bounds> restored_hang_bounds() const noexcept { return s_->restored_hang; }
+
   /// The newest step of all_steps(), or nothing when there is none or it cannot be read.
   std::optional<std::int64_t> latest_step() const noexcept {
     try {
@@ -477,21 +491,25 @@ class checkpoint_manager<Store>::impl
                                                                    use);
   }
 
-  std::optional<std::int64_t> read_latest(const reader_type& reader) const {
+  std::optional<std::int64_t> read_latest(const reader_type& reader) {
+    restored_hang.reset();
     std::optional<std::int64_t> step;
     bool found = read_locked([&] { return latest(); },
                              [&](const checkpoint_info& c) {
                                if (reader) reader(c.path, c.step);
                                step = c.step;
+                               restored_hang = hang_bounds_at(c.path);
                              });
     if (!found) return std::nullopt;
     return step;
   }
 
-  void read_step(std::int64_t step, const reader_type& reader) const {
+  void read_step(std::int64_t step, const reader_type& reader) {
+    restored_hang.reset();
     bool found = read_locked([&] { return find_step(step); },
                              [&](const checkpoint_info& c) {
                                if (reader) reader(c.path, c.step);
+                               restored_hang = hang_bounds_at(c.path);
                              });
     if (!found)
       throw error(ENOENT, "checkpoint restore", dir,
@@ -500,6 +518,18 @@ class checkpoint_manager<Store>::impl
 
   std::optional<checkpoint_metadata> load_metadata(const std::string& name) const {
     return detail::checkpoint_load_metadata<io_type>(path_of(name));
+  }
+
+  // The hang bounds the checkpoint at `path` records; nothing when it records none or its
+  // metadata cannot be read (a hint for the hang detector, never a reason to fail a restore).
+  std::optional<hang_bounds> hang_bounds_at(const std::string& path) const noexcept {
+    try {
+      auto m = detail::checkpoint_load_metadata<io_type>(path);
+      if (!m) return std::nullopt;
+      return m->hang;
+    } catch (...) {
+      return std::nullopt;
+    }
   }
 
   std::vector<checkpoint_identity> all_identities() const {
@@ -549,7 +579,8 @@ class checkpoint_manager<Store>::impl
     try {
       j.deferred = detail::checkpoint_call_writer(writer, j.work, step);
       if (options.write_metadata)
-        detail::checkpoint_write_metadata<io_type>(j.work, step, j.time, metrics, history);
+        detail::checkpoint_write_metadata<io_type>(j.work, step, j.time, metrics, history,
+                                                   hang ? &*hang : nullptr);
     } catch (...) {
       discard(j.work);
       throw;
@@ -742,7 +773,9 @@ class checkpoint_manager<Store>::impl
   writer_fn default_writer;    // set_writer's
   reader_type default_reader;  // set_reader's
   std::atomic<std::int64_t> pinned{no_pin};
-  std::string history;  // what saves record ("": unknown); caller's thread
+  std::string history;                       // what saves record ("": unknown); caller's thread
+  std::optional<hang_bounds> hang;           // what saves record (set_hang_bounds); caller's thread
+  std::optional<hang_bounds> restored_hang;  // what the last restore's checkpoint records
 
   // should_save's memory (caller's thread only)
   std::optional<std::int64_t> last_step, prev_last_step;

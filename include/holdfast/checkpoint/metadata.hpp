@@ -1,13 +1,17 @@
 // holdfast/checkpoint/metadata.hpp — holdfast-metadata.json, the small file in each checkpoint
-// that records its step, its history (checkpoint_identity), the time its save started and the
-// user's metrics.
+// that records its step, its history (checkpoint_identity), the time its save started, the
+// user's metrics and the hang detector's learned bounds.
 //
 // Guarantees:
 //   - The file holds {"format": "holdfast-checkpoint-metadata 1", "step", "history" (the
 //     history id the checkpoint was saved in; absent when unknown), "time_unix_ns" (Unix
-//     nanoseconds), "metrics" (a JSON object, or null)}; it is written in the checkpoint before
-//     the checkpoint is committed, and synced with the rest of it. Readers that predate
-//     "history" ignore it.
+//     nanoseconds), "metrics" (a JSON object, or null), "hang_bounds" ({"step_ns", "save_ns",
+//     "restore_ns", "steps"}, integers; absent when the saver had none)}; it is written in the
+//     checkpoint before the checkpoint is committed, and synced with the rest of it. Readers
+//     that predate "history" or "hang_bounds" ignore them (the format stays version 1).
+//   - A "hang_bounds" that is not an object of those four non-negative integers (one missing,
+//     a string, a fraction, a negative or out-of-range number) reads as absent; the rest of the
+//     file still reads.
 //   - Reading metadata never throws for the file's content: a missing, unreadable or foreign
 //     file, or one whose history is not a history id, reads as no metadata
 //     (parse_checkpoint_metadata returns nothing).
@@ -33,6 +37,7 @@
 #include <string_view>
 
 #include "../agreement/step_list.hpp"  // checkpoint_identity: the step and its history
+#include "../detail/hang_bounds.hpp"   // hang_bounds: the learned bounds a checkpoint records
 #include "../detail/json.hpp"          // the metadata file's format
 #include "../error.hpp"
 #include "../io.hpp"     // basic_fd, open_file_if_exists, read_all, write_all
@@ -49,6 +54,7 @@ struct checkpoint_metadata {
   std::string history;                         ///< the history it was saved in; empty: unknown
   std::chrono::system_clock::time_point time;  ///< when its save started
   detail::json_value metrics;                  ///< the user metrics (an object, or null)
+  std::optional<hang_bounds> hang;             ///< the hang detector's bounds; none: absent
   /// The metric `key` as a number, when present.
   std::optional<double> metric(std::string_view key) const {
     const detail::json_value* v = metrics.find(key);
@@ -74,16 +80,53 @@ inline std::chrono::system_clock::time_point checkpoint_from_unix_ns(std::int64_
           std::chrono::nanoseconds(ns)));
 }
 
+// {"step_ns", "save_ns", "restore_ns", "steps"}.
+inline json_value checkpoint_hang_bounds_json(const hang_bounds& b) {
+  json_value o(json_value::object_t{});
+  o.set("step_ns", static_cast<std::int64_t>(b.step.count()));
+  o.set("save_ns", static_cast<std::int64_t>(b.save.count()));
+  o.set("restore_ns", static_cast<std::int64_t>(b.restore.count()));
+  o.set("steps", b.steps);
+  return o;
+}
+
+// The bounds `v` holds; nothing unless it is an object of the four non-negative integers.
+inline std::optional<hang_bounds> checkpoint_hang_bounds_of(const json_value& v) {
+  if (!v.is_object()) return std::nullopt;
+  std::int64_t ns[3] = {};
+  const char* const names[3] = {"step_ns", "save_ns", "restore_ns"};
+  try {
+    for (int i = 0; i < 3; ++i) {
+      const json_value* f = v.find(names[i]);
+      if (!f || !f->is_integer()) return std::nullopt;
+      ns[i] = f->as_int64();  // ERANGE: outside int64
+      if (ns[i] < 0) return std::nullopt;
+    }
+    const json_value* steps = v.find("steps");
+    if (!steps || !steps->is_integer()) return std::nullopt;
+    hang_bounds b;
+    b.step = std::chrono::nanoseconds(ns[0]);
+    b.save = std::chrono::nanoseconds(ns[1]);
+    b.restore = std::chrono::nanoseconds(ns[2]);
+    b.steps = steps->as_uint64();  // ERANGE: negative or above uint64
+    return b;
+  } catch (const error&) {
+    return std::nullopt;
+  }
+}
+
 inline std::string format_checkpoint_metadata(std::int64_t step,
                                               std::chrono::system_clock::time_point time,
                                               const checkpoint_metrics* metrics,
-                                              const std::string& history = {}) {
+                                              const std::string& history = {},
+                                              const hang_bounds* hang = nullptr) {
   json_value doc(json_value::object_t{});
   doc.set("format", "holdfast-checkpoint-metadata 1");
   doc.set("step", step);
   if (!history.empty()) doc.set("history", history);
   doc.set("time_unix_ns", checkpoint_to_unix_ns(time));
   doc.set("metrics", metrics ? json_value(*metrics) : json_value());
+  if (hang) doc.set("hang_bounds", checkpoint_hang_bounds_json(*hang));
   return to_json(doc, 2);
 }
 
@@ -105,6 +148,7 @@ inline std::optional<checkpoint_metadata> parse_checkpoint_metadata(std::string_
     }
     if (const json_value* metrics = doc.find("metrics"); metrics && metrics->is_object())
       m.metrics = *metrics;
+    if (const json_value* h = doc.find("hang_bounds")) m.hang = checkpoint_hang_bounds_of(*h);
     return m;
   } catch (const error&) {
     return std::nullopt;
@@ -155,7 +199,8 @@ checkpoint_identity checkpoint_load_identity(const std::string& checkpoint_path,
 template <class Io>
 void checkpoint_write_metadata(const std::string& work, std::int64_t step,
                                std::chrono::system_clock::time_point time,
-                               const checkpoint_metrics* metrics, const std::string& history = {}) {
+                               const checkpoint_metrics* metrics, const std::string& history = {},
+                               const hang_bounds* hang = nullptr) {
   std::string path = detail::store_join(work, checkpoint_metadata_file_name);
   int fd = Io::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -165,7 +210,7 @@ void checkpoint_write_metadata(const std::string& work, std::int64_t step,
     throw error(errno, "open", path);
   }
   basic_fd<Io> f(fd, path);
-  std::string text = detail::format_checkpoint_metadata(step, time, metrics, history);
+  std::string text = detail::format_checkpoint_metadata(step, time, metrics, history, hang);
   write_all(f, text.data(), text.size());
   f.close();  // synced with the rest of the checkpoint
 }

@@ -35,6 +35,7 @@
 #include <string_view>
 
 #include "../agreement/value.hpp"
+#include "../detail/hang_bounds.hpp"  // hang_bounds: shared with the checkpoint metadata
 #include "../version.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -66,19 +67,6 @@ inline hang_phase parse_hang_phase(std::string_view s) noexcept {
     if (s == hang_phase_name(p)) return p;
   return hang_phase::none;
 }
-
-/// The learned bounds (before the multiplier): what the job measured, and what a checkpoint
-/// records for the next start.
-struct hang_bounds {
-  std::chrono::nanoseconds step{0};     ///< the longest step over the recent window(s)
-  std::chrono::nanoseconds save{0};     ///< the longest of the recent saves
-  std::chrono::nanoseconds restore{0};  ///< the longest restore seen
-  std::uint64_t steps = 0;              ///< steps timed (the warm-up counts them)
-  /// Same values.
-  friend bool operator==(const hang_bounds& a, const hang_bounds& b) {
-    return a.step == b.step && a.save == b.save && a.restore == b.restore && a.steps == b.steps;
-  }
-};
 
 /// A recorded hang: which task, in which phase, at which step, for how long, past which bound,
 /// and who recorded it.
