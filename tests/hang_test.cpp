@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <fstream>
 #include <holdfast/handler.hpp>
 #include <holdfast/kv/filesystem.hpp>
 #include <holdfast/kv/in_process.hpp>
@@ -448,4 +449,55 @@ TEST_CASE("hang_restart: a save on a mount that stops answering never becomes th
   holdfast::checkpoint_manager<> after(holdfast::read_only, ckpt,
                                        holdfast::directory_commit::rename);
   CHECK(after.latest_step() == std::optional<std::int64_t>(20));
+}
+
+TEST_CASE("the learned bounds go into the checkpoint and cover the first steps after a restart") {
+  holdfast_test::temp_dir d;
+  const std::string ckpt = d.path() + "/ckpt";
+  holdfast::in_process_kv kv(holdfast::kv_namespace("hang", "0"));
+  auto o = fast_options(nullptr);
+  o.hang.step_floor = 10ms;  // the learned rule, not the floor, sets the bound
+  auto manager = [&] {
+    holdfast::checkpoint_manager<> m(ckpt, holdfast::directory_commit::rename);
+    m.set_writer(
+        [](const std::string& dir, std::int64_t step) { std::ofstream(dir + "/state") << step; });
+    return m;
+  };
+  using handler_t = holdfast::preemption_handler<config_t, holdfast::in_process_kv,
+                                                 holdfast::checkpoint_manager<>>;
+  holdfast::hang_bounds saved;
+  {
+    std::atomic<bool> flag{false};
+    handler_t h(config_t(flag_notice(flag_poll{&flag}, 1ms), holdfast::no_exit{}), kv,
+                {0, 1, "first"}, manager(), o);
+    holdfast::run_status st = holdfast::run_status::ran;
+    for (int i = 0; i < 10000 && st != holdfast::run_status::stopped; ++i) {
+      if (i == 30) flag = true;
+      st = h.run([i] { std::this_thread::sleep_for(i % 10 == 9 ? 20ms : 2ms); });
+      if (i == 20) h.checkpointer().save(h.total_run_calls());  // the user's own save
+    }
+    REQUIRE(st == holdfast::run_status::stopped);
+    saved = h.learned_hang_bounds();
+  }
+  CHECK(saved.steps >= 25);
+  {  // the user's save recorded the bounds learned by then
+    holdfast::checkpoint_manager<> ro(holdfast::read_only, ckpt,
+                                      holdfast::directory_commit::rename);
+    auto md = ro.metadata(21);
+    REQUIRE(md);
+    REQUIRE(md->hang);
+    CHECK(md->hang->steps >= 5);
+    CHECK(md->hang->step >= 20ms);
+  }
+  CHECK(saved.step >= 20ms);
+  std::atomic<bool> flag{false};
+  handler_t again(config_t(flag_notice(flag_poll{&flag}, 1ms), holdfast::no_exit{}), kv,
+                  {0, 1, "second"}, manager(), o);
+  REQUIRE(again.restored_step());
+  // no warm-up: the restarted job's first step already has the learned bound (not 5 s)
+  CHECK(again.learned_hang_bounds().steps == saved.steps);
+  CHECK(again.hang_bound(hang_phase::step) ==
+        std::chrono::nanoseconds(static_cast<std::int64_t>(
+            o.hang.multiplier * static_cast<double>(saved.step.count()))));
+  CHECK(again.learned_hang_bounds().restore > std::chrono::nanoseconds(0));
 }

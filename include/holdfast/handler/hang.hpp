@@ -188,8 +188,9 @@ class hang_learner {
     publish_all();
   }
 
-  /// One step time (the hot path: see the header).
-  void add_step(std::chrono::nanoseconds dt) noexcept {
+  /// One step time (the hot path: see the header). True when the bound changed (rarely: the
+  /// window's maximum grew, a window or the warm-up ended).
+  bool add_step(std::chrono::nanoseconds dt) noexcept {
     bool changed = false;
     if (dt > cur_) {
       cur_ = dt;
@@ -203,6 +204,7 @@ class hang_learner {
     }
     if (++steps_ == warmup_) changed = true;
     if (changed) publish_step();
+    return changed;
   }
 
   /// One save's duration (its durable end included).

@@ -401,7 +401,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
         s = t;
       else
         s = std::chrono::steady_clock::now();
-      if (stamped_) learner_.add_step(s - last_steady_stamp_);
+      if (stamped_ && learner_.add_step(s - last_steady_stamp_)) record_bounds();
       last_steady_stamp_ = s;
       enter_phase(hang_phase::step, s);
     }
@@ -513,10 +513,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
       preemption_handler& w;
       ~unwatched_after() { w.enter_phase(hang_phase::none, std::chrono::steady_clock::now()); }
     } after{*this};
-    if constexpr (detects_hangs) {
-      if constexpr (detail::detect<detail::ckpt_hang_bounds_out, Checkpointer>::value)
-        checkpointer_.set_hang_bounds(learner_.bounds());  // the next start begins from them
-    }
+    record_bounds();
     finish_saves();  // an async periodic save in flight never races the preemption save
     if (config_.has_save_override())
       config_.save_override()(step);
@@ -525,6 +522,19 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     finish_saves();  // to the durable end
     last_save_duration_ = std::chrono::steady_clock::now() - t0;
     if constexpr (detects_hangs) learner_.add_save(last_save_duration_);
+  }
+
+  // Hands the learned bounds to a Checkpointer that records them in its saves (the handler's and
+  // the user's own): the next start begins from them. On a change of the bounds (rare) and
+  // before each save of the handler's.
+  void record_bounds() noexcept {
+    if constexpr (detects_hangs &&
+                  detail::detect<detail::ckpt_hang_bounds_out, Checkpointer>::value) {
+      try {
+        checkpointer_.set_hang_bounds(learner_.bounds());
+      } catch (...) {  // a bound not recorded costs the next start its warm-up, nothing more
+      }
+    }
   }
 
   // Waits for the Checkpointer's background save, when it has one (wait_until_finished()).
