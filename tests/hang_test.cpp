@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <fstream>
 #include <holdfast/handler.hpp>
 #include <holdfast/kv/filesystem.hpp>
@@ -107,7 +108,8 @@ holdfast::handler_options fast_options(reports* r) {
 }
 
 // The hang values the store holds under the run's ctl/ (the verdict key and the round keys).
-std::vector<std::string> recorded_verdicts(holdfast::in_process_kv& kv, const std::string& run) {
+template <class Kv>
+std::vector<std::string> recorded_verdicts(Kv& kv, const std::string& run) {
   std::vector<std::string> out;
   for (auto& e : kv.list("holdfast/" + run + "/ctl")) {
     auto v = holdfast::parse_agreement_value(e.second);
@@ -116,7 +118,13 @@ std::vector<std::string> recorded_verdicts(holdfast::in_process_kv& kv, const st
   return out;
 }
 
-void check_timing(const hang_verdict& v, const holdfast::handler_options& o) {
+// Checks when the verdict came, and prints it ("hang-timing <case> <phase> elapsed <ms> bound
+// <ms> period <ms>": the closing note's repetitions are read from these lines).
+void check_timing(const char* name, const hang_verdict& v, const holdfast::handler_options& o) {
+  std::fprintf(stderr, "hang-timing %s %s elapsed %lld bound %lld period %lld\n", name,
+               holdfast::hang_phase_name(v.phase), static_cast<long long>(v.elapsed.count()),
+               static_cast<long long>(v.bound.count()),
+               static_cast<long long>(o.hang.period.count()));
   CHECK(v.elapsed >= v.bound);  // never before the bound
   CHECK(v.elapsed <= v.bound + o.hang.period + slack);
 }
@@ -188,7 +196,7 @@ TEST_CASE("a step stuck past its learned bound is found within bound + period an
   CHECK(parsed->task == 1);
   CHECK(parsed->phase == hang_phase::step);
   CHECK(parsed->step == stuck_step.load());
-  check_timing(*parsed, o);
+  check_timing("thread-step", *parsed, o);
   const steady::time_point stalled{steady::duration(stall_at.load())};
   for (int t = 0; t < n; ++t) {
     auto& r = rep[static_cast<std::size_t>(t)];
@@ -251,7 +259,11 @@ TEST_CASE("a step stuck while a round is under way: the verdict is that round's 
   REQUIRE(v);
   CHECK(v->what == holdfast::agreement_value::kind::hang);
   CHECK(!tm.kv.try_get("holdfast/round/ctl/hang"));  // never beside the round's outcome
-  CHECK(ended[0] - t0 < 10s);                        // well before the round's own ack_timeout
+  if (auto verdict = holdfast::hang_verdict_of(*v)) {
+    CHECK(verdict->task == 1);
+    check_timing("round-step", *verdict, fast_options(nullptr));
+  }
+  CHECK(ended[0] - t0 < 10s);  // well before the round's own ack_timeout
 }
 
 TEST_CASE("a restore that never returns is found by the restore guard") {
@@ -280,7 +292,7 @@ TEST_CASE("a restore that never returns is found by the restore guard") {
   REQUIRE(r.size() == 1);
   CHECK(r.seen[0].phase == hang_phase::restore);
   CHECK(r.seen[0].task == 0);
-  check_timing(r.seen[0], o);
+  check_timing("restore", r.seen[0], o);
   CHECK(recorded_verdicts(kv, "restore").size() == 1);
 }
 
@@ -317,7 +329,7 @@ TEST_CASE("a save that never returns is found in the save phase") {
   REQUIRE(r.size() == 1);
   CHECK(saves.load() == 1);
   CHECK(r.seen[0].phase == hang_phase::save);
-  check_timing(r.seen[0], o);
+  check_timing("save", r.seen[0], o);
 }
 
 TEST_CASE("no verdict for steps inside their bound, with hang_none, or while paused") {
@@ -409,7 +421,7 @@ TEST_CASE("hang_restart: a step stuck in one process ends every worker's process
   REQUIRE(verdict);
   CHECK(verdict->task == 2);
   CHECK(verdict->step == 30);
-  check_timing(*verdict, fast_options(nullptr));
+  check_timing("process-step", *verdict, fast_options(nullptr));
 }
 
 TEST_CASE("hang_restart: a save on a mount that stops answering never becomes the latest") {
@@ -449,6 +461,17 @@ TEST_CASE("hang_restart: a save on a mount that stops answering never becomes th
   holdfast::checkpoint_manager<> after(holdfast::read_only, ckpt,
                                        holdfast::directory_commit::rename);
   CHECK(after.latest_step() == std::optional<std::int64_t>(20));
+  holdfast::filesystem_kv kv(d.path() + "/kv", holdfast::kv_namespace("job", "0"));
+  // the preemption round was decided and the machine re-armed: the next round's claim key
+  auto recorded = recorded_verdicts(kv, "mount");
+  REQUIRE(recorded.size() == 1);
+  CHECK(kv.try_get("holdfast/mount/ctl/r1/claim") == recorded[0]);
+  auto v = holdfast::parse_agreement_value(recorded[0]);
+  REQUIRE(v);
+  auto verdict = holdfast::hang_verdict_of(*v);
+  REQUIRE(verdict);
+  CHECK(verdict->phase == hang_phase::save);
+  check_timing("mount-save", *verdict, fast_options(nullptr));
 }
 
 TEST_CASE("the learned bounds go into the checkpoint and cover the first steps after a restart") {
