@@ -40,6 +40,7 @@
 #include "detail/waker.hpp"
 #include "error.hpp"
 #include "handler/exception_info.hpp"
+#include "handler/hang.hpp"
 #include "handler/options.hpp"
 #include "handler/preemption_handler.hpp"
 #include "handler/restore_agreement.hpp"
@@ -55,7 +56,8 @@ HOLDFAST_NAMESPACE_BEGIN
 /// The default Checkpointer of preemption_handler (see the top of this header): the template is
 /// declared in handler/preemption_handler.hpp without it, so that header never needs
 /// checkpoint.hpp; this redeclaration supplies it (Clock keeps its default from there).
-template <class Config, class Kv, class Checkpointer = checkpoint_manager<>, class Clock>
+template <class Config, class Kv, class Checkpointer = checkpoint_manager<>, class Clock,
+          class Hang>
 class preemption_handler;
 
 HOLDFAST_NAMESPACE_END

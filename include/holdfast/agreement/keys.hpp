@@ -19,6 +19,10 @@
 //                       reads and follows the key
 //   ctl/r<N>/final, final_ack/r<N>/<task>, ctl/r<N>/final_step
 //                       the same three keys for the second save of the grace path
+//   ctl/hang            insert-once: a hang verdict that fails no round (handler/hang.hpp); a
+//                       verdict during a round is recorded into its outcome key, and one that
+//                       ends the job (the restart policy) into the claim key all idle workers
+//                       wait on
 //   ctl/error           insert-once by a worker whose step threw ("task\ntype\nmessage");
 //                       it also inserts "abort" into the outcome and claim keys of its round
 //                       and the next, so peers blocked on any of them wake up and read the error
@@ -61,6 +65,13 @@ enum class agreement_key : unsigned char {
 /// with '/'): "<scope>ctl". Acks live apart from it, so a watch on it sees O(1) events per round.
 inline std::string agreement_control_prefix(std::string_view scope) {
   return std::string(scope) + "ctl";
+}
+
+/// The hang verdict key under `scope`: "<scope>ctl/hang", insert-once, where a verdict that
+/// fails no round is recorded (handler/hang.hpp; a verdict during a round goes to its outcome
+/// key instead).
+inline std::string hang_key_name(std::string_view scope) {
+  return agreement_control_prefix(scope) + "/hang";
 }
 
 /// The full key for `k` in round `round` under `scope` (which ends with '/'); task -1 names the

@@ -49,6 +49,7 @@
 //   acked          | on_value("step S by ...")                        | step_published (S)
 //   acked          | on_value("timeout M by ...")                     | failed (timeout, M)
 //   acked          | on_value("abort by ...")                         | W: try_get error
+//   acked          | on_value("hang ... by ...")                      | failed (hang)
 //   acked          | on_value(error payload)                          | failed (peer)
 //   acked          | on_value(another text)                           | failed (peer, malformed)
 //   acked          | on_value(nullopt): the deadline passed           | recording: W: list ack/
@@ -78,6 +79,7 @@
 //   exiting        | T: proceed (the driver exits, or calls rearm)    | exiting
 //   any            | on_error_seen(payload of another task)           | failed (peer)
 //   any            | on_local_error: W inserts error and aborts       | failed (local)
+//   any            | on_hang_seen(value): a verdict recorded          | failed (hang)
 //   failed         | T: fail (sticky)                                 | failed
 //   any            | on_stop                                          | stopped (inert)
 //
@@ -194,6 +196,7 @@ enum class agreement_failure : unsigned char {
   local,        ///< this task's step threw; the driver re-throws its own exception
   timeout,      ///< the recorded outcome is a timeout (missing_tasks: the recorded list)
   unreachable,  ///< the store could not be reached to read or record the outcome (message)
+  hang,         ///< a hang verdict was recorded (task: the hung task; message: the value text)
 };
 
 /// What failed, for the driver to raise.
@@ -284,6 +287,22 @@ class basic_step_agreement {
   void on_error_seen(const std::string& payload) {
     if (state_ == agreement_state::stopped || state_ == agreement_state::failed) return;
     fail_with_payload(payload);
+  }
+
+  /// A hang verdict (a "hang" value, agreement/value.hpp) was recorded for this job, in a claim
+  /// key, an outcome key or read back by a lost insert: the machine fails with kind hang (task:
+  /// the hung task; message: the value's text). Sticky like any failure; ignored once failed.
+  void on_hang_seen(const std::string& value) {
+    if (inert()) return;
+    auto v = parse_agreement_value(value);
+    failure_ = agreement_failure_info{};
+    failure_.kind = agreement_failure::hang;
+    failure_.task = v && v->tasks.size() == 1 ? v->tasks[0] : -1;
+    failure_.message = value;
+    failure_.key = step_key();
+    failure_.round = round_;
+    state_ = agreement_state::failed;
+    awaiting_ = nothing_awaited();
   }
 
   /// This worker's step threw: the following protocol_next() calls emit the inserts that publish
@@ -446,6 +465,8 @@ class basic_step_agreement {
         fail_timeout(std::move(v->tasks));
       } else if (v && v->what == kind::abort) {
         awaiting_ = pending(protocol_op::read_error);
+      } else if (v && v->what == kind::hang) {
+        on_hang_seen(*value);
       } else {  // not the grammar: nobody can follow it; fail as a peer error naming it
         fail_with_payload(
             encode_error(-1, "holdfast::format_error", "malformed outcome '" + *value + "'"));

@@ -306,16 +306,25 @@ class hang_learner {
   std::atomic<std::int64_t> step_bound_{0}, save_bound_{0}, restore_bound_{0};
 };
 
+// A hang policy is a type with `static constexpr bool detects` (false: no detection compiled
+// in), `static constexpr bool ends_job` (true: the verdict goes where every worker waits, the
+// current round's claim or outcome key, and fails the job's agreement; false: outside a round
+// it goes to ctl/hang and fails nothing) and `static void act(const hang_verdict&, const
+// hang_options&)`, called once per handler on the watcher thread when the verdict is known.
+
 /// Hang policy: no detection at all (compiled out).
 struct hang_none {
   static constexpr bool detects = false;
+  static constexpr bool ends_job = false;
   static void act(const hang_verdict&, const hang_options&) noexcept {}
 };
 
-/// Hang policy: report a verdict (hang_options::on_hang, then a line on stderr); the job goes
-/// on. A verdict recorded as a round's outcome still fails that round (hang_detected).
+/// Hang policy: report a verdict (hang_options::on_hang, then a line on stderr) on every worker
+/// that learns it; the job goes on. A verdict found while an agreement round is under way is
+/// that round's outcome, and fails it: run() throws hang_detected on every worker.
 struct hang_report {
   static constexpr bool detects = true;
+  static constexpr bool ends_job = false;
   static void act(const hang_verdict& v, const hang_options& o) noexcept {
     try {
       if (o.on_hang) o.on_hang(v);
@@ -332,6 +341,7 @@ struct hang_report {
 /// from the newest checkpoint every task holds.
 struct hang_restart {
   static constexpr bool detects = true;
+  static constexpr bool ends_job = true;
   [[noreturn]] static void act(const hang_verdict& v, const hang_options& o) noexcept {
     hang_report::act(v, o);
     ::_exit(o.exit_code);

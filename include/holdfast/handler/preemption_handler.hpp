@@ -176,21 +176,26 @@ HOLDFAST_NAMESPACE_BEGIN
 
 /// The preemption checkpoint handler; see the top of handler/preemption_handler.hpp. The default
 /// Checkpointer (checkpoint_manager<>) is supplied by handler.hpp.
-template <class Config, class Kv, class Checkpointer, class Clock = std::chrono::steady_clock>
-class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> {
+template <class Config, class Kv, class Checkpointer, class Clock = std::chrono::steady_clock,
+          class Hang = hang_report>
+class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, Hang> {
   static_assert(check_coordination_store<Kv>());
   static_assert(check_checkpointer<Checkpointer>());
   static_assert(check_termination_config<Config>());
 
-  using watcher = detail::agreement_watcher<Config, Kv, Clock>;
+  using watcher = detail::agreement_watcher<Config, Kv, Clock, Hang>;
   // What the training side shares with the watcher (watcher.hpp).
   using watcher::attention_bit;
   using watcher::cluster_;
   using watcher::config_;
   using watcher::counter_and_attention_;
   using watcher::counter_one;
+  using watcher::detects_hangs;
+  using watcher::enter_phase;
   using watcher::evented_;
+  using watcher::guard_restore;
   using watcher::kv_;
+  using watcher::learner_;
   using watcher::machine_;
   using watcher::mutex_;
   using watcher::options_;
@@ -209,6 +214,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
   using kv_type = Kv;                                  ///< the coordination store
   using checkpointer_type = Checkpointer;              ///< saves and restores
   using clock = Clock;                                 ///< the clock of step times and deadlines
+  using hang_policy = Hang;                            ///< what a hang verdict does
   using agreement_type = basic_step_agreement<Clock>;  ///< the protocol
 
   /// Restores from `checkpointer`, resumes the run counter, starts the notice and the watcher.
@@ -216,9 +222,19 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
                      handler_options options = {})
       : watcher(std::move(config), std::move(kv), std::move(cluster), options),
         checkpointer_(std::move(checkpointer)) {
-    restored_ = detail::restore_at_start(
-        kv_, checkpointer_,
-        detail::restore_party<Clock>{cluster_, scope_, options_, machine_, store_});
+    const auto t0 = std::chrono::steady_clock::now();
+    guard_restore([&] {
+      restored_ = detail::restore_at_start(
+          kv_, checkpointer_,
+          detail::restore_party<Clock>{cluster_, scope_, options_, machine_, store_});
+    });
+    if constexpr (detects_hangs) {
+      if constexpr (detail::detect<detail::ckpt_hang_bounds_in, Checkpointer>::value) {
+        if (auto b = checkpointer_.restored_hang_bounds()) learner_.seed(*b);
+      }
+      learner_.add_restore(std::chrono::steady_clock::now() - t0);
+      enter_phase(hang_phase::step, std::chrono::steady_clock::now());  // the first step
+    }
     counter_and_attention_.store(static_cast<std::uint64_t>(restored_.value_or(0)) << 1);
     if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(&waker_);
     config_.start();
@@ -322,6 +338,19 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
   /// The key prefix of this handler: "holdfast/<run_id>/".
   const std::string& key_scope() const noexcept { return scope_; }
 
+  /// The bounds the hang detector learned so far (what a checkpoint records for the next start).
+  hang_bounds learned_hang_bounds() const noexcept { return learner_.bounds(); }
+  /// The current bound of `p` before it counts as hung (handler/hang.hpp).
+  std::chrono::nanoseconds hang_bound(hang_phase p) const noexcept { return learner_.bound(p); }
+
+  /// Suspends hang detection until the next run() or save_checkpoint_if_preempted(): for work
+  /// between training steps that no bound covers (an evaluation, an export). The interval it
+  /// ends is not taken for a step time.
+  void pause_hang_detection() noexcept {
+    enter_phase(hang_phase::none, std::chrono::steady_clock::now());
+    stamped_ = false;
+  }
+
   /// Stops the watcher and the notice policy; the handler then only runs steps. Idempotent.
   void shutdown() noexcept {
     stop_watcher();
@@ -345,8 +374,20 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
 
   // One clock read per step: the interval since the previous one counts as a step time, unless
   // the protocol held the step up in between (consult() clears stamped_).
+  // With hang detection the same read starts the next step's phase for the watcher (one relaxed
+  // store) and feeds the step time to the learner (handler/hang.hpp: a compare or two).
   void stamp() noexcept {
     const auto t = Clock::now();
+    if constexpr (detects_hangs) {
+      std::chrono::steady_clock::time_point s;
+      if constexpr (detail::is_notice_clock_v<Clock>)
+        s = t;
+      else
+        s = std::chrono::steady_clock::now();
+      if (stamped_) learner_.add_step(s - last_steady_stamp_);
+      last_steady_stamp_ = s;
+      enter_phase(hang_phase::step, s);
+    }
     if (stamped_) {
       step_time_sum_ += t - last_stamp_;
       ++steps_timed_;
@@ -360,6 +401,9 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
   run_status consult() {
     counter_and_attention_.fetch_and(~attention_bit, std::memory_order_relaxed);
     const auto started = Clock::now();
+    // The agreement bounds itself (its deadline plus one ack_timeout): no hang bound while in it,
+    // nor after a failure or a stop (the loop may end); the step that follows is watched again.
+    enter_phase(hang_phase::none, std::chrono::steady_clock::now());
     const std::int64_t counter = total_run_calls();
     std::unique_lock<std::mutex> lock(mutex_);
     bool waited_or_saved = false;  // at this boundary: not a step time, but overhead
@@ -421,6 +465,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
     }
     raise_attention_locked();
     wake_watcher();
+    if (st != run_status::stopped) enter_phase(hang_phase::step, std::chrono::steady_clock::now());
     return st;
   }
 
@@ -430,6 +475,13 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
       throw agreement_timeout(agreement_key_name(scope_, f.key, f.round), f.missing_tasks);
     if (f.kind == agreement_failure::unreachable)
       throw agreement_unreachable(agreement_key_name(scope_, f.key, f.round), f.message);
+    if (f.kind == agreement_failure::hang) {
+      auto a = parse_agreement_value(f.message);
+      if (auto v = a ? hang_verdict_of(*a) : std::nullopt)
+        throw hang_detected(v->task, hang_phase_name(v->phase), v->step, v->elapsed.count(),
+                            v->bound.count(), v->describe());
+      throw hang_detected(f.task, "unknown", -1, 0, 0, f.message);
+    }
     throw peer_error(f.task, f.type_name, f.message);
   }
 
@@ -439,6 +491,15 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
   // save's whole cost, not the part before the commit.
   void save(std::int64_t step) {
     const auto t0 = std::chrono::steady_clock::now();
+    enter_phase(hang_phase::save, t0);
+    struct unwatched_after {  // a save that throws is no hang either
+      preemption_handler& w;
+      ~unwatched_after() { w.enter_phase(hang_phase::none, std::chrono::steady_clock::now()); }
+    } after{*this};
+    if constexpr (detects_hangs) {
+      if constexpr (detail::detect<detail::ckpt_hang_bounds_out, Checkpointer>::value)
+        checkpointer_.set_hang_bounds(learner_.bounds());  // the next start begins from them
+    }
     finish_saves();  // an async periodic save in flight never races the preemption save
     if (config_.has_save_override())
       config_.save_override()(step);
@@ -446,6 +507,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
       checkpointer_.save(step);
     finish_saves();  // to the durable end
     last_save_duration_ = std::chrono::steady_clock::now() - t0;
+    if constexpr (detects_hangs) learner_.add_save(last_save_duration_);
   }
 
   // Waits for the Checkpointer's background save, when it has one (wait_until_finished()).
@@ -505,6 +567,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock> 
   std::uint64_t steps_timed_ = 0;
   typename Clock::duration step_time_sum_{};
   time_point last_stamp_{};
+  std::chrono::steady_clock::time_point last_steady_stamp_{};  // hang detection's
   bool stamped_ = false;
   std::chrono::nanoseconds last_save_duration_{0};
   typename Clock::duration overhead_{};  // waiting + saving in this round's first phase

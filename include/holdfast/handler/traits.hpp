@@ -27,6 +27,7 @@
 #include "../detail/detect.hpp"
 #include "../termination/exit.hpp"  // exit_context, no_exit: the Exit policy the Config names
 #include "../version.hpp"
+#include "hang.hpp"  // hang_bounds: what a Checkpointer may record and restore
 
 HOLDFAST_NAMESPACE_BEGIN
 
@@ -52,6 +53,11 @@ template <class T>
 using ckpt_pin = decltype(std::declval<T&>().pin(std::optional<std::int64_t>{}));
 template <class T>
 using ckpt_wait = decltype(std::declval<T&>().wait_until_finished());
+template <class T>
+using ckpt_hang_bounds_out = decltype(std::declval<T&>().set_hang_bounds(hang_bounds{}));
+template <class T>
+using ckpt_hang_bounds_in = std::enable_if_t<std::is_convertible_v<
+    decltype(std::declval<const T&>().restored_hang_bounds()), std::optional<hang_bounds>>>;
 template <class T>
 using cfg_exit_type = typename T::exit_type;
 template <class T>

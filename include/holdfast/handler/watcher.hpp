@@ -48,6 +48,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>  // std::function: the restore guard's work
 #include <map>
 #include <mutex>
 #include <optional>
@@ -63,6 +64,7 @@
 #include "../kv.hpp"
 #include "../termination/notice.hpp"  // has_notice_waker_v: whether a notice can wake the watcher
 #include "../version.hpp"
+#include "hang.hpp"
 #include "options.hpp"
 #include "store_retry.hpp"
 #include "traits.hpp"  // calls_exit_v, to_clock
@@ -72,7 +74,7 @@ HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
 
 /// The watcher thread of a preemption_handler and the state both its threads share.
-template <class Config, class Kv, class Clock>
+template <class Config, class Kv, class Clock, class Hang>
 class agreement_watcher {
   // Checked here too: the handler's base is instantiated before its own static_asserts run, and
   // a missing member should be named before any error it causes below.
@@ -99,7 +101,9 @@ class agreement_watcher {
         options_(options),
         scope_("holdfast/" + checked_run_id(cluster_.run_id) + "/"),
         error_key_(agreement_key_name(scope_, agreement_key::error, 0)),
-        machine_(machine_config(cluster_, config_, options_)) {
+        hang_key_(hang_key_name(scope_)),
+        machine_(machine_config(cluster_, config_, options_, nonce_)),
+        learner_(options_.hang) {
     control_cache_.prefix = agreement_control_prefix(scope_);
   }
 
@@ -121,7 +125,8 @@ class agreement_watcher {
   }
 
   static typename agreement_type::config machine_config(const cluster_info& c, const Config& cfg,
-                                                        const handler_options& o) {
+                                                        const handler_options& o,
+                                                        const std::string& nonce) {
     typename agreement_type::config m;
     m.task = c.task;
     m.num_tasks = c.num_tasks;
@@ -129,7 +134,7 @@ class agreement_watcher {
     m.ack_timeout = std::chrono::duration_cast<typename Clock::duration>(o.ack_timeout);
     m.exit_after_save = calls_exit_v<Config>;
     m.grace_margin = std::chrono::duration_cast<typename Clock::duration>(o.grace_margin);
-    m.nonce = make_nonce();
+    m.nonce = nonce;
     return m;
   }
 
@@ -180,6 +185,10 @@ class agreement_watcher {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_.load()) {
       lock.unlock();
+      if constexpr (detects_hangs) {
+        learn_hang();
+        look_for_hang_when_due();
+      }
       forward_notice();
       lock.lock();
       bool worked = false;
@@ -249,7 +258,10 @@ class agreement_watcher {
               control_cache_.mark_stale(key);
           }
           lock.lock();
-          machine_.on_insert(r.created);
+          if (!r.created && r.current && is_hang(*r.current))  // a verdict took the key
+            machine_.on_hang_seen(*r.current);
+          else
+            machine_.on_insert(r.created);
           break;
         }
         case op::put:
@@ -370,6 +382,7 @@ class agreement_watcher {
     for (;;) {
       key_look seen = look();
       if (seen.value || seen.done || stop_.load()) return std::move(seen.value);
+      if constexpr (detects_hangs) look_for_hang_when_due();  // a slice ended
       if (!outcome_key.empty()) {
         outcome_value = read_outcome();
         if (outcome_value) return std::nullopt;
@@ -516,8 +529,10 @@ class agreement_watcher {
 
   // What a wait for a trigger saw.
   struct trigger_seen {
-    std::optional<std::string> value;  // the trigger key's value (a claim or final claim)
-    std::optional<std::string> error;  // the error key's payload
+    std::optional<std::string> value;     // the trigger key's value (a claim or final claim)
+    std::optional<std::string> error;     // the error key's payload
+    std::optional<std::string> hang;      // a verdict in the trigger key (it fails the machine)
+    std::optional<std::string> reported;  // a verdict in ctl/hang (it fails nothing)
   };
 
   // Blocks for one slice on the key that can start or end an agreement now (a claim, a final
@@ -555,7 +570,14 @@ class agreement_watcher {
       seen = get_trigger(key, trigger.has_value());
     }
     lock.lock();
-    if (seen.error) {
+    if (seen.reported) {
+      lock.unlock();
+      act_on_hang(*seen.reported);
+      lock.lock();
+    }
+    if (seen.hang) {
+      machine_.on_hang_seen(*seen.hang);
+    } else if (seen.error) {
       error_seen_ = true;
       machine_.on_error_seen(*seen.error);
     } else if (seen.value && *trigger == agreement_key::claim) {
@@ -563,7 +585,7 @@ class agreement_watcher {
     } else if (seen.value && *trigger == agreement_key::final_claim) {
       machine_.on_final_seen(round);
     }
-    if (seen.value || seen.error) {
+    if (seen.value || seen.error || seen.hang) {
       raise_attention_locked();
       train_cv_.notify_all();
     }
@@ -578,6 +600,8 @@ class agreement_watcher {
     trigger_seen seen;
     if (v && !trigger)
       seen.error = std::move(v);
+    else if (v && is_hang(*v))
+      seen.hang = std::move(v);
     else if (v && is_abort(*v))
       seen.error = read_error().value_or(std::string());
     else
@@ -610,9 +634,21 @@ class agreement_watcher {
         await_watches(time_point::max());
         read_cached_trigger();
       }
-      if (error_payload) return trigger_seen{std::nullopt, std::move(error_payload)};
-      return classify_trigger(std::move(v), trigger,
-                              [&] { return control_cache_.lookup(kv_, error_key_); });
+      std::optional<std::string> reported;
+      if constexpr (detects_hangs && !Hang::ends_job) {  // a verdict that fails nothing
+        if (!hang_acted_.load()) {
+          reported = control_cache_.lookup(kv_, hang_key_);
+          if (reported && !is_hang(*reported)) reported.reset();
+        }
+      }
+      trigger_seen seen;
+      if (error_payload)
+        seen.error = std::move(error_payload);
+      else
+        seen = classify_trigger(std::move(v), trigger,
+                                [&] { return control_cache_.lookup(kv_, error_key_); });
+      seen.reported = std::move(reported);
+      return seen;
     }
     return {};
   }
@@ -649,6 +685,9 @@ class agreement_watcher {
       if (until != time_point::max()) timeout = left(until - Clock::now());
       if constexpr (!has_notice_waker_v<Config>)
         timeout = std::min(timeout, options_.watch_interval);
+      if constexpr (detects_hangs)  // wake when the training thread's phase runs out
+        if (hang_next_ != std::chrono::steady_clock::time_point::max())
+          timeout = std::min(timeout, left(hang_next_ - std::chrono::steady_clock::now()));
       pollfd fds[3] = {{waker_.fd(), POLLIN, 0}, {-1, POLLIN, 0}, {-1, POLLIN, 0}};
       for (int i = 0; i < watches; ++i) {
         auto& w = *open[i]->watch;
@@ -665,6 +704,7 @@ class agreement_watcher {
       }
       waker_.drain();
       for (int i = 0; i < watches; ++i) open[i]->apply(open[i]->watch->take());
+      if constexpr (detects_hangs) look_for_hang_when_due();
     } else {
       (void)until;
     }
@@ -673,6 +713,219 @@ class agreement_watcher {
   static bool is_abort(const std::string& value) {
     auto v = parse_agreement_value(value);
     return v && v->what == agreement_value::kind::abort;
+  }
+  static bool is_hang(const std::string& value) {
+    auto v = parse_agreement_value(value);
+    return v && v->what == agreement_value::kind::hang;
+  }
+
+  // ---- hang detection (handler/hang.hpp) -------------------------------------------------------
+  //
+  // The training thread publishes its phase and the steady time the phase began in one relaxed
+  // atomic word (hang_stamp_: nanoseconds << 3 | phase). The watcher looks at it whenever it
+  // wakes and wakes when the phase's bound runs out (hang_next_, which every sleep honours: the
+  // poll's timeout, a slice's end), so a training thread stuck anywhere (a collective in a C
+  // extension holds no lock of ours) is found within its bound plus the wake-up's latency.
+
+  static constexpr bool detects_hangs = Hang::detects;
+  using steady = std::chrono::steady_clock;
+
+  static std::uint64_t hang_word(steady::time_point t, hang_phase p) noexcept {
+    return (static_cast<std::uint64_t>(t.time_since_epoch().count()) << 3) |
+           static_cast<std::uint64_t>(p);
+  }
+
+  // Training thread: it is in phase `p` since `t` (none: nothing to watch).
+  void enter_phase(hang_phase p, steady::time_point t) noexcept {
+    if constexpr (detects_hangs) hang_stamp_.store(hang_word(t, p), std::memory_order_relaxed);
+  }
+
+  // Any thread (the liveness monitor's): `task` stopped renewing its liveness key `silent` ago
+  // (past `bound`); the watcher records the verdict at its next look.
+  void on_peer_frozen(int task, std::chrono::milliseconds silent, std::chrono::milliseconds bound) {
+    {
+      std::lock_guard<std::mutex> lock(hang_mutex_);
+      if (!frozen_) frozen_ = hang_verdict{task, hang_phase::frozen, -1, silent, bound, -1, {}};
+    }
+    hang_next_wake_.store(true);
+    wake_watcher();
+  }
+
+  // The verdict a peer recorded and this worker's machine learned (it failed with kind hang):
+  // the policy acts on it, once. Over a store without a watch, a verdict that fails nothing
+  // (ctl/hang) is read once per hang_options::period.
+  void learn_hang() {
+    if (hang_acted_.load()) return;
+    std::string recorded;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (machine_.state() == agreement_state::failed &&
+          machine_.failure().kind == agreement_failure::hang)
+        recorded = machine_.failure().message;
+    }
+    if (recorded.empty() && !evented_ && !Hang::ends_job && steady::now() >= hang_read_next_) {
+      hang_read_next_ = steady::now() + options_.hang.period;
+      try {
+        if (auto v = kv_.try_get(hang_key_); v && is_hang(*v)) recorded = std::move(*v);
+      } catch (...) {  // the next period reads again
+      }
+    }
+    if (!recorded.empty()) act_on_hang(recorded);
+  }
+
+  // The watcher thread's look: when the next look is due, or a frozen peer was reported.
+  void look_for_hang_when_due() {
+    if (hang_next_wake_.load() || steady::now() >= hang_next_) hang_next_ = look_for_hang();
+  }
+
+  // Looks at the training thread's phase (and a frozen peer reported): records a verdict when
+  // one is due and acts on it. Returns when to look next. Never called with mutex_ held.
+  steady::time_point look_for_hang() {
+    if constexpr (!detects_hangs) {
+      return steady::time_point::max();
+    } else {
+      if (hang_acted_.load()) return steady::time_point::max();
+      std::optional<hang_verdict> v;
+      if (hang_next_wake_.exchange(false)) {
+        std::lock_guard<std::mutex> lock(hang_mutex_);
+        v = std::move(frozen_);
+        frozen_.reset();
+      }
+      const steady::time_point now = steady::now();
+      const steady::time_point next = now + options_.hang.period;
+      if (!v) {
+        const std::uint64_t w = hang_stamp_.load(std::memory_order_relaxed);
+        const auto p = static_cast<hang_phase>(w & 7);
+        if (p == hang_phase::none || p == hang_phase::frozen) return next;
+        const steady::time_point start{steady::duration(static_cast<steady::rep>(w >> 3))};
+        const std::chrono::nanoseconds bound = learner_.bound(p);
+        const auto elapsed = now - start;
+        if (elapsed < bound) return bound > next - start ? next : start + bound;
+        using ms = std::chrono::milliseconds;
+        v = hang_verdict{
+            cluster_.task,
+            p,
+            static_cast<std::int64_t>(counter_and_attention_.load(std::memory_order_relaxed) >> 1),
+            std::chrono::duration_cast<ms>(elapsed),
+            std::chrono::duration_cast<ms>(bound),
+            -1,
+            {}};
+      }
+      record_hang(std::move(*v));
+      return steady::time_point::max();
+    }
+  }
+
+  // Records verdict `v` once for the job (insert-once; a verdict someone recorded first is the
+  // one) where the policy says (verdict_keys_locked), feeds it to the machine when it went into
+  // a key the machine waits on, and acts on it.
+  void record_hang(hang_verdict v) {
+    v.recorder = cluster_.task;
+    v.nonce = nonce_;
+    const std::string mine = format_agreement_value(hang_verdict_value(v));
+    std::string recorded = mine;
+    bool fails_round = false;
+    try {
+      std::pair<std::string, std::string> keys;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        keys = verdict_keys_locked();
+      }
+      const time_point until =
+          Clock::now() + std::chrono::duration_cast<typename Clock::duration>(options_.ack_timeout);
+      // The verdict in `key`, or nullopt when the key holds another value (in `other`).
+      std::optional<std::string> other;
+      auto insert = [&](const std::string& key) -> std::optional<std::string> {
+        insert_result r = store_.insert_or_read(kv_, key, mine, until);
+        if (r.created) return mine;
+        if (r.current && is_hang(*r.current)) return r.current;
+        other = std::move(r.current);
+        return std::nullopt;
+      };
+      std::optional<std::string> got = insert(keys.first);
+      fails_round = got && keys.first != hang_key_;
+      if (!got && !keys.second.empty() && other) {  // a claim came first: its round's outcome
+        auto o = parse_agreement_value(*other);
+        if (o && o->what == agreement_value::kind::claim) {
+          got = insert(keys.second);
+          fails_round = got.has_value();
+        }
+      }
+      if (!got) got = insert(hang_key_);  // the round was decided first: beside it, for the log
+      if (got) recorded = std::move(*got);
+    } catch (const std::exception& e) {  // acts on its own verdict, unrecorded
+      const std::string line =
+          std::string("holdfast: a hang verdict could not be recorded: ") + e.what() + "\n";
+      (void)!::write(2, line.data(), line.size());
+    }
+    if (fails_round) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      machine_.on_hang_seen(recorded);
+      raise_attention_locked();
+    }
+    train_cv_.notify_all();
+    act_on_hang(recorded);
+  }
+
+  // Where a verdict goes: the outcome key of a round under way (it is that round's outcome,
+  // never beside it); for a policy that ends the job, the trigger key every idle worker waits on
+  // (second: that round's outcome key, should a claim come first); else ctl/hang.
+  std::pair<std::string, std::string> verdict_keys_locked() const {
+    const std::uint64_t round = machine_.round();
+    std::string outcome = agreement_key_name(scope_, machine_.outcome_key(), round);
+    if (holdfast::agreement_under_way(machine_.state())) return {std::move(outcome), {}};
+    if constexpr (Hang::ends_job) {
+      if (auto t = machine_.watch_key())
+        return {agreement_key_name(scope_, *t, round), std::move(outcome)};
+    }
+    return {hang_key_, {}};
+  }
+
+  // The policy acts on the recorded verdict `value`, once per handler.
+  void act_on_hang(const std::string& value) {
+    if (hang_acted_.exchange(true)) return;
+    auto a = parse_agreement_value(value);
+    std::optional<hang_verdict> v = a ? hang_verdict_of(*a) : std::nullopt;
+    if (v) Hang::act(*v, options_.hang);
+  }
+
+  // Construction: the watcher starts after the restore, so the restore is watched by a guard
+  // thread of its own while `work` runs (phase restore since `t0`).
+  template <class Work>
+  void guard_restore(Work&& work) {
+    if constexpr (!detects_hangs) {
+      std::forward<Work>(work)();
+    } else {
+      enter_phase(hang_phase::restore, steady::now());
+      std::mutex m;
+      std::condition_variable cv;
+      bool done = false;
+      std::thread guard([&] {
+        std::unique_lock<std::mutex> lock(m);
+        while (!done) {
+          lock.unlock();
+          const steady::time_point next =
+              std::min(look_for_hang(), steady::now() + options_.hang.period);
+          lock.lock();
+          cv.wait_until(lock, next, [&] { return done; });
+        }
+      });
+      struct joiner {
+        std::mutex& m;
+        std::condition_variable& cv;
+        bool& done;
+        std::thread& t;
+        ~joiner() {
+          {
+            std::lock_guard<std::mutex> lock(m);
+            done = true;
+          }
+          cv.notify_all();
+          t.join();
+        }
+      } join{m, cv, done, guard};
+      std::forward<Work>(work)();
+    }
   }
 
   // ---- state ----------------------------------------------------------------------------------
@@ -685,6 +938,8 @@ class agreement_watcher {
   handler_options options_;
   std::string scope_;
   std::string error_key_;
+  std::string hang_key_;
+  std::string nonce_ = make_nonce();  // this handler's, in every value it writes
 
   std::atomic<std::uint64_t> counter_and_attention_{0};  // run counter << 1 | attention
   mutable std::mutex mutex_;                             // guards machine_ and error_seen_
@@ -702,6 +957,15 @@ class agreement_watcher {
   // the claimant's: one round's acks while it collects (watcher thread only)
   watch_cache<Kv> ack_cache_;
   ack_batch ack_batch_;  // the claimant's acks read in batches (watcher thread only)
+  // hang detection
+  hang_learner learner_;  // the training thread feeds it; the watcher reads its bounds
+  std::atomic<std::uint64_t> hang_stamp_{0};  // the training thread's phase (see enter_phase)
+  std::atomic<bool> hang_acted_{false};       // the policy acted on a verdict
+  std::atomic<bool> hang_next_wake_{false};   // frozen_ holds a verdict to record
+  std::mutex hang_mutex_;                     // guards frozen_
+  std::optional<hang_verdict> frozen_;        // a frozen peer, from the liveness monitor
+  steady::time_point hang_next_{};            // the watcher's next look (watcher thread only)
+  steady::time_point hang_read_next_{};       // its next read of ctl/hang (no watch; same)
   std::thread watcher_;
 };
 
