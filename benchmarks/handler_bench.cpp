@@ -7,7 +7,8 @@
 // before the notice, as the handler's watcher does; then poll() on fd() and take(), plus one
 // try_get when a take reports resync); in_process_kv has no watch, so a blocked get (woken by
 // its condition variable). Also prints the store operations per worker per agreement, counted
-// with counting_kv (lines starting with "# handler").
+// with counting_kv (lines starting with "# handler"), and the hang detector's cost per run()
+// (hang_report against hang_none, handler/run/hang=on rows).
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -75,16 +76,17 @@ void step_work(std::uint64_t& x) {
   }
 }
 
-template <int Work>
+// Hang: the handler's hang policy (hang_report, the default: detection on; hang_none: off).
+template <int Work, class Hang = holdfast::hang_report>
 double run_loop(std::size_t n) {
   std::atomic<bool> flag{false};
   std::atomic<std::int64_t> saved{0};
   holdfast::in_process_kv kv(holdfast::kv_namespace("bench", next_id()));
   holdfast::handler_options o;
   o.watch_interval = 20ms;
-  holdfast::preemption_handler<flag_config, holdfast::in_process_kv, stamp_checkpoints> h(
-      flag_config(holdfast::polled_notice<flag_poll>(flag_poll{&flag}, 1s)), kv, {0, 1, "r"},
-      stamp_checkpoints{&saved}, o);
+  holdfast::preemption_handler<flag_config, holdfast::in_process_kv, stamp_checkpoints, clk, Hang>
+      h(flag_config(holdfast::polled_notice<flag_poll>(flag_poll{&flag}, 1s)), kv, {0, 1, "r"},
+        stamp_checkpoints{&saved}, o);
   std::uint64_t x = 1;
   auto t0 = clk::now();
   for (std::size_t i = 0; i < n; ++i) h.run([&x] { step_work<Work>(x); });
@@ -106,6 +108,18 @@ bench::registrar run_empty{
     {"handler/run/step=1 mul-add", run_loop<1>, "bare loop/step=1 mul-add", bare_loop<1>}};
 bench::registrar run_1k{{"handler/run/step=1000 mul-add", run_loop<1000>,
                          "bare loop/step=1000 mul-add", bare_loop<1000>}};
+
+// The hang detector's cost on the hot path (issue 34): run() with detection on (hang_report, the
+// default) against run() with it compiled out (hang_none), in one binary, interleaved, median of
+// 9. The step=1 row gives the ns per run() (the difference of the medians), the step=1000 row
+// the ratio on a step of some work.
+const bench::config hang_cfg{0, 9, 2, 20};
+bench::registrar run_hang_1{
+    {"handler/run/hang=on/step=1 mul-add", run_loop<1, holdfast::hang_report>,
+     "handler/run/hang=off/step=1 mul-add", run_loop<1, holdfast::hang_none>, hang_cfg}};
+bench::registrar run_hang_1k{
+    {"handler/run/hang=on/step=1000 mul-add", run_loop<1000, holdfast::hang_report>,
+     "handler/run/hang=off/step=1000 mul-add", run_loop<1000, holdfast::hang_none>, hang_cfg}};
 
 // ---- notice → all saved, threads over in_process_kv -------------------------------------------
 
