@@ -133,15 +133,18 @@ inline std::optional<hang_verdict> hang_verdict_of(const agreement_value& a) {
 
 /// The detector's tuning (handler_options::hang). Defaults: the bound is 5 x the longest step
 /// of the recent window (nvidia-resiliency-ext's rule), never under 60 s for a step (10 min
-/// until 10 steps are timed), 5 min for a save and 10 min for a restore: a hang is found in
-/// about a minute, or 5 x the longest step where steps are long, against NCCL's 10 minutes.
+/// until 100 steps are timed: a window of 10 steps misses the 1 % of steps ten times the median
+/// about 3 times in 4, and the first one after would pass 5 x their longest), 5 min for a save
+/// and 10 min for a restore: a hang is found in about a minute, or 5 x the longest step where
+/// steps are long, against NCCL's 10 minutes. A restarted job starts from the bounds its
+/// checkpoint recorded, warm-up included.
 struct hang_options {
   double multiplier = 5.0;  ///< k: a phase is hung past max(k x learned bound, floor)
   std::chrono::milliseconds step_floor{std::chrono::seconds(60)};     ///< after the warm-up
   std::chrono::milliseconds warmup_floor{std::chrono::minutes(10)};   ///< a step's, in warm-up
   std::chrono::milliseconds save_floor{std::chrono::minutes(5)};      ///< a save's
   std::chrono::milliseconds restore_floor{std::chrono::minutes(10)};  ///< the restore's
-  std::uint32_t warmup_steps = 10;    ///< steps timed before the learned step bound applies
+  std::uint32_t warmup_steps = 100;   ///< steps timed before the learned step bound applies
   std::uint32_t window_steps = 1000;  ///< steps per window of the windowed max
   /// The longest the watcher sleeps without looking at the training thread's phase (it also
   /// wakes exactly when the current phase's bound runs out, so this matters only while a bound
