@@ -32,8 +32,8 @@
 //   - A thread bounds its own store calls with a `kv_call_deadline` scope (kv/call_deadline.hpp):
 //     etcd_kv's calls end by it (failing with ETIMEDOUT), whatever their own timeouts.
 //   - `kv_lease_ttl(kv, key)` says whether a put of `key` carries a lease (etcd_kv with
-//     lease_ttl and a leased_prefix covering it, or an any_kv holding one: has_kv_leases_v) and
-//     its TTL; 0 s elsewhere. Liveness keys need one (handler/liveness.hpp).
+//     lease_ttl and a leased_prefix covering it, or an any_kv or counting_kv holding one:
+//     has_kv_leases_v) and its TTL; 0 s elsewhere. Liveness keys need one (handler/liveness.hpp).
 //   - `counting_kv<Kv>` counts the operations of any backend per kind, thread-safely (get_many
 //     included; watches are not store operations and are not counted).
 // Caveats:
@@ -628,6 +628,17 @@ class counting_kv {
   }
   /// What the wrapped store can do (kv_supports: an any_kv inside is asked).
   bool supports(kv_op op) const noexcept { return kv_supports(inner_, op); }
+  /// Forwards leases(key) where the wrapped store says which keys carry a lease
+  /// (has_kv_leases_v), so a counted store keeps its liveness signal (handler/liveness.hpp).
+  template <class K = Kv, class = std::enable_if_t<has_kv_leases_v<K>>>
+  bool leases(std::string_view key) const noexcept {
+    return inner_.leases(key);
+  }
+  /// Forwards lease_ttl() (has_kv_leases_v).
+  template <class K = Kv, class = std::enable_if_t<has_kv_leases_v<K>>>
+  std::chrono::seconds lease_ttl() const noexcept {
+    return std::chrono::seconds(inner_.lease_ttl());
+  }
   /// Forwards the wrapped store's own stats() (etcd_kv: the HTTP requests it sent), if it has it.
   template <class K = Kv>
   auto stats() const -> decltype(std::declval<const K&>().stats()) {
