@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <holdfast/handler/liveness.hpp>
@@ -135,9 +136,10 @@ class ring {
       }
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now());
-      if (left.count() <= 0) return std::nullopt;
-      pollfd p{reports_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      pollfd p{reports_, POLLIN, 0};  // at the deadline: one look at what is there already
+      const int ready = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left.count())));
+      if (ready <= 0 && left.count() <= 0) return std::nullopt;
+      if (ready <= 0) continue;
       char buf[512];
       const ssize_t got = ::read(reports_, buf, sizeof buf);
       if (got > 0) buffer_.append(buf, static_cast<std::size_t>(got));
