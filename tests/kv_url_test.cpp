@@ -77,10 +77,10 @@ TEST_CASE("kv url: refusals name the url and the offset") {
       {"etcd://h:0", "port"},
       {"etcd://h:70000", "bad member"},
       {"etcd://h:x", "bad member"},
-      {"etcd://h:1?ca=x", "'?' not allowed"},
+      {"etcd://h:1?ca=x", "etcd:// takes only lease_ttl= and leased_prefix="},
       {"etcd://h:1/a//b", "bad prefix"},
       {"etcd://h:1/a/../b", "bad prefix"},
-      {"etcd://h:1/p?x", "no query"},
+      {"etcd://h:1/p?x", "offset 13: query parameter without '='"},
       {"etcd://[::1:1", "bad member"},
       {"etcd://h 1", "' ' not allowed"},
   };
@@ -173,7 +173,33 @@ TEST_CASE("kv url: etcds:// query refusals name the offset") {
       {"etcds://h:1#frag", "offset 11: no fragment"},
       {"etcds://?ca=/x", "offset 8: no etcd member"},
       {"etcds://h:1/a//b?ca=/x", "bad prefix"},
-      {"etcd://h:1?user=u&password_env=X", "'?' not allowed"},
+      {"etcd://h:1?user=u&password_env=X", "etcd:// takes only lease_ttl="},
+  };
+  check_refused(bad, [](const char* url, const holdfast::format_error& e) {
+    CHECK(e.path() == url);  // nothing secret in these: shown as written
+  });
+}
+
+// The lease for liveness keys (handler/liveness.hpp) from a URL, in both etcd schemes.
+TEST_CASE("kv url: lease_ttl= and leased_prefix= in etcd:// and etcds://") {
+  auto plain = parse_kv_url("etcd://h:1/jobs?lease_ttl=6&leased_prefix=holdfast/run-7/live/");
+  CHECK(plain.lease_ttl == std::chrono::seconds(6));
+  CHECK(plain.leased_prefix == "holdfast/run-7/live");  // a trailing '/' is dropped
+  CHECK(plain.prefix == "jobs");
+  auto s = parse_kv_url("etcds://h:1?ca=/ca.pem&lease_ttl=10&leased_prefix=holdfast%2Fr%2Flive");
+  CHECK(s.lease_ttl == std::chrono::seconds(10));
+  CHECK(s.leased_prefix == "holdfast/r/live");
+  CHECK(parse_kv_url("etcd://h:1").lease_ttl == std::chrono::seconds(0));
+  const std::pair<const char*, const char*> bad[] = {
+      {"etcd://h:1?lease_ttl=6", "lease_ttl= and leased_prefix= go together"},
+      {"etcd://h:1?leased_prefix=live", "lease_ttl= and leased_prefix= go together"},
+      {"etcd://h:1?lease_ttl=0&leased_prefix=live", "offset 21: lease_ttl= takes whole seconds"},
+      {"etcd://h:1?lease_ttl=6s&leased_prefix=live", "lease_ttl= takes whole seconds"},
+      {"etcd://h:1?lease_ttl=3601&leased_prefix=live", "lease_ttl= takes whole seconds"},
+      {"etcd://h:1?lease_ttl=6&leased_prefix=a//b", "bad leased_prefix"},
+      {"etcd://h:1?lease_ttl=6&lease_ttl=7&leased_prefix=a", "given twice"},
+      {"etcd://h:1?", "empty query"},
+      {"etcd://h:1?lease_ttl=6&leased_prefix=a#x", "no fragment"},
   };
   check_refused(bad, [](const char* url, const holdfast::format_error& e) {
     CHECK(e.path() == url);  // nothing secret in these: shown as written
@@ -224,6 +250,15 @@ TEST_CASE("make_kv: a directory and a real etcd behind one any_kv type") {
   REQUIRE(after);
   CHECK(after->requests == before->requests + 1);
   CHECK_FALSE(e.stats_as<int>());  // not its type
+
+  // The URL's lease reaches the store, and any_kv says which keys carry it (kv_lease_ttl).
+  holdfast::any_kv leased = holdfast::make_kv(url + "?lease_ttl=5&leased_prefix=live", {"run", 3});
+  CHECK(leased.leases("live/0/beat"));
+  CHECK_FALSE(leased.leases("ctl/r0/step"));  // a decision is never leased
+  CHECK(holdfast::kv_lease_ttl(leased, "live/0/beat") == 5s);
+  CHECK(holdfast::kv_lease_ttl(leased, "live") == 0s);
+  CHECK(holdfast::kv_lease_ttl(e, "live/0/beat") == 0s);  // no lease in its URL
+  CHECK(holdfast::kv_lease_ttl(f, "live/0/beat") == 0s);  // a directory has no leases
 }
 
 TEST_CASE("any_kv: forwards the four operations — optional ones only where the store has them") {

@@ -31,6 +31,9 @@
 //     Results are sorted by key, bytewise (unsigned), like etcd.
 //   - A thread bounds its own store calls with a `kv_call_deadline` scope (kv/call_deadline.hpp):
 //     etcd_kv's calls end by it (failing with ETIMEDOUT), whatever their own timeouts.
+//   - `kv_lease_ttl(kv, key)` says whether a put of `key` carries a lease (etcd_kv with
+//     lease_ttl and a leased_prefix covering it, or an any_kv or counting_kv holding one:
+//     has_kv_leases_v) and its TTL; 0 s elsewhere. Liveness keys need one (handler/liveness.hpp).
 //   - `counting_kv<Kv>` counts the operations of any backend per kind, thread-safely (get_many
 //     included; watches are not store operations and are not counted).
 // Caveats:
@@ -365,6 +368,32 @@ inline constexpr bool has_kv_watch_follow_v = detail::detect<detail::kv_watch_fo
 template <class T>
 inline constexpr bool has_kv_get_many_v = detail::detect<detail::kv_get_many, T>::value;
 
+namespace detail {
+template <class T>
+using kv_leases = decltype(bool(std::declval<const T&>().leases(std::string_view{})));
+template <class T>
+using kv_lease_ttl = decltype(std::chrono::seconds(std::declval<const T&>().lease_ttl()));
+}  // namespace detail
+
+/// True when T says which of its keys carry a lease: `bool leases(std::string_view key) const`
+/// and `std::chrono::seconds lease_ttl() const` (etcd_kv, any_kv).
+template <class T>
+inline constexpr bool has_kv_leases_v =
+    detail::detect<detail::kv_leases, T>::value&& detail::detect<detail::kv_lease_ttl, T>::value;
+
+/// The time-to-live of the lease a put of `key` carries in `kv` (it vanishes that long after
+/// its writer stops renewing), or 0 s when it carries none (a store without leases).
+template <class Kv>
+std::chrono::seconds kv_lease_ttl(const Kv& kv, std::string_view key) noexcept {
+  if constexpr (has_kv_leases_v<Kv>) {
+    return kv.leases(key) ? std::chrono::seconds(kv.lease_ttl()) : std::chrono::seconds(0);
+  } else {
+    static_cast<void>(kv);
+    static_cast<void>(key);
+    return std::chrono::seconds(0);
+  }
+}
+
 /// True when T has every kv_store operation with the expected signature.
 template <class T>
 inline constexpr bool is_kv_store_v = is_coordination_store_v<T>&& has_kv_list_v<T>&&
@@ -599,6 +628,17 @@ class counting_kv {
   }
   /// What the wrapped store can do (kv_supports: an any_kv inside is asked).
   bool supports(kv_op op) const noexcept { return kv_supports(inner_, op); }
+  /// Forwards leases(key) where the wrapped store says which keys carry a lease
+  /// (has_kv_leases_v), so a counted store keeps its liveness signal (handler/liveness.hpp).
+  template <class K = Kv, class = std::enable_if_t<has_kv_leases_v<K>>>
+  bool leases(std::string_view key) const noexcept {
+    return inner_.leases(key);
+  }
+  /// Forwards lease_ttl() (has_kv_leases_v).
+  template <class K = Kv, class = std::enable_if_t<has_kv_leases_v<K>>>
+  std::chrono::seconds lease_ttl() const noexcept {
+    return std::chrono::seconds(inner_.lease_ttl());
+  }
   /// Forwards the wrapped store's own stats() (etcd_kv: the HTTP requests it sent), if it has it.
   template <class K = Kv>
   auto stats() const -> decltype(std::declval<const K&>().stats()) {

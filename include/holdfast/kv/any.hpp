@@ -22,6 +22,8 @@
 //     the held store's watch, and follow(key) where that watch has it (ignored otherwise);
 //     watch(prefix, kv_watch_events::writes) asks the held store for a writes-only watch where
 //     it has one (filesystem_kv), else for its plain watch.
+//   - leases(key) and lease_ttl() answer for the held store (has_kv_leases_v: etcd_kv), false
+//     and 0 s for a store without leases; so kv_lease_ttl(any_kv, key) is the held store's.
 //   - stats_as<T>() returns the held store's stats() when they are a T (etcd_kv: etcd_stats),
 //     else nullopt.
 //   - Copies share the held store (as the backends' own handles do).
@@ -151,6 +153,11 @@ class any_kv {
 
   /// True when the held store has `op` (insert, put, try_get and get always).
   bool supports(kv_op op) const noexcept { return impl_->supports(op); }
+  /// True when the held store puts `key` with a lease (has_kv_leases_v: etcd_kv with a
+  /// leased_prefix covering it); false for a store without leases.
+  bool leases(std::string_view key) const noexcept { return impl_->lease_ttl(key).count() > 0; }
+  /// The held store's lease TTL (has_kv_leases_v), or 0 s.
+  std::chrono::seconds lease_ttl() const noexcept { return impl_->lease_ttl({}); }
 
   /// The held store's stats() when it has them and they are a T (etcd_kv: etcd_stats), else
   /// nullopt.
@@ -175,6 +182,8 @@ class any_kv {
                                                              std::chrono::milliseconds) = 0;
     virtual any_kv_watch watch(const std::string&, kv_watch_events) = 0;
     virtual bool supports(kv_op) const noexcept = 0;
+    // kv_lease_ttl of `key`; for an empty key, the held store's lease_ttl() itself.
+    virtual std::chrono::seconds lease_ttl(std::string_view key) const noexcept = 0;
     // Emplaces the held store's stats into `out` (a std::optional<S>*) when S is `type`.
     virtual void stats(const std::type_info& type, void* out) const = 0;
   };
@@ -224,6 +233,12 @@ class any_kv {
         default:
           return kv_supports(kv, op);
       }
+    }
+    std::chrono::seconds lease_ttl(std::string_view key) const noexcept override {
+      if constexpr (has_kv_leases_v<Kv>) {
+        if (key.empty()) return std::chrono::seconds(kv.lease_ttl());
+      }
+      return kv_lease_ttl(kv, key);
     }
     void stats(const std::type_info& type, void* out) const override {
       if constexpr (detail::detect<detail::kv_stats, Kv>::value) {

@@ -1,9 +1,9 @@
 // holdfast/kv/url.hpp — one URL grammar for choosing a coordination store at run time.
 //
 //   file:///shared/dir                         filesystem_kv on a directory every worker mounts
-//   etcd://host:port[,host:port...][/prefix]   etcd_kv on those members (port 2379 when left
-//                                              out; IPv6 hosts in brackets; prefix default
-//                                              "holdfast", one or more key segments)
+//   etcd://host:port[,host:port...][/prefix][?lease]  etcd_kv on those members (port 2379
+//                                              when left out; IPv6 hosts in brackets; prefix
+//                                              default "holdfast", one or more key segments)
 //   etcds://host:port[,...][/prefix][?query]   the same over TLS (https://), with a query of
 //       ca=FILE             CA certificates (PEM) to verify the members; default: the system's
 //       cert=FILE&key=FILE  a client certificate and its key (PEM), both or neither
@@ -11,6 +11,10 @@
 //       user=NAME           authenticate as NAME, with exactly one of
 //       password_file=FILE  a file holding the password (one line), or
 //       password_env=VAR    an environment variable holding it
+//   and, in both etcd schemes, the lease for liveness keys (handler/liveness.hpp), both or neither:
+//       lease_ttl=SECONDS   etcd_options::lease_ttl (1-3600)
+//       leased_prefix=KEYS  etcd_options::leased_prefix (keys below it carry the lease), such as
+//                           holdfast/<run id>/live for the liveness monitor's keys
 //     (values may be %XX-escaped; each key at most once)
 //
 //   holdfast::any_kv kv = holdfast::make_kv("etcd://10.0.0.5:2379,10.0.0.6:2379/jobs",
@@ -23,8 +27,8 @@
 //   - parse_kv_url is the library's one parser of store URLs (the demo, the PyTorch extension and
 //     the fuzz target use it). It never throws anything but holdfast::format_error, naming the
 //     URL and the offset of what is wrong; it accepts nothing it does not understand (no query
-//     but etcds://'s, no fragment, no user info, no empty host or segment, no NUL, ports
-//     1-65535, no unknown or repeated query key).
+//     but etcd:// and etcds://'s, no fragment, no user info, no empty host or segment, no NUL,
+//     ports 1-65535, no unknown or repeated query key).
 //   - A password never sits in a URL: `password=`, `user:password@` and `token@` are refused, and
 //     the URL an error names has such a password, all of user info without ':' (a token: a user
 //     name shows only when a password follows it), and the value of any unknown query key
@@ -40,6 +44,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -68,6 +73,8 @@ struct kv_url {
   std::string user;                    ///< etcds: user=
   std::string password_file;           ///< etcds: password_file=
   std::string password_env;            ///< etcds: password_env=
+  std::chrono::seconds lease_ttl{0};   ///< etcd, etcds: lease_ttl= (0: none)
+  std::string leased_prefix;           ///< etcd, etcds: leased_prefix= (empty: none)
 };
 
 namespace detail {
@@ -78,8 +85,8 @@ inline bool kv_url_starts(std::string_view url, std::string_view scheme) {
 
 // The query keys whose values may show in an error (a password never is one of them).
 inline bool kv_url_safe_key(std::string_view key) {
-  for (std::string_view k :
-       {"ca", "cert", "key", "server_name", "user", "password_file", "password_env"})
+  for (std::string_view k : {"ca", "cert", "key", "server_name", "user", "password_file",
+                             "password_env", "lease_ttl", "leased_prefix"})
     if (key == k) return true;
   return false;
 }
@@ -181,7 +188,19 @@ inline bool kv_url_decode(std::string_view in, std::string& out) {
   return true;
 }
 
-// The query of an etcds:// URL, from `offset` in `url` (shown as `shown` in errors).
+// The value of lease_ttl=: whole seconds, 1 to 3600; -1 when it is not one.
+inline long long kv_url_seconds(const std::string& value) {
+  if (value.empty() || value.size() > 4) return -1;
+  long long n = 0;
+  for (char c : value) {
+    if (c < '0' || c > '9') return -1;
+    n = n * 10 + (c - '0');
+  }
+  return n >= 1 && n <= 3600 ? n : -1;
+}
+
+// The query of an etcd:// or etcds:// URL (etcd:// takes the lease keys only), from `offset` in
+// `url` (shown as `shown` in errors).
 inline void kv_url_query(std::string_view query, std::size_t offset, const std::string& shown,
                          kv_url& out) {
   auto bad = [&](std::size_t at, const std::string& why) {
@@ -201,7 +220,11 @@ inline void kv_url_query(std::string_view query, std::size_t offset, const std::
     if (!kv_url_safe_key(key))  // its name is not shown: it might be a secret typed there
       bad(item_offset,
           "unknown query parameter (known: ca, cert, key, server_name, user, password_file, "
-          "password_env)");
+          "password_env, lease_ttl, leased_prefix)");
+    if (!out.secure && key != "lease_ttl" && key != "leased_prefix")
+      bad(item_offset,
+          "etcd:// takes only lease_ttl= and leased_prefix= (TLS and "
+          "authentication need etcds://)");
     for (const auto& k : seen)
       if (k == key) bad(item_offset, "query parameter '" + key + "' given twice");
     seen.push_back(key);
@@ -216,6 +239,18 @@ inline void kv_url_query(std::string_view query, std::size_t offset, const std::
     if (key == "user") out.user = value;
     if (key == "password_file") out.password_file = value;
     if (key == "password_env") out.password_env = value;
+    if (key == "lease_ttl") {
+      const long long n = kv_url_seconds(value);
+      if (n < 0) bad(item_offset + eq + 1, "lease_ttl= takes whole seconds, 1 to 3600");
+      out.lease_ttl = std::chrono::seconds(n);
+    }
+    if (key == "leased_prefix") {
+      std::string_view p = value;
+      if (p.back() == '/') p.remove_suffix(1);
+      const std::string why = key_problem(p);
+      if (!why.empty()) bad(item_offset + eq + 1, "bad leased_prefix: " + why);
+      out.leased_prefix = std::string(p);
+    }
     if (amp == std::string_view::npos) break;
     at = amp + 1;
   }
@@ -227,6 +262,8 @@ inline void kv_url_query(std::string_view query, std::size_t offset, const std::
     bad(offset, "a password source without user=");
   if (!out.user.empty() && out.password_file.empty() && out.password_env.empty())
     bad(offset, "user= needs password_file= or password_env=");
+  if ((out.lease_ttl.count() > 0) != !out.leased_prefix.empty())
+    bad(offset, "lease_ttl= and leased_prefix= go together");
 }
 
 }  // namespace detail
@@ -259,15 +296,13 @@ inline kv_url parse_kv_url(std::string_view text) {
   std::string_view rest = text.substr(start);
   std::string_view query;
   std::size_t query_offset = 0;
-  if (out.secure) {  // only etcds:// has a query; etcd:// refuses '?' in its members or prefix
-    if (const std::size_t hash = rest.find('#'); hash != std::string_view::npos)
-      bad(start + hash, "no fragment in an etcd URL");
-    if (const std::size_t q = rest.find('?'); q != std::string_view::npos) {
-      query = rest.substr(q + 1);
-      query_offset = start + q + 1;
-      rest = rest.substr(0, q);
-      if (query.empty()) bad(query_offset, "empty query");
-    }
+  if (const std::size_t hash = rest.find('#'); hash != std::string_view::npos)
+    bad(start + hash, "no fragment in an etcd URL");
+  if (const std::size_t q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    query_offset = start + q + 1;
+    rest = rest.substr(0, q);
+    if (query.empty()) bad(query_offset, "empty query");
   }
   const std::size_t slash = rest.find('/');
   std::string_view members = rest.substr(0, slash);
@@ -295,7 +330,8 @@ inline kv_url parse_kv_url(std::string_view text) {
 
 /// Opens the store `url` names, in namespace `ns`, as an any_kv. For etcd, `etcd` gives the
 /// other options (timeouts, lease, pool); the URL's members and prefix replace its endpoints and
-/// prefix, and an etcds:// URL's TLS and authentication settings replace those it names.
+/// prefix, its lease_ttl= and leased_prefix= replace the lease, and an etcds:// URL's TLS and
+/// authentication settings replace those it names.
 /// `Transport` makes etcd's connections: etcds:// needs a TLS one (such as
 /// holdfast_tls::openssl_transport<> from examples/tls), else holdfast::error(EPROTONOSUPPORT).
 template <class Transport = plain_transport<posix_io>>
@@ -318,6 +354,10 @@ any_kv make_kv(std::string_view url, const kv_namespace& ns, etcd_options etcd =
     etcd.user = u.user;
     etcd.password_file = u.password_file;
     etcd.password_env = u.password_env;
+  }
+  if (u.lease_ttl.count() > 0) {
+    etcd.lease_ttl = u.lease_ttl;
+    etcd.leased_prefix = u.leased_prefix;
   }
   return any_kv(basic_etcd_kv<posix_io, Transport>(std::move(etcd), ns));
 }

@@ -42,7 +42,8 @@
 //     whole (a reply may be 64 MiB).
 //   - With `lease_ttl` > 0 (and a `leased_prefix`), the client grants a lease and keeps it alive
 //     from one background thread (a keep-alive every ttl/3); etcd_kv attaches it to the keys
-//     below leased_prefix only (lease_for(key)), never to another key. When the process dies the
+//     below leased_prefix only (lease_for(key); leases(key) says so from the options alone),
+//     never to another key. When the process dies the
 //     keep-alives stop and etcd deletes its leased keys after the TTL; what it wrote elsewhere
 //     (a recorded outcome) stays. The thread is stopped and joined when the client is destroyed
 //     (with its last handle), within ~20 ms even with a keep-alive in flight to a hung server
@@ -145,13 +146,18 @@ class etcd_client {
   /// The lease a write of `key` (relative to a handle's namespace) carries: lease_id() when
   /// `key` is strictly below `leased_prefix + "/"`, else 0 (no lease).
   std::int64_t lease_for(std::string_view key) const noexcept {
-    const std::string& p = opts_.leased_prefix;
-    const bool leased = !p.empty() && key.size() > p.size() && key.compare(0, p.size(), p) == 0 &&
-                        key[p.size()] == '/';
-    return leased ? lease_id_.load() : 0;
+    return leases(key) ? lease_id_.load() : 0;
   }
   /// False once the lease expired or was revoked.
   bool lease_alive() const noexcept { return lease_alive_.load(); }
+  /// True when writes of `key` (relative to a handle's namespace) are configured to carry the
+  /// lease: a lease_ttl is set and `key` is strictly below `leased_prefix + "/"`, whether or
+  /// not the lease is still alive (lease_for() is 0 once it expired).
+  bool leases(std::string_view key) const noexcept {
+    const std::string& p = opts_.leased_prefix;
+    return opts_.lease_ttl.count() > 0 && !p.empty() && key.size() > p.size() &&
+           key.compare(0, p.size(), p) == 0 && key[p.size()] == '/';
+  }
 
   /// POSTs `body` to `target` and returns the parsed JSON reply, failing over as `kind` allows;
   /// `op` and `key` name the operation in errors.

@@ -20,6 +20,8 @@
 //   - The lease goes on the puts and inserts of keys below etcd_options::leased_prefix only
 //     (liveness keys); every other key stays until erased, whoever wrote it and whenever its
 //     writer dies, so a value that records a decision is never deleted by a lease expiry.
+//     leases(key) and lease_ttl() say which keys carry it and for how long (has_kv_leases_v:
+//     the liveness monitor, handler/liveness.hpp, starts only where its keys are leased).
 //   - Copies (and with_namespace views) are cheap handles sharing endpoints and lease; every
 //     operation is safe to call from several threads at once.
 // Caveats:
@@ -77,6 +79,12 @@ class basic_etcd_kv {
   std::int64_t lease_id() const noexcept { return client_->lease_id(); }
   /// False once etcd reported the lease gone (expired); true while kept alive.
   bool lease_alive() const noexcept { return client_->lease_alive(); }
+  /// True when puts and inserts of `key` carry the lease (a lease_ttl is set and `key` lies
+  /// strictly below leased_prefix + "/"), alive or not: what liveness keys need
+  /// (handler/liveness.hpp).
+  bool leases(std::string_view key) const noexcept { return client_->leases(key); }
+  /// The lease's time-to-live (etcd_options::lease_ttl); 0 without a lease.
+  std::chrono::seconds lease_ttl() const noexcept { return client_->options().lease_ttl; }
   /// Revokes the lease: etcd deletes every leased key (below leased_prefix) this client wrote,
   /// at once; later writes carry no lease. Idempotent.
   void revoke_lease() { client_->revoke_lease(); }

@@ -1,0 +1,329 @@
+// holdfast/handler/liveness.hpp — the liveness signal of a whole process: each worker keeps one
+// leased key alive, and watches its successor's (a ring), so a worker frozen by SIGSTOP, a
+// frozen VM or a SIGKILL is named by its predecessor within about one lease TTL.
+//
+// A stopped process cannot report itself. liveness_monitor puts `<scope>live/<task>/beat`
+// ("alive <nonce>") with the store's lease; the store's own keep-alives (etcd: one request per
+// TTL / 3 from the client's thread) renew it while the process runs, and once they stop the
+// store deletes the key a TTL later: one event. The monitor's thread watches ONE key, its
+// successor's `<scope>live/<(task + 1) % num_tasks>/beat`, and calls on_frozen(successor,
+// silent) when that key is deleted after it was seen alive. `<task>/beat` keeps live/1's
+// watch (directory semantics: the keys below "live/1/") off live/10's key.
+//
+// The lease rule (etcd): the handler's scope is "holdfast/<run_id>/", so the etcd_options of the
+// store set `lease_ttl` and `leased_prefix = "holdfast/<run_id>/live"`
+// (liveness_leased_prefix(run_id)), relative to the etcd_kv handle's namespace as every key is;
+// a URL says the same: `etcd://host:2379?lease_ttl=6&leased_prefix=holdfast/<run_id>/live`. No
+// other key of the handler lies below it, so no decision is ever leased.
+//
+// Guarantees:
+//   - available(kv, scope, task) is true only where the store can be watched and leases the
+//     liveness keys (kv_lease_ttl > 0: etcd_kv, or an any_kv holding one, with a leased_prefix
+//     covering them); elsewhere the monitor starts no thread and writes nothing (active() is
+//     false). A SIGSTOPped worker over a store without leases is then found by its peers' own
+//     step bounds (hang.hpp), as their steps wait for it.
+//   - One watched key per worker: O(N) keys and watches for N workers, one event per detection.
+//     The idle cost is the lease's keep-alives, which also postpone the store's watch probes
+//     (kv/etcd/watch.hpp), so with a TTL of at least 6 s (liveness_default_ttl) a worker sends
+//     at most 3 / TTL = 0.5 requests per second, and its handler's own watch no probe.
+//   - A verdict comes only for a successor seen alive ("alive ..."), whose key is then deleted
+//     (erased, or found missing in a later snapshot): nothing before the successor's key first
+//     appears is a verdict (it may start late), nor the deletion of a key that said "done" (a
+//     successor that finished: finish() and the destructor write it). One verdict per
+//     disappearance; a key written alive again arms the monitor again.
+//   - Time from the stall to the callback: the store deletes the key between TTL - TTL / 3 and
+//     TTL after the last keep-alive (etcd checks expiries every 500 ms), and the watch delivers
+//     the delete at once: within TTL + 1 s of the stall, 2 x TTL + 1 s with a slow store.
+//     `silent` is the lease TTL plus the time since the deletion was seen: how long at least
+//     the successor sent no sign.
+//   - on_frozen runs on the monitor's thread; an exception from it is logged, not propagated.
+//     Store errors (a put, the watch) are logged and retried; they never end the thread.
+// Caveats:
+//   - A worker paused past the TTL loses its lease for good: its key stays deleted when it
+//     resumes (its leased writes fail with EIO), and its predecessor's verdict stands.
+//   - The ring has no repair: when task k finished cleanly, nobody watches task k + 1.
+#pragma once
+
+#include <poll.h>    // poll: the watch's descriptor and the stop waker
+#include <unistd.h>  // getpid: the nonce
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "../detail/waker.hpp"  // waker: stops the thread's poll
+#include "../error.hpp"
+#include "../kv.hpp"  // kv_lease_ttl, kv_supports, has_kv_watch_v, is_transient_kv_error
+#include "../log.hpp"
+
+HOLDFAST_NAMESPACE_BEGIN
+
+/// The TTL liveness keys are meant for: 3 / 6 s = 0.5 keep-alives per second and worker, at
+/// most 0.1 request per worker-second above an idle handler's watch probe (one per 2.5 s), and
+/// a frozen worker named within 2 x 6 s + 1 s = 13 s.
+inline constexpr std::chrono::seconds liveness_default_ttl{6};
+
+/// The etcd_options::leased_prefix that leases a handler's liveness keys and nothing else:
+/// "holdfast/<run_id>/live".
+inline std::string liveness_leased_prefix(const std::string& run_id) {
+  return "holdfast/" + run_id + "/live";
+}
+
+/// The liveness key of `task` under `scope` (the handler's "holdfast/<run_id>/"):
+/// "<scope>live/<task>/beat".
+inline std::string liveness_key(const std::string& scope, int task) {
+  return scope + "live/" + std::to_string(task) + "/beat";
+}
+
+/// Keeps this worker's liveness key alive (through the store's lease) and names its successor
+/// when the successor's key expires (see the header). Owns one thread; not copyable.
+template <class Kv>
+class liveness_monitor {
+ public:
+  /// Called with the frozen task and how long at least it has been silent.
+  using frozen_fn = std::function<void(int frozen_task, std::chrono::milliseconds silent)>;
+
+  /// True when `kv` can carry this task's liveness signal: it can be watched and leases the
+  /// liveness keys of `scope` (kv_lease_ttl of this task's key > 0).
+  static bool available(const Kv& kv, const std::string& scope, int task) noexcept {
+    if constexpr (has_kv_watch_v<Kv>) {
+      try {
+        return kv_supports(kv, kv_op::watch) &&
+               kv_lease_ttl(kv, liveness_key(scope, task)).count() > 0;
+      } catch (...) {
+        return false;
+      }
+    } else {
+      static_cast<void>(kv);
+      static_cast<void>(scope);
+      static_cast<void>(task);
+      return false;
+    }
+  }
+
+  /// Starts the monitor's thread where available(kv, scope, task); else does nothing. Throws
+  /// holdfast::error(EINVAL) when `scope` does not end with '/' or task is not in
+  /// [0, num_tasks).
+  liveness_monitor(Kv kv, std::string scope, int task, int num_tasks, frozen_fn on_frozen,
+                   log_fn log = {})
+      : kv_(std::move(kv)),
+        successor_(num_tasks > 0 ? (task + 1) % num_tasks : 0),
+        own_key_(liveness_key(scope, task)),
+        successor_key_(liveness_key(scope, successor_)),
+        watch_prefix_(scope + "live/" + std::to_string(successor_)),
+        on_frozen_(std::move(on_frozen)),
+        log_(std::move(log)) {
+    if (scope.empty() || scope.back() != '/')
+      throw error(EINVAL, "liveness monitor", scope, "the scope must end with '/'");
+    if (task < 0 || task >= num_tasks)
+      throw error(
+          EINVAL, "liveness monitor", own_key_,
+          "task " + std::to_string(task) + " not in [0, " + std::to_string(num_tasks) + ")");
+    if (!available(kv_, scope, task)) return;
+    ttl_ = kv_lease_ttl(kv_, own_key_);
+    watching_ = num_tasks > 1;
+    alive_value_ = "alive " + std::to_string(::getpid()) + "-" +
+                   std::to_string(clock::now().time_since_epoch().count());
+    thread_ = std::thread([this] { run(); });
+  }
+  liveness_monitor(const liveness_monitor&) = delete;
+  liveness_monitor& operator=(const liveness_monitor&) = delete;
+  /// finish(): writes "done" (no verdict for this worker) and stops the thread.
+  ~liveness_monitor() { finish(); }
+
+  /// True when the monitor runs (available() held when it was made).
+  bool active() const noexcept { return ttl_.count() > 0; }
+  /// The task this monitor watches.
+  int successor() const noexcept { return successor_; }
+  /// The liveness keys' lease TTL (0 s when not active).
+  std::chrono::seconds ttl() const noexcept { return ttl_; }
+
+  /// Waits up to `timeout` until the successor's key has been seen alive; true once it has
+  /// (from then on its expiry is a verdict). For tests and diagnostics.
+  bool wait_successor_seen(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return seen_cv_.wait_for(lock, timeout, [this] { return seen_; });
+  }
+
+  /// Ends this worker's part cleanly: stops the thread and writes "done" to its key, so its
+  /// predecessor gives no verdict when the key expires later. Idempotent; never throws (a
+  /// failed write is logged).
+  void finish() noexcept {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    waker_.notify();
+    thread_.join();
+    try {
+      kv_.put(own_key_, "done");
+    } catch (const std::exception& e) {
+      report(std::string("liveness: writing 'done' to ") + own_key_ + " failed: " + e.what());
+    }
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  enum class seen_state : unsigned char { unseen, alive, done };
+
+  bool stopping() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stopping_;
+  }
+
+  // Sleeps up to `d`, or until finish(); true when stopping.
+  bool pause(std::chrono::milliseconds d) {
+    pollfd p{waker_.fd(), POLLIN, 0};
+    static_cast<void>(::poll(&p, 1, static_cast<int>(d.count())));
+    waker_.drain();
+    return stopping();
+  }
+
+  void run() {
+    beat();
+    if constexpr (has_kv_watch_v<Kv>) {
+      if (watching_) watch_loop();
+    }
+  }
+
+  // Puts this worker's key, retrying transient failures until it is written or finish().
+  void beat() {
+    for (;;) {
+      try {
+        kv_.put(own_key_, alive_value_);
+        return;
+      } catch (const std::exception& e) {
+        report(std::string("liveness: writing ") + own_key_ + " failed: " + e.what());
+        if (!is_transient_kv_error(e)) return;  // the lease is gone: keep watching anyway
+      }
+      if (pause(std::chrono::milliseconds(200))) return;
+    }
+  }
+
+  void watch_loop() {
+    std::optional<decltype(kv_.watch(watch_prefix_))> w;
+    while (!stopping()) {
+      if (!w) {
+        try {
+          w.emplace(kv_.watch(watch_prefix_));
+        } catch (const std::exception& e) {
+          report(std::string("liveness: watching ") + watch_prefix_ + " failed: " + e.what());
+          if (pause(std::chrono::milliseconds(500))) return;
+          continue;
+        }
+      }
+      if (!w->buffered()) wait_for(*w);
+      if (stopping()) return;
+      waker_.drain();
+      kv_changes changes;
+      try {
+        changes = w->take();
+      } catch (const std::exception& e) {  // the watch retries by itself
+        report(std::string("liveness: watch of ") + watch_prefix_ + ": " + e.what());
+        if (pause(std::chrono::milliseconds(100))) return;
+        continue;
+      }
+      took_at_ = clock::now();
+      apply(changes);
+    }
+  }
+
+  // Polls the watch's descriptor and the stop waker until the watch is due.
+  template <class W>
+  void wait_for(const W& w) {
+    pollfd p[2] = {{waker_.fd(), POLLIN, 0}, {w.fd(), POLLIN, 0}};
+    const auto due = w.due();
+    int timeout = -1;
+    if (due != clock::time_point::max()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(due - clock::now());
+      timeout = static_cast<int>(std::clamp<long long>(left.count(), 0, INT_MAX));
+    }
+    static_cast<void>(::poll(p, w.fd() >= 0 ? 2 : 1, timeout));
+  }
+
+  void apply(const kv_changes& changes) {
+    bool named = false;
+    for (const auto& ev : changes.events) named = named || ev.key == successor_key_;
+    if (changes.complete && !named) gone();  // a snapshot without the key: it was deleted
+    if (changes.resync && !changes.complete) {
+      std::optional<std::string> v;
+      try {
+        v = kv_.try_get(successor_key_);
+      } catch (const std::exception& e) {
+        report(std::string("liveness: reading ") + successor_key_ + " failed: " + e.what());
+        return;
+      }
+      if (v)
+        written(*v);
+      else
+        gone();
+    }
+    for (const auto& ev : changes.events) {
+      if (ev.key != successor_key_) continue;
+      if (ev.value)
+        written(*ev.value);
+      else
+        gone();
+    }
+  }
+
+  void written(const std::string& value) {
+    if (value.compare(0, 4, "done") == 0) {
+      state_ = seen_state::done;
+      return;
+    }
+    state_ = seen_state::alive;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!seen_) {
+      seen_ = true;
+      seen_cv_.notify_all();
+    }
+  }
+
+  void gone() {
+    const bool verdict = state_ == seen_state::alive;
+    state_ = seen_state::unseen;
+    if (!verdict) return;
+    try {
+      if (on_frozen_)
+        on_frozen_(successor_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::milliseconds(ttl_) + (clock::now() - took_at_)));
+    } catch (const std::exception& e) {
+      report(std::string("liveness: on_frozen threw: ") + e.what());
+    } catch (...) {
+      report("liveness: on_frozen threw");
+    }
+  }
+
+  void report(const std::string& line) const noexcept { detail::log_line(log_, line); }
+
+  Kv kv_;
+  int successor_;
+  std::string own_key_, successor_key_, watch_prefix_;
+  frozen_fn on_frozen_;
+  log_fn log_;
+  std::chrono::seconds ttl_{0};
+  bool watching_ = false;
+  std::string alive_value_;
+  seen_state state_ = seen_state::unseen;  // the monitor's thread only
+  clock::time_point took_at_;              // when the last take() returned (ditto)
+  detail::waker waker_;
+  std::mutex mutex_;
+  std::condition_variable seen_cv_;
+  bool seen_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+HOLDFAST_NAMESPACE_END
