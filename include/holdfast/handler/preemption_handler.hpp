@@ -174,6 +174,7 @@
 #include <optional>
 #include <stdexcept>  // logic_error: step_abandoned with nothing failed
 #include <string>
+#include <type_traits>  // is_copy_constructible: the liveness monitor holds a copy of the store
 #include <utility>
 #include <vector>
 
@@ -184,6 +185,8 @@
 #include "../termination/notice.hpp"  // can_set_waker_v: notices that wake the watcher
 #include "../version.hpp"
 #include "exception_info.hpp"
+#include "hang.hpp"
+#include "liveness.hpp"
 #include "options.hpp"
 #include "restore_agreement.hpp"
 #include "traits.hpp"
@@ -215,6 +218,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   using watcher::learner_;
   using watcher::machine_;
   using watcher::mutex_;
+  using watcher::on_peer_frozen;
   using watcher::options_;
   using watcher::raise_attention_locked;
   using watcher::request_watcher_stop;
@@ -253,6 +257,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
       enter_phase(hang_phase::step, std::chrono::steady_clock::now());  // the first step
     }
     counter_and_attention_.store(static_cast<std::uint64_t>(restored_.value_or(0)) << 1);
+    start_liveness();
     if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(&waker_);
     config_.start();
     notice_started_ = true;
@@ -370,6 +375,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
 
   /// Stops the watcher and the notice policy; the handler then only runs steps. Idempotent.
   void shutdown() noexcept {
+    finish_liveness();
     stop_watcher();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -524,6 +530,27 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     if constexpr (detects_hangs) learner_.add_save(last_save_duration_);
   }
 
+  // Whole-process stalls (handler/liveness.hpp): where the store leases this run's liveness keys,
+  // a monitor keeps this worker's alive and names its successor when that one's expires; the
+  // watcher records the frozen verdict. Elsewhere nothing starts.
+  void start_liveness() {
+    if constexpr (detects_hangs && std::is_copy_constructible_v<Kv>) {
+      if (!liveness_monitor<Kv>::available(kv_, scope_, cluster_.task)) return;
+      liveness_.emplace(
+          kv_, scope_, cluster_.task, cluster_.num_tasks,
+          [this](int task, std::chrono::milliseconds silent) {
+            on_peer_frozen(task, silent,
+                           std::chrono::duration_cast<std::chrono::milliseconds>(liveness_->ttl()));
+          });
+    }
+  }
+  // Ends the liveness signal cleanly ("done": no verdict for this worker). Idempotent.
+  void finish_liveness() noexcept {
+    if constexpr (detects_hangs && std::is_copy_constructible_v<Kv>) {
+      if (liveness_) liveness_->finish();
+    }
+  }
+
   // Hands the learned bounds to a Checkpointer that records them in its saves (the handler's and
   // the user's own): the next start begins from them. On a change of the bounds (rare) and
   // before each save of the handler's.
@@ -551,6 +578,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     // The notice stays started: a second SIGTERM must not kill the process before the Exit
     // policy runs.
     request_watcher_stop();  // save() returned with the preemption save durable
+    finish_liveness();       // an exit is no freeze: the successor's watcher gives no verdict
     config_.exit(exit_context{config_.noticed_at(), last_save_duration_});
     if constexpr (exit_returns<exit_type>::value) {
       stop_watcher();
@@ -587,6 +615,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   }
 
   Checkpointer checkpointer_;
+  std::optional<liveness_monitor<Kv>> liveness_;  // where the store leases liveness keys
   std::optional<std::int64_t> restored_;
   bool notice_started_ = false;
 
