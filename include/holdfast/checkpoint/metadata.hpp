@@ -5,9 +5,11 @@
 // Guarantees:
 //   - The file holds {"format": "holdfast-checkpoint-metadata 1", "step", "history" (the
 //     history id the checkpoint was saved in; absent when unknown), "time_unix_ns" (Unix
-//     nanoseconds), "metrics" (a JSON object, or null)}; it is written in the checkpoint before
-//     the checkpoint is committed, and synced with the rest of it. Readers that predate
-//     "history" ignore it.
+//     nanoseconds), "metrics" (a JSON object, or null), "files" (each regular file's path
+//     relative to the checkpoint -> {"size", "crc32c"}, integers; integrity.hpp; absent with
+//     checksums off and in older checkpoints)}; it is written in the checkpoint before the
+//     checkpoint is committed, and synced with the rest of it. Readers that predate "history"
+//     or "files" ignore them.
 //   - Reading metadata never throws for the file's content: a missing, unreadable or foreign
 //     file, or one whose history is not a history id, reads as no metadata
 //     (parse_checkpoint_metadata returns nothing).
@@ -74,17 +76,25 @@ inline std::chrono::system_clock::time_point checkpoint_from_unix_ns(std::int64_
           std::chrono::nanoseconds(ns)));
 }
 
-inline std::string format_checkpoint_metadata(std::int64_t step,
-                                              std::chrono::system_clock::time_point time,
-                                              const checkpoint_metrics* metrics,
-                                              const std::string& history = {}) {
+// The metadata document; the manager adds "files" (integrity.hpp) once the writer ran.
+inline json_value checkpoint_metadata_json(std::int64_t step,
+                                           std::chrono::system_clock::time_point time,
+                                           const checkpoint_metrics* metrics,
+                                           const std::string& history = {}) {
   json_value doc(json_value::object_t{});
   doc.set("format", "holdfast-checkpoint-metadata 1");
   doc.set("step", step);
   if (!history.empty()) doc.set("history", history);
   doc.set("time_unix_ns", checkpoint_to_unix_ns(time));
   doc.set("metrics", metrics ? json_value(*metrics) : json_value());
-  return to_json(doc, 2);
+  return doc;
+}
+
+inline std::string format_checkpoint_metadata(std::int64_t step,
+                                              std::chrono::system_clock::time_point time,
+                                              const checkpoint_metrics* metrics,
+                                              const std::string& history = {}) {
+  return to_json(checkpoint_metadata_json(step, time, metrics, history), 2);
 }
 
 inline std::optional<checkpoint_metadata> parse_checkpoint_metadata(std::string_view text,
@@ -151,11 +161,9 @@ checkpoint_identity checkpoint_load_identity(const std::string& checkpoint_path,
   return read_checkpoint_identity(std::to_string(step) + "@" + h->as_string(), path);
 }
 
-// Creates the metadata file in `work` (a checkpoint being written), unsynced.
+// Creates the metadata file in `work` (a checkpoint being written) holding `text`, unsynced.
 template <class Io>
-void checkpoint_write_metadata(const std::string& work, std::int64_t step,
-                               std::chrono::system_clock::time_point time,
-                               const checkpoint_metrics* metrics, const std::string& history = {}) {
+void checkpoint_write_metadata_text(const std::string& work, const std::string& text) {
   std::string path = detail::store_join(work, checkpoint_metadata_file_name);
   int fd = Io::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -165,9 +173,17 @@ void checkpoint_write_metadata(const std::string& work, std::int64_t step,
     throw error(errno, "open", path);
   }
   basic_fd<Io> f(fd, path);
-  std::string text = detail::format_checkpoint_metadata(step, time, metrics, history);
   write_all(f, text.data(), text.size());
   f.close();  // synced with the rest of the checkpoint
+}
+
+// Creates the metadata file in `work` (a checkpoint being written), unsynced.
+template <class Io>
+void checkpoint_write_metadata(const std::string& work, std::int64_t step,
+                               std::chrono::system_clock::time_point time,
+                               const checkpoint_metrics* metrics, const std::string& history = {}) {
+  checkpoint_write_metadata_text<Io>(
+      work, detail::format_checkpoint_metadata(step, time, metrics, history));
 }
 
 }  // namespace detail
