@@ -271,9 +271,9 @@ checkpoint_integrity checkpoint_verify_files(const std::string& path, std::int64
           integrity_status::size_mismatch, rel,
           std::to_string(want.size) + " bytes recorded, " + std::to_string(got.size) + " read");
     if (got.crc32c != want.crc32c)
-      return found(integrity_status::crc_mismatch, rel,
-                   "crc32c " + checkpoint_hex32(want.crc32c) + " recorded, " +
-                       checkpoint_hex32(got.crc32c) + " read");
+      return found(
+          integrity_status::crc_mismatch, rel,
+          checkpoint_hex32(want.crc32c) + " recorded, " + checkpoint_hex32(got.crc32c) + " read");
   }
   return r;
 }
