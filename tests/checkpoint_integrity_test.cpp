@@ -301,7 +301,7 @@ TEST_CASE("a failing or short read while checking is an I/O error, never corrupt
     try {
       m.restore_step(1, reader);
     } catch (const checkpoint_corrupt& e) {
-      FAIL("an EIO was reported as corruption: " << e.what());
+      FAIL("an EIO was reported as corruption: " << std::string(e.what()));
     } catch (const holdfast::error& e) {
       CHECK(e.errnum() == EIO);
       CHECK(!ran);
