@@ -48,7 +48,7 @@
 //     restore() logs the corrupt latest and loads the newest older step that is not corrupt,
 //     and throws checkpoint_corrupt (the latest's) when none is. A checkpoint without recorded
 //     sums (older, or checksums off) is unverified and restores. Listing (all_steps,
-//     all_identities, latest) reads no file's content.
+//     all_identities, latest) sums nothing.
 // Caveats:
 //   - flock belongs to the open file description: a child forked while a manager lives shares
 //     its writer lock (exec drops it, descriptors are O_CLOEXEC). Do not fork while an async
