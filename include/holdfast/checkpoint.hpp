@@ -8,6 +8,8 @@
 //                               custom, any_of), retention_candidate, metric_order
 //   checkpoint/names.hpp        checkpoint_info; "<prefix><N>[.<G>]" names, written and read
 //   checkpoint/metadata.hpp     checkpoint_metrics, checkpoint_metadata: holdfast-metadata.json
+//   checkpoint/integrity.hpp    checkpoint_integrity, integrity_status: each file's size and
+//                               CRC32C, recorded at save and checked before a restore
 //   checkpoint/writer_lock.hpp  checkpoint_lock, checkpoint_locked, is_flock_trusted_filesystem;
 //                               the writer's flock, or its lease and heartbeat (usable alone)
 //   checkpoint/options.hpp      checkpoint_options
@@ -40,9 +42,11 @@
 // and the pointer names a complete one whenever the writer was killed; a bad pointer is
 // reported once and recovered from, never thrown for; one writer at a time (flock on local
 // filesystems, a lease elsewhere), and where flock is trusted no restore sees a checkpoint
-// vanish under it; retention never deletes the latest nor the pinned step.
+// vanish under it; retention never deletes the latest nor the pinned step; a restore checks
+// each file's recorded CRC32C first and never loads a corrupt checkpoint.
 #pragma once
 
+#include "checkpoint/integrity.hpp"
 #include "checkpoint/maintenance.hpp"
 #include "checkpoint/manager.hpp"
 #include "checkpoint/metadata.hpp"

@@ -7,7 +7,7 @@
 //   - what() shows the path and the detail through detail::printable: a newline or ESC in a key,
 //     a path or a peer's reply reaches a message as \x0a or \x1b, never raw. path() keeps the
 //     bytes as given.
-//   - Bad input (a malformed file, a corrupt cache, an invalid key) also derives from
+//   - Bad input (a malformed file, a corrupt cache or checkpoint, an invalid key) also derives from
 //     holdfast::error, so one catch clause sees every holdfast failure.
 //   - Expected outcomes (a filled slot, an existing key, a timeout) are values, never exceptions.
 //   - holdfast::step_abandoned is not a failure and not a holdfast::error: a step throws it for
@@ -79,6 +79,27 @@ class corrupt_cache : public error {
 
  private:
   std::size_t slot_;
+};
+
+/// A checkpoint whose files do not match the sizes and CRC32Cs its metadata recorded, or whose
+/// metadata is damaged: path() is the checkpoint, and it names the step and the first bad file
+/// (errno EBADMSG).
+class checkpoint_corrupt : public error {
+ public:
+  checkpoint_corrupt(std::string checkpoint_path, std::int64_t step, std::string file,
+                     const std::string& why)
+      : error(EBADMSG, "checkpoint verify", std::move(checkpoint_path),
+              "step " + std::to_string(step) + ", file '" + file + "': " + why),
+        step_(step),
+        file_(std::move(file)) {}
+  /// The checkpoint's step.
+  std::int64_t step() const noexcept { return step_; }
+  /// The first bad file, relative to the checkpoint (holdfast-metadata.json when it is damaged).
+  const std::string& file() const noexcept { return file_; }
+
+ private:
+  std::int64_t step_;
+  std::string file_;
 };
 
 /// Workers did not all answer within the agreement deadline (errno ETIMEDOUT).

@@ -4,10 +4,11 @@
 //
 // Protocol of save(step, writer):
 //   1. rename mode: mkdir a staging directory, writer fills it (in the caller's thread), the
-//      metadata file is added, publish_directory syncs every file and renames it to the
-//      checkpoint's name, syncing the parent; marker mode (mounted_remote): mkdir the checkpoint
-//      in place, writer fills it, commit_directory syncs it and writes commit_success.txt last,
-//      then the parent directory is synced (so the new entry is durable before the pointer);
+//      metadata file is added (with each file's size and CRC32C), publish_directory syncs every
+//      file and renames it to the checkpoint's name, syncing the parent; marker mode
+//      (mounted_remote): mkdir the checkpoint in place, writer fills it, commit_directory syncs it
+//      and writes commit_success.txt last, then the parent directory is synced (so the new entry is
+//      durable before the pointer);
 //   2. the pointer is published atomically naming the new latest, the retained list, and the
 //      checkpoints about to be deleted (those the retention policy drops: never the latest,
 //      never one of the pinned step);
@@ -45,6 +46,15 @@
 //     restore()/restore_step() loaded records: none when that restore found no checkpoint,
 //     threw, or the checkpoint records none (saved without them, by an older holdfast, or a
 //     malformed or unreadable metadata file: the bounds never fail a restore).
+//   - Integrity (integrity.hpp): with checksums on (the default), the metadata records every
+//     file's size and CRC32C, summed after the writer and its deferred part ran and before the
+//     syncs, in the thread that commits (one read of what was just written). restore() and
+//     restore_step() check them under the same LOCK_SH before the reader runs: restore_step()
+//     of a corrupt checkpoint throws checkpoint_corrupt naming it and its first bad file;
+//     restore() logs the corrupt latest and loads the newest older step that is not corrupt,
+//     and throws checkpoint_corrupt (the latest's) when none is. A checkpoint without recorded
+//     sums (older, or checksums off) is unverified and restores. Listing (all_steps,
+//     all_identities, latest) sums nothing.
 // Caveats:
 //   - flock belongs to the open file description: a child forked while a manager lives shares
 //     its writer lock (exec drops it, descriptors are O_CLOEXEC). Do not fork while an async
@@ -57,6 +67,11 @@
 //   - A writer that lost its lease (paused longer than lease_stale_after) throws
 //     checkpoint_locked from its saves; the checkpoint it was committing stays unnamed.
 //   - A step whose async save fails counts for should_save() until the failure is rethrown.
+//   - A corrupt checkpoint stays where it is (a read_only reader changes nothing); it still
+//     counts for should_save() and all_steps(), and retention removes it in time.
+//   - With checksums off, restores do not check recorded sums either; verify_step() always does.
+//   - An async save writes the metadata on the background thread: a writer that creates
+//     holdfast-metadata.json itself fails there (EEXIST, rethrown later), not in save().
 //   - A manager is not thread-safe: one thread at a time calls it (its background save and the
 //     lease heartbeat are its own). The log hook may be called from the background thread. A
 //     moved-from manager may only be destroyed or assigned to.
@@ -87,6 +102,7 @@
 #include "../error.hpp"
 #include "../publish.hpp"   // basic_publisher: publish_directory, commit_directory
 #include "../store.hpp"     // store, directory_commit, detail::store_make_dirs
+#include "integrity.hpp"    // checkpoint_integrity: each file's size and CRC32C
 #include "maintenance.hpp"  // detail::checkpoint_maintenance: sweep, deletions, verify, repair
 #include "metadata.hpp"     // checkpoint_metrics, checkpoint_metadata, the metadata file
 #include "names.hpp"        // checkpoint_info, detail::checkpoint_name
@@ -284,7 +300,9 @@ class checkpoint_manager {
   std::vector<checkpoint_info> checkpoints() const { return s_->complete_list(); }
 
   /// Loads the latest checkpoint with the reader given to set_reader (when one is set), holding
-  /// LOCK_SH on it, and returns its step, or nothing when there is no checkpoint yet.
+  /// LOCK_SH on it, and returns its step, or nothing when there is no checkpoint yet. A corrupt
+  /// latest is logged and the newest older step that is not corrupt is loaded instead
+  /// (checkpoint_corrupt when there is none).
   std::optional<std::int64_t> restore() {
     s_->finish_and_rethrow();
     return s_->read_latest(s_->default_reader);
@@ -339,8 +357,15 @@ class checkpoint_manager {
     }
   }
 
+  /// Checks the checkpoint restore_step(step) would load against the sizes and CRC32Cs its
+  /// metadata records (under LOCK_SH): ok, unverified (none recorded) or the first bad file and
+  /// why. Throws holdfast::error (ENOENT) when there is no such checkpoint.
+  checkpoint_integrity verify_step(std::int64_t step) const { return s_->verify_step(step); }
+
   /// Loads the checkpoint of exactly `step` with the reader given to set_reader (when one is
-  /// set). Throws holdfast::error (ENOENT) naming the directory and the step when it has none.
+  /// set), once its files are checked. Throws holdfast::error (ENOENT) naming the directory and
+  /// the step when it has none, checkpoint_corrupt naming the checkpoint and the file when a
+  /// file does not match what its save recorded.
   void restore_step(std::int64_t step) {
     s_->finish_and_rethrow();
     s_->read_step(step, s_->default_reader);
@@ -491,29 +516,89 @@ class checkpoint_manager<Store>::impl
                                                                    use);
   }
 
+  // The latest checkpoint, or after a corrupt one (of step `below`) the newest older step.
   std::optional<std::int64_t> read_latest(const reader_type& reader) {
     restored_hang.reset();
-    std::optional<std::int64_t> step;
-    bool found = read_locked([&] { return latest(); },
-                             [&](const checkpoint_info& c) {
-                               if (reader) reader(c.path, c.step);
-                               step = c.step;
-                               restored_hang = hang_bounds_at(c.path);
-                             });
-    if (!found) return std::nullopt;
-    return step;
+    std::optional<std::int64_t> step, below;
+    std::optional<checkpoint_integrity> first_bad;
+    for (;;) {  // `below` falls with each corrupt checkpoint: bounded by the steps retained
+      std::optional<checkpoint_integrity> bad;
+      bool found = read_locked([&] { return below ? newest_below(*below) : latest(); },
+                               [&](const checkpoint_info& c) {
+                                 if (options.checksums) {
+                                   checkpoint_integrity r = check(c);
+                                   if (r.corrupt()) {
+                                     bad = std::move(r);
+                                     return;
+                                   }
+                                 }
+                                 if (reader) reader(c.path, c.step);
+                                 step = c.step;
+                                 restored_hang = hang_bounds_at(c.path);
+                               });
+      if (bad) {
+        log("checkpoint restore: '" + bad->path + "' (step " + std::to_string(bad->step) +
+            ") is corrupt: " + to_string(bad->status) + " of '" + bad->file + "' (" + bad->detail +
+            "); trying the next older complete checkpoint");
+        if (!first_bad) first_bad = bad;
+        below = bad->step;
+        continue;
+      }
+      if (!found && first_bad) {
+        log("checkpoint restore: no older checkpoint in '" + dir + "' is intact");
+        throw corrupt(*first_bad);
+      }
+      if (!found) return std::nullopt;
+      if (first_bad)
+        log("checkpoint restore: restored step " + std::to_string(*step) +
+            " instead of the corrupt step " + std::to_string(first_bad->step) + " ('" +
+            first_bad->path + "')");
+      return step;
+    }
+  }
+
+  // The checkpoint restore_step() loads of the newest retained step below `step`.
+  std::optional<checkpoint_info> newest_below(std::int64_t step) const {
+    auto steps = all_steps();
+    for (auto s = steps.rbegin(); s != steps.rend(); ++s)
+      if (*s < step) return find_step(*s);
+    return std::nullopt;
   }
 
   void read_step(std::int64_t step, const reader_type& reader) {
     restored_hang.reset();
     bool found = read_locked([&] { return find_step(step); },
                              [&](const checkpoint_info& c) {
+                               if (options.checksums) {
+                                 checkpoint_integrity r = check(c);
+                                 if (r.corrupt()) throw corrupt(r);
+                               }
                                if (reader) reader(c.path, c.step);
                                restored_hang = hang_bounds_at(c.path);
                              });
     if (!found)
       throw error(ENOENT, "checkpoint restore", dir,
                   "no complete retained checkpoint of step " + std::to_string(step));
+  }
+
+  checkpoint_integrity verify_step(std::int64_t step) const {
+    checkpoint_integrity r;
+    bool found = read_locked([&] { return find_step(step); },
+                             [&](const checkpoint_info& c) { r = check(c); });
+    if (!found)
+      throw error(ENOENT, "checkpoint verify", dir,
+                  "no complete retained checkpoint of step " + std::to_string(step));
+    return r;
+  }
+
+  // Checks `c` against its recorded sums; the caller holds LOCK_SH on it.
+  checkpoint_integrity check(const checkpoint_info& c) const {
+    return detail::checkpoint_verify_files<io_type>(c.path, c.step);
+  }
+
+  static checkpoint_corrupt corrupt(const checkpoint_integrity& r) {
+    return checkpoint_corrupt(r.path, r.step, r.file,
+                              std::string(to_string(r.status)) + ": " + r.detail);
   }
 
   std::optional<checkpoint_metadata> load_metadata(const std::string& name) const {
@@ -553,6 +638,7 @@ class checkpoint_manager<Store>::impl
     bool repairs = false;  // the old pointer was bad: this save rewrites it
     std::chrono::system_clock::time_point time;
     std::optional<detail::json_value> metrics;
+    std::optional<detail::json_value> metadata;  // written by commit(), with the files' sums
   };
 
   template <class Writer>
@@ -579,8 +665,8 @@ class checkpoint_manager<Store>::impl
     try {
       j.deferred = detail::checkpoint_call_writer(writer, j.work, step);
       if (options.write_metadata)
-        detail::checkpoint_write_metadata<io_type>(j.work, step, j.time, metrics, history,
-                                                   hang ? &*hang : nullptr);
+        j.metadata = detail::checkpoint_metadata_json(step, j.time, metrics, history,
+                                                      hang ? &*hang : nullptr);
     } catch (...) {
       discard(j.work);
       throw;
@@ -629,6 +715,7 @@ class checkpoint_manager<Store>::impl
   void commit(job& j) {
     try {
       if (j.deferred) j.deferred();
+      if (j.metadata) write_metadata(j);
       if (mode == directory_commit::rename) {
         if (!publisher_type().publish_directory(j.work, j.target))
           throw error(EEXIST, "checkpoint save", j.target, "created concurrently");
@@ -666,6 +753,15 @@ class checkpoint_manager<Store>::impl
         write_pointer(next);  // after the deletions
       }
     }
+  }
+
+  // The metadata file, with each file's size and CRC32C (checksums on): after the writer and
+  // its deferred part, before the syncs; in the committing thread.
+  void write_metadata(job& j) const {
+    if (options.checksums)
+      j.metadata->set("files",
+                      detail::checkpoint_files_json(detail::checkpoint_sum_files<io_type>(j.work)));
+    detail::checkpoint_write_metadata_text<io_type>(j.work, detail::to_json(*j.metadata, 2));
   }
 
   // The retention policy in force.

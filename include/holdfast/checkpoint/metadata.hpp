@@ -6,9 +6,11 @@
 //   - The file holds {"format": "holdfast-checkpoint-metadata 1", "step", "history" (the
 //     history id the checkpoint was saved in; absent when unknown), "time_unix_ns" (Unix
 //     nanoseconds), "metrics" (a JSON object, or null), "hang_bounds" ({"step_ns", "save_ns",
-//     "restore_ns", "steps"}, integers; absent when the saver had none)}; it is written in the
-//     checkpoint before the checkpoint is committed, and synced with the rest of it. Readers
-//     that predate "history" or "hang_bounds" ignore them (the format stays version 1).
+//     "restore_ns", "steps"}, integers; absent when the saver had none), "files" (each regular
+//     file's path relative to the checkpoint -> {"size", "crc32c"}, integers; integrity.hpp;
+//     absent with checksums off and in older checkpoints)}; it is written in the checkpoint
+//     before the checkpoint is committed, and synced with the rest of it. Readers that predate
+//     "history", "hang_bounds" or "files" ignore them (the format stays version 1).
 //   - A "hang_bounds" that is not an object of those four non-negative integers (one missing,
 //     a string, a fraction, a negative or out-of-range number) reads as absent; the rest of the
 //     file still reads.
@@ -115,11 +117,12 @@ inline std::optional<hang_bounds> checkpoint_hang_bounds_of(const json_value& v)
   }
 }
 
-inline std::string format_checkpoint_metadata(std::int64_t step,
-                                              std::chrono::system_clock::time_point time,
-                                              const checkpoint_metrics* metrics,
-                                              const std::string& history = {},
-                                              const hang_bounds* hang = nullptr) {
+// The metadata document; the manager adds "files" (integrity.hpp) once the writer ran.
+inline json_value checkpoint_metadata_json(std::int64_t step,
+                                           std::chrono::system_clock::time_point time,
+                                           const checkpoint_metrics* metrics,
+                                           const std::string& history = {},
+                                           const hang_bounds* hang = nullptr) {
   json_value doc(json_value::object_t{});
   doc.set("format", "holdfast-checkpoint-metadata 1");
   doc.set("step", step);
@@ -127,7 +130,15 @@ inline std::string format_checkpoint_metadata(std::int64_t step,
   doc.set("time_unix_ns", checkpoint_to_unix_ns(time));
   doc.set("metrics", metrics ? json_value(*metrics) : json_value());
   if (hang) doc.set("hang_bounds", checkpoint_hang_bounds_json(*hang));
-  return to_json(doc, 2);
+  return doc;
+}
+
+inline std::string format_checkpoint_metadata(std::int64_t step,
+                                              std::chrono::system_clock::time_point time,
+                                              const checkpoint_metrics* metrics,
+                                              const std::string& history = {},
+                                              const hang_bounds* hang = nullptr) {
+  return to_json(checkpoint_metadata_json(step, time, metrics, history, hang), 2);
 }
 
 inline std::optional<checkpoint_metadata> parse_checkpoint_metadata(std::string_view text,
@@ -195,12 +206,9 @@ checkpoint_identity checkpoint_load_identity(const std::string& checkpoint_path,
   return read_checkpoint_identity(std::to_string(step) + "@" + h->as_string(), path);
 }
 
-// Creates the metadata file in `work` (a checkpoint being written), unsynced.
+// Creates the metadata file in `work` (a checkpoint being written) holding `text`, unsynced.
 template <class Io>
-void checkpoint_write_metadata(const std::string& work, std::int64_t step,
-                               std::chrono::system_clock::time_point time,
-                               const checkpoint_metrics* metrics, const std::string& history = {},
-                               const hang_bounds* hang = nullptr) {
+void checkpoint_write_metadata_text(const std::string& work, const std::string& text) {
   std::string path = detail::store_join(work, checkpoint_metadata_file_name);
   int fd = Io::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -210,9 +218,18 @@ void checkpoint_write_metadata(const std::string& work, std::int64_t step,
     throw error(errno, "open", path);
   }
   basic_fd<Io> f(fd, path);
-  std::string text = detail::format_checkpoint_metadata(step, time, metrics, history, hang);
   write_all(f, text.data(), text.size());
   f.close();  // synced with the rest of the checkpoint
+}
+
+// Creates the metadata file in `work` (a checkpoint being written), unsynced.
+template <class Io>
+void checkpoint_write_metadata(const std::string& work, std::int64_t step,
+                               std::chrono::system_clock::time_point time,
+                               const checkpoint_metrics* metrics, const std::string& history = {},
+                               const hang_bounds* hang = nullptr) {
+  checkpoint_write_metadata_text<Io>(
+      work, detail::format_checkpoint_metadata(step, time, metrics, history, hang));
 }
 
 }  // namespace detail

@@ -6,7 +6,8 @@
 //     max_to_keep and sweep_older_than.
 //   - Every member has a default that works on a local filesystem: keep the last 5, save every
 //     step, synchronous saves, "step-<N>" names, a 30 s wait for the writer lock, flock where
-//     statfs trusts it (else a lease stale after 60 s), log_to_stderr, system_clock, metadata.
+//     statfs trusts it (else a lease stale after 60 s), log_to_stderr, system_clock, metadata
+//     with checksums.
 // Caveats:
 //   - step_prefix must stay the same for a run (names.hpp).
 #pragma once
@@ -58,6 +59,9 @@ struct checkpoint_options {
   std::function<std::chrono::system_clock::time_point()> clock{};
   /// Write holdfast-metadata.json into each checkpoint.
   bool write_metadata = true;
+  /// Record each file's size and CRC32C in the metadata at save, and check them before a
+  /// restore loads a checkpoint (integrity.hpp); needs write_metadata.
+  bool checksums = true;
 };
 
 HOLDFAST_NAMESPACE_END
