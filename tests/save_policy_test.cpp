@@ -188,13 +188,16 @@ TEST_CASE("run history: the file round trip, with killed, noticed and clean ends
     CHECK(h.counters().noticed == 1);
     CHECK(h.counters().unnoticed == 0);
     CHECK(h.counters().exposure.count() == doctest::Approx(100));
-    CHECK(h.note_alive(wall(330)));  // then it is killed: nothing more noted
+    CHECK(!h.save_cost());
+    CHECK(h.note_save(wall(330), 42s));  // a save, then it is killed: nothing more noted
   }
   {
     holdfast::run_history h(dir.path());
     CHECK(h.begin(wall(1000)));  // killed: its run time ends at its last note_alive
     CHECK(h.counters().unnoticed == 1);
-    CHECK(h.counters().exposure.count() == doctest::Approx(300));
+    CHECK(h.counters().exposure.count() == doctest::Approx(100 + 200));
+    REQUIRE(h.save_cost());
+    CHECK(h.save_cost()->count() == 42);
     CHECK(h.note_clean_end(wall(1050)));
   }
   {
@@ -208,7 +211,7 @@ TEST_CASE("run history: the file round trip, with killed, noticed and clean ends
   CHECK(c.noticed == 1);
   CHECK(c.clean == 1);
   CHECK(c.unnoticed == 2);
-  CHECK(c.exposure.count() == doctest::Approx(100 + 300 + 50 + 500));
+  CHECK(c.exposure.count() == doctest::Approx(100 + 200 + 50 + 500));
   REQUIRE(h.incarnations().size() == 4);
   CHECK(h.incarnations()[0].end == holdfast::run_end::notice);
   CHECK(h.incarnations()[1].end == holdfast::run_end::killed);
@@ -217,11 +220,16 @@ TEST_CASE("run history: the file round trip, with killed, noticed and clean ends
   CHECK(h.incarnations()[3].start == wall(2000));
   REQUIRE(h.current());
   CHECK(h.current()->start == wall(2500));
-  // the policy reads the counters: (1 x 1 h + 950 s) / (1 + 2)
+  // the policy reads the counters: (1 x 1 h + 850 s) / (1 + 2), and starts from the last C
   policy_t p(unbounded(1h));
   p.observe(h);
   p.start(t0);
-  CHECK(p.mtbi(t0).count() == doctest::Approx((3600 + 950) / 3.0));
+  CHECK(p.mtbi(t0).count() == doctest::Approx((3600 + 850) / 3.0));
+  CHECK(p.save_cost().count() == 42);
+  p.record_save(2s, t0);  // a measurement moves it as any other
+  CHECK(p.save_cost().count() == doctest::Approx(42 - 0.3 * 40));
+  p.seed_save_cost(1000s);  // a seed never overrides a measurement
+  CHECK(p.save_cost().count() == doctest::Approx(30));
 }
 
 TEST_CASE("run history: the list is bounded, the totals exact") {

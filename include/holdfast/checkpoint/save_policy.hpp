@@ -9,11 +9,12 @@
 //   holdfast::save_interval_options o;
 //   o.mtbi_prior = std::chrono::hours(8);                 // M before the job has seen anything
 //   holdfast::save_interval_policy policy(o);
-//   policy.observe(history);                              // M from the prior and the history
+//   policy.observe(history);                              // M and the last C from the history
 //   policy.start(std::chrono::steady_clock::now());       // the restored state counts as saved
 //   for (;; ++step) {
 //     train_one_step();
-//     holdfast::save_when_due(policy, ckpt, step);        // saves when due, measures its cost
+//     if (holdfast::save_when_due(policy, ckpt, step))    // saves when due, measures its cost
+//       history.note_save(system_clock::now(), policy.save_cost());  // for the next incarnation
 //     if (handler.run(step) == ...) { history.note_notice(system_clock::now()); break; }
 //   }
 //   history.note_clean_end(std::chrono::system_clock::now());
@@ -27,8 +28,9 @@
 //   - C is an exponentially weighted mean of the measured blocking costs (record_save): the
 //     first sample sets it, each next one moves it by cost_smoothing of the difference, so it
 //     follows a state that grows or a filesystem that slows down with O(1) state. Until a cost
-//     is measured, C is initial_save_cost (0 by default: the first save comes at min_interval
-//     and measures C). The background copy's cost (record_copy) is averaged the same way.
+//     is measured, C is the history's last recorded cost (observe), else initial_save_cost (0
+//     by default: the first save comes at min_interval and measures C). The background copy's cost
+//     (record_copy) is averaged the same way.
 //   - M = (prior_weight x mtbi_prior + exposure) / (prior_weight + unnoticed), exposure being
 //     the run time of every earlier incarnation plus the current one's so far, unnoticed the
 //     incarnations that ended killed (without a notice noted). This is 1 / E[rate] of a
@@ -48,9 +50,10 @@
 //   - The counters are kept as totals in the file (exact however long the job runs); the list
 //     of incarnations kept beside them is bounded (the last 64).
 // Caveats:
-//   - A killed incarnation's run time is measured to its last note_alive() (save_when_due
-//     calls none; call it where cheap, e.g. after a save) or, without one, to the next begin():
-//     the time the job waited to be restarted then counts as run time, which overstates M.
+//   - A killed incarnation's run time is measured to its last note_save() or note_alive()
+//     (save_when_due calls neither: the caller does, after a save) or, without one, to the next
+//     begin(): the time the job waited to be restarted then counts as run time, which
+//     overstates M.
 //   - The history is per run directory and per process that calls begin(): call it in one
 //     process per job (task 0), or give each task its own directory.
 //   - An interruption whose notice came too late for the preemption save is unnoticed only if
@@ -165,6 +168,7 @@ struct run_history_state {
   std::deque<run_incarnation> past;  // oldest first, at most run_history_kept
   std::optional<run_incarnation> current;
   std::optional<std::chrono::system_clock::time_point> alive;  // the current one's note_alive
+  std::optional<save_seconds> save_cost;                       // the last note_save's cost
 };
 
 inline json_value run_incarnation_json(const run_incarnation& r) {
@@ -187,6 +191,7 @@ inline std::string format_run_history(const run_history_state& s) {
   json_value::array_t past;
   for (const auto& r : s.past) past.push_back(run_incarnation_json(r));
   doc.set("incarnations", json_value(std::move(past)));
+  if (s.save_cost) doc.set("save_cost_s", s.save_cost->count());
   if (s.current) {
     json_value cur = run_incarnation_json(*s.current);
     if (s.alive) cur.set("alive_unix_ns", run_history_ns(*s.alive));
@@ -248,6 +253,8 @@ inline run_history_state parse_run_history(std::string_view text, const std::str
     for (const auto& r : past->as_array()) s.past.push_back(parse_run_incarnation(r, path));
     while (s.past.size() > run_history_kept) s.past.pop_front();
   }
+  if (doc.find("save_cost_s"))
+    s.save_cost = save_seconds(run_history_seconds(doc, "save_cost_s", path));
   if (const json_value* cur = doc.find("current")) {
     s.current = parse_run_incarnation(*cur, path);
     if (const json_value* alive = cur->find("alive_unix_ns")) {
@@ -295,11 +302,19 @@ class basic_run_history {
     state_.alive = now;
     return write();
   }
+  /// After a save: alive at `now`, and the save cost C (save_interval_policy::save_cost()), so
+  /// the next incarnation starts from it rather than measuring it again.
+  bool note_save(std::chrono::system_clock::time_point now, save_seconds cost) {
+    state_.save_cost = cost;
+    return note_alive(now);
+  }
 
   /// The totals over the ended incarnations (not the current one).
   const run_counters& counters() const noexcept { return state_.totals; }
   /// The last ended incarnations, oldest first (at most 64).
   const std::deque<run_incarnation>& incarnations() const noexcept { return state_.past; }
+  /// The save cost the last note_save recorded (in this incarnation or an earlier one).
+  std::optional<save_seconds> save_cost() const noexcept { return state_.save_cost; }
   /// The current incarnation, once begun.
   const std::optional<run_incarnation>& current() const noexcept { return state_.current; }
 
@@ -401,10 +416,15 @@ class basic_save_interval_policy {
     past_exposure_ = c.exposure;
     unnoticed_ = c.unnoticed;
   }
-  /// Takes the counters of `history`.
+  /// Takes the counters of `history`, and its save cost as C until one is measured.
   template <class Io, class D>
   void observe(const basic_run_history<Io, D>& history) {
     observe(history.counters());
+    if (history.save_cost()) seed_save_cost(*history.save_cost());
+  }
+  /// C until a save is measured (an earlier incarnation's), unless one was measured already.
+  void seed_save_cost(save_seconds cost) {
+    if (!save_cost_) save_cost_ = cost;
   }
 
   /// A save that blocked the training for `cost` finished at `finished`.
