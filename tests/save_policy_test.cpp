@@ -8,16 +8,20 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <holdfast/checkpoint.hpp>
 #include <holdfast/checkpoint/save_policy.hpp>
+#include <holdfast/holdfast.hpp>  // the handler loop of docs/save-policy.md
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "support/child.hpp"
 #include "support/files.hpp"
+#include "support/scoped_disposition.hpp"
 #include "support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -357,4 +361,93 @@ TEST_CASE("save_when_due: saves through a checkpoint_manager when due, records t
   CHECK(holdfast::save_when_due(p, ck, 3));
   CHECK(ck.saves == 2);
   CHECK(m.all_steps() == std::vector<std::int64_t>{1, 3});
+}
+
+namespace {
+
+// One incarnation of a job as docs/save-policy.md shows it (the handler with no_exit, the policy
+// deciding the periodic saves, the history noting how the incarnation ended), in a forked child.
+// SIGTERM at step `notice_at` (never when negative); `steps` steps in all; `launch`: the kv
+// incarnation.
+void job_incarnation(const std::string& run_dir, std::uint64_t launch, std::int64_t notice_at,
+                     std::int64_t steps) {
+  // [snippet save-policy-options]
+  holdfast::save_interval_options options;
+  options.mtbi_prior = std::chrono::hours(8);      // your guess of M, before any history
+  options.prior_weight = 1;                        // ... worth one interruption seen
+  options.min_interval = std::chrono::minutes(1);  // bounds on the interval
+  options.max_interval = std::chrono::hours(6);
+  // [/snippet save-policy-options]
+  options.min_interval = options.max_interval = save_seconds(0);  // here: every step is due
+  holdfast_test::scoped_disposition quiet(SIGTERM, SIG_IGN);      // under the notice: not doctest's
+  using config = holdfast::termination_config<holdfast::signal_notice<SIGTERM>, holdfast::no_exit>;
+  holdfast::filesystem_kv kv(run_dir + "/kv", {"run-1", launch});
+  holdfast::checkpoint_options keep_all;
+  keep_all.retention = holdfast::retention_policy::keep_last(100);
+  holdfast::checkpoint_manager<> manager(holdfast::store::create(run_dir + "/store"), "run-1",
+                                         keep_all);
+  manager.set_writer([](const std::string& d) { holdfast_test::write_plain(d + "/w", "w"); });
+  holdfast::cluster_info me{0, 1, "run-1"};
+  holdfast::preemption_handler<config, holdfast::filesystem_kv> handler(config{}, kv, me,
+                                                                        std::move(manager));
+  std::int64_t trained = 0;
+  auto train_step = [&] {
+    if (handler.total_run_calls() == notice_at) std::raise(SIGTERM);  // the platform's notice
+    ++trained;
+  };
+  using std::chrono::steady_clock;
+  using std::chrono::system_clock;
+  // [snippet save-policy-loop]
+  holdfast::run_history history(run_dir);          // <run_dir>/holdfast-run-history.json
+  history.begin(system_clock::now());              // closes the previous incarnation
+  holdfast::save_interval_policy policy(options);  // C measured, M from the prior and history
+  policy.observe(history);                         // M and the last C from the history
+  policy.start(steady_clock::now());               // the restored state counts as saved now
+  auto& ckpt = handler.checkpointer();             // the handler's checkpoint_manager
+  while (handler.total_run_calls() < steps) {
+    // a config with no_exit: run() returns `stopped` after the preemption save committed
+    if (handler.run(train_step) == holdfast::run_status::stopped) {
+      history.note_notice(system_clock::now());  // this incarnation ended with a notice
+      return;
+    }
+    if (holdfast::save_when_due(policy, ckpt, handler.total_run_calls()))  // due: saved, timed
+      history.note_save(system_clock::now(), policy.save_cost());          // for the next one
+  }
+  history.note_clean_end(system_clock::now());  // the job ended on purpose
+  // [/snippet save-policy-loop]
+}
+
+}  // namespace
+
+TEST_CASE("save_when_due in the handler loop: periodic saves, a noticed end, a clean end") {
+  holdfast_test::temp_dir dir("loop");
+  holdfast_test::child first([&] { job_incarnation(dir.path(), 1, 5, 10); });
+  holdfast_test::child_result r = first.wait();
+  CHECK(r.ok());
+  CHECK(r.failures == "");
+  {
+    holdfast::run_history h(dir.path());
+    CHECK(h.begin(std::chrono::system_clock::now()));
+    CHECK(h.counters().noticed == 1);  // ended with a notice, not killed
+    CHECK(h.counters().unnoticed == 0);
+    REQUIRE(h.save_cost());  // the periodic saves were measured and recorded
+    CHECK(h.save_cost()->count() > 0);
+    CHECK(h.note_clean_end(std::chrono::system_clock::now()));
+  }
+  holdfast::checkpoint_manager<> read(holdfast::read_only, holdfast::store::create(dir / "store"),
+                                      "run-1");
+  // the policy saved every step (every step due) up to the handler's preemption save
+  const std::vector<std::int64_t> saved = read.all_steps();
+  REQUIRE(saved.size() >= 5);
+  for (std::size_t k = 0; k < saved.size(); ++k) CHECK(saved[k] == std::int64_t(k) + 1);
+  holdfast_test::child second([&] { job_incarnation(dir.path(), 2, -1, 12); });
+  r = second.wait();
+  CHECK(r.ok());
+  CHECK(r.failures == "");
+  holdfast::run_history h(dir.path());
+  CHECK(h.begin(std::chrono::system_clock::now()));
+  CHECK(h.counters().noticed == 1);
+  CHECK(h.counters().clean == 2);
+  CHECK(h.counters().unnoticed == 0);
+  CHECK(read.all_steps().back() == 12);  // resumed, saved each step to the end
 }

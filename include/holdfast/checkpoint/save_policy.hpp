@@ -11,13 +11,16 @@
 //   holdfast::save_interval_policy policy(o);
 //   policy.observe(history);                              // M and the last C from the history
 //   policy.start(std::chrono::steady_clock::now());       // the restored state counts as saved
-//   for (;; ++step) {
-//     train_one_step();
-//     if (holdfast::save_when_due(policy, ckpt, step))    // saves when due, measures its cost
-//       history.note_save(system_clock::now(), policy.save_cost());  // for the next incarnation
-//     if (handler.run(step) == ...) { history.note_notice(system_clock::now()); break; }
+//   while (handler.total_run_calls() < steps) {           // a config with no_exit
+//     if (handler.run(train_step) == holdfast::run_status::stopped) {  // preemption save done
+//       history.note_notice(std::chrono::system_clock::now());
+//       return;
+//     }
+//     if (holdfast::save_when_due(policy, handler.checkpointer(), handler.total_run_calls()))
+//       history.note_save(std::chrono::system_clock::now(), policy.save_cost());
 //   }
 //   history.note_clean_end(std::chrono::system_clock::now());
+// (docs/save-policy.md: the formulas, the prior, an exiting Exit policy, several workers.)
 //
 // Guarantees:
 //   - The interval is Daly's (2006) higher-order optimum for compute interval T between saves
@@ -60,6 +63,8 @@
 //     note_notice() is called after that save committed, as documented; calling it on the
 //     notice itself would count such a loss as noticed.
 //   - M is one mean for the whole job: a bursty interruption rate is averaged, not tracked.
+//   - Tasks of one job measure different costs: where every task must save the same steps,
+//     decide on one task and share the decision (the handler does not consult the policy).
 #pragma once
 
 #include <fcntl.h>  // O_RDONLY: the history file
