@@ -168,7 +168,6 @@ struct sim_clock {
   using rep = double;
   using period = std::ratio<1>;
   using time_point = std::chrono::time_point<sim_clock, duration>;
-  static constexpr bool is_steady = true;
   static time_point now() { return time_point(); }
 };
 using sim_policy = holdfast::basic_save_interval_policy<sim_clock>;

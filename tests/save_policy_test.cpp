@@ -38,7 +38,6 @@ struct throwing_clock {
   using rep = duration::rep;
   using period = duration::period;
   using time_point = std::chrono::time_point<throwing_clock>;
-  static constexpr bool is_steady = true;
   static time_point now() { throw std::logic_error("the policy read the clock"); }
 };
 
@@ -48,7 +47,6 @@ struct manual_clock {
   using rep = duration::rep;
   using period = duration::period;
   using time_point = std::chrono::time_point<manual_clock>;
-  static constexpr bool is_steady = true;
   static time_point& current() {
     static time_point t{};
     return t;
@@ -156,7 +154,8 @@ TEST_CASE("save interval: deterministic given its inputs (no clock read, same an
   CHECK(a.last_save() == t0 + 400s);
 }
 
-TEST_CASE("save interval: M learned from the prior and the history; notices are no interruptions") {
+TEST_CASE(
+    "save interval: M learned from the prior and the history, notices being no interruptions") {
   save_interval_options o = unbounded(10h);
   o.prior_weight = 2;
   policy_t p(o);

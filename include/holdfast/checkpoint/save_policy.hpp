@@ -205,19 +205,26 @@ inline std::string format_run_history(const run_history_state& s) {
   return to_json(doc, 2);
 }
 
-// A field of `o` as a finite non-negative number / non-negative integer, else format_error.
+// Bounds far past any job (30 million years, 10^12 restarts) that keep the sums finite and the
+// counts from overflowing however long a damaged file's job runs on.
+inline constexpr double run_history_max_seconds = 1e15;
+inline constexpr std::int64_t run_history_max_count = 1'000'000'000'000;
+
+// A field of `o` as a number / an integer within [0, the bound], else format_error.
 inline double run_history_seconds(const json_value& o, std::string_view key,
                                   const std::string& path) {
   const json_value* v = o.find(key);
-  if (!v || !v->is_number() || !(v->as_double() >= 0))
-    throw format_error(path, "\"" + std::string(key) + "\" is not a non-negative number");
+  if (!v || !v->is_number() || !(v->as_double() >= 0) ||
+      !(v->as_double() <= run_history_max_seconds))
+    throw format_error(path,
+                       "\"" + std::string(key) + "\" is not a number of seconds in [0, 1e15]");
   return v->as_double();
 }
 inline std::int64_t run_history_count(const json_value& o, std::string_view key,
                                       const std::string& path) {
   const json_value* v = o.find(key);
-  if (!v || !v->is_integer() || v->as_int64() < 0)
-    throw format_error(path, "\"" + std::string(key) + "\" is not a non-negative integer");
+  if (!v || !v->is_integer() || v->as_int64() < 0 || v->as_int64() > run_history_max_count)
+    throw format_error(path, "\"" + std::string(key) + "\" is not a count in [0, 10^12]");
   return v->as_int64();
 }
 
@@ -233,14 +240,9 @@ inline run_incarnation parse_run_incarnation(const json_value& o, const std::str
           *e};
 }
 
-// The file's content; format_error naming `path` for anything else.
+// The file's content; holdfast::error (format_error past the JSON) naming `path` otherwise.
 inline run_history_state parse_run_history(std::string_view text, const std::string& path) {
-  json_value doc;
-  try {
-    doc = parse_json(text, path);
-  } catch (const error& e) {
-    throw format_error(path, std::string("not JSON: ") + e.what());
-  }
+  const json_value doc = parse_json(text, path);  // not JSON: holdfast::error naming `path`
   const json_value* format = doc.is_object() ? doc.find("format") : nullptr;
   if (!format || !format->is_string() || format->as_string() != run_history_format)
     throw format_error(path, "not a holdfast run history (no \"format\": \"" +
@@ -333,7 +335,10 @@ class basic_run_history {
 
   void close(run_incarnation r, std::chrono::system_clock::time_point end) {
     if (r.end == run_end::running) r.end = run_end::killed;
-    r.run_time = std::max(save_seconds(end - r.start), save_seconds(0));
+    // in double seconds: a damaged file's start time cannot overflow the subtraction
+    const save_seconds run =
+        save_seconds(end.time_since_epoch()) - save_seconds(r.start.time_since_epoch());
+    r.run_time = run.count() > 0 ? run : save_seconds(0);
     run_counters& t = state_.totals;
     t.exposure += r.run_time;
     ++t.incarnations;
