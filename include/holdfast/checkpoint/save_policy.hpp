@@ -44,12 +44,14 @@
 //     not as interruptions: a noticed preemption loses next to nothing.
 //   - save_interval_policy reads no clock and does no I/O: should_save(now), interval(now)
 //     and mtbi(now) are functions of the options, the recorded costs, the observed counters and
-//     the times passed in, so two policies fed the same inputs answer the same.
-//   - run_history tolerates a missing file (a first start: the prior alone) and a bad one
-//     (reported once through the log hook, then rewritten); it writes the file with the
-//     library's atomic publish, so a reader sees the previous version or the new one, whole.
-//     Its writes never throw: a failed write is logged and returns false, and the counters in
-//     memory go on (the history is advice; the training must not stop for it).
+//     the times passed in, so two policies fed the same inputs answer the same. save_when_due
+//     is the one that reads Clock::now(), around the save it times.
+//   - run_history tolerates a missing file (a first start: the prior alone) and a bad one (not
+//     JSON, not its format, a count negative or above 10^12, a run time negative or above 1e15
+//     s): reported once through the log hook, the prior alone, the file rewritten. It writes the
+//     file with the library's atomic publish, so a reader sees the previous version or the new one,
+//     whole. Its writes never throw: a failed write is logged and returns false, and the counters
+//     in memory go on (the history is advice; the training must not stop for it).
 //   - The counters are kept as totals in the file (exact however long the job runs); the list
 //     of incarnations kept beside them is bounded (the last 64).
 // Caveats:
@@ -63,6 +65,8 @@
 //     note_notice() is called after that save committed, as documented; calling it on the
 //     notice itself would count such a loss as noticed.
 //   - M is one mean for the whole job: a bursty interruption rate is averaged, not tracked.
+//   - An Exit policy that exits the process must call note_notice() itself (a callable Exit
+//     policy): an incarnation that exits without it reads as killed.
 //   - Tasks of one job measure different costs: where every task must save the same steps,
 //     decide on one task and share the decision (the handler does not consult the policy).
 #pragma once
