@@ -17,6 +17,8 @@
 //   checkpoint/reader_lock.hpp  reading a checkpoint under LOCK_SH
 //   checkpoint/maintenance.hpp  checkpoint_report; deletions, the start-up sweep, verify, repair
 //   checkpoint/manager.hpp      read_only, checkpoint_manager<Store>: save, commit, async, restore
+//   checkpoint/save_policy.hpp  save_interval_policy (when to save: Daly's interval from the
+//                               measured cost and the learned MTBI), run_history, save_when_due
 //
 //   holdfast::checkpoint_options o;
 //   o.retention = holdfast::retention_policy::keep_last(3) |
@@ -55,4 +57,5 @@
 #include "checkpoint/pointer.hpp"
 #include "checkpoint/reader_lock.hpp"
 #include "checkpoint/retention.hpp"
+#include "checkpoint/save_policy.hpp"
 #include "checkpoint/writer_lock.hpp"
