@@ -15,6 +15,7 @@
 //   checkpoint/reader_lock.hpp  reading a checkpoint under LOCK_SH
 //   checkpoint/maintenance.hpp  checkpoint_report; deletions, the start-up sweep, verify, repair
 //   checkpoint/manager.hpp      read_only, checkpoint_manager<Store>: save, commit, async, restore
+//   checkpoint/two_tier.hpp     two_tier_checkpoints: a local tier, copied to a durable one
 //
 //   holdfast::checkpoint_options o;
 //   o.retention = holdfast::retention_policy::keep_last(3) |
@@ -51,4 +52,5 @@
 #include "checkpoint/pointer.hpp"
 #include "checkpoint/reader_lock.hpp"
 #include "checkpoint/retention.hpp"
+#include "checkpoint/two_tier.hpp"
 #include "checkpoint/writer_lock.hpp"
