@@ -115,7 +115,7 @@ using hung_tiers = holdfast::two_tier_checkpoints<holdfast::store, stalling_stor
 
 }  // namespace
 
-TEST_CASE("two tiers: a save lands locally, the copier publishes it durable with its identity") {
+TEST_CASE("two tiers: a save lands locally and the copier publishes it durable with its identity") {
   holdfast_test::temp_dir d("tiers");
   log_sink log;
   auto t = make<tiers>(d / "local", d / "durable", opts(2, 3, log));
@@ -167,7 +167,7 @@ TEST_CASE("two tiers: retention runs per tier and keeps the newest durable step 
   CHECK(t.all_steps() == steps{4, 5, 6});  // the union
 }
 
-TEST_CASE("two tiers: a hung durable mount never blocks local saves; the wait reports it") {
+TEST_CASE("two tiers: a hung durable mount never blocks local saves and the wait reports it") {
   holdfast_test::temp_dir d("tiers");
   log_sink log;
   auto o = opts(2, 3, log);
@@ -208,7 +208,8 @@ TEST_CASE("two tiers: a hung durable mount never blocks local saves; the wait re
   CHECK(durable.all_steps() == steps{1, 4});  // 2 and 3 were superseded before they started
 }
 
-TEST_CASE("two tiers: a new node restores from the durable tier; a corrupt local copy falls back") {
+TEST_CASE(
+    "two tiers: a new node restores from the durable tier and a corrupt local copy falls back") {
   holdfast_test::temp_dir d("tiers");
   log_sink log;
   {
@@ -255,7 +256,7 @@ using tier_handler = holdfast::preemption_handler<fs_config, holdfast::filesyste
 }  // namespace
 
 TEST_CASE(
-    "two tiers: the restore agreement picks the newest step all hold; a new node reads it "
+    "two tiers: the restore agreement picks the newest step all hold and a new node reads it "
     "from the durable tier") {
   // Three tasks saved steps 1-4 in both tiers; tasks 0 and 1 also saved step 5. Task 2's node
   // is replaced: its local tier is empty. The agreement's step is 4, which task 2 restores from

@@ -44,7 +44,8 @@
 //     before. Set durable_wait to what the grace period leaves after a local save.
 //   - The local tier goes with its node: a lost node's steps not yet copied are lost; replicating
 //     the local tier to a peer is not done here.
-//   - Reading the durable tier (all_steps, restore) on a dead mount blocks as the mount does.
+//   - Opening, and reading the durable tier (all_steps, restore), on a dead mount block as the
+//     mount does; saving does not.
 //   - The copier uses the durable manager alone; pin() reaches both managers (an atomic).
 //   - A checkpoint holding anything but regular files and directories fails its copy (EINVAL).
 #pragma once
