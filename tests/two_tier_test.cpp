@@ -297,3 +297,44 @@ TEST_CASE(
     CHECK(r.exit_code == 0);
   }
 }
+
+namespace {
+using hung_handler = holdfast::preemption_handler<fs_config, holdfast::filesystem_kv, hung_tiers>;
+}  // namespace
+
+TEST_CASE("two tiers: the preemption save returns with its durable copy hung and reports it") {
+  // One worker; the durable mount dies after the start. A notice: the handler saves the step
+  // locally and waits for the copier only durable_wait (300 ms); run() returns stopped, the step
+  // is in the local tier and unfinished() names it.
+  holdfast_test::temp_dir d("tiers-preempt");
+  holdfast_test::child c([&] {
+    auto o = opts(2, 3, log_sink{});
+    o.durable_wait = 300ms;
+    hung_tiers t(d / "local", holdfast::directory_commit::rename, d / "durable",
+                 holdfast::directory_commit::rename, o);
+    t.set_writer(write_step);
+    holdfast::filesystem_kv kv(d / "kv", holdfast::kv_namespace("job", "0"));
+    holdfast::handler_options ho;
+    ho.ack_timeout = 20s;
+    hung_handler h(fs_config(holdfast::signal_notice<SIGUSR2>(), holdfast::no_exit{}), kv,
+                   {0, 1, "run"}, std::move(t), ho);
+    stalled() = true;
+    holdfast::run_status st = holdfast::run_status::ran;
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    for (int i = 0;
+         st != holdfast::run_status::stopped && std::chrono::steady_clock::now() < deadline; ++i) {
+      if (i == 5) ::kill(::getpid(), SIGUSR2);
+      st = h.run([] { std::this_thread::sleep_for(1ms); });  // a training step
+    }
+    CHILD_REQUIRE(st == holdfast::run_status::stopped);
+    auto& ck = h.checkpointer();
+    CHILD_REQUIRE(!ck.unfinished().empty());
+    CHILD_REQUIRE(ck.unfinished().back() == ck.local().latest_step());
+    CHILD_REQUIRE(ck.local().latest_step() >= 5);
+    CHILD_REQUIRE(stuck_calls().load() > 0);
+  });  // its destruction leaves the hung copy to its thread after durable_wait
+  auto r = c.wait(60s);
+  CHECK(!r.timed_out);  // an unbounded wait for the hung copy never returns
+  CHECK(r.failures == "");
+  CHECK(r.exit_code == 0);
+}
