@@ -174,17 +174,17 @@ TEST_CASE("two tiers: 200 SIGKILLs at random points never leave an incomplete st
     if (auto l = t.latest_step()) newest = *l;
   }
   MESSAGE("kills: " << kills << ", newest step " << newest);
-  const std::string names[] = {"idle", "local save", "local retention", "copying",
-                               "durable retention"};
   int main_hits[5] = {}, copier_hits[5] = {};
   for (int m = 0; m < 5; ++m)
     for (int c = 0; c < 5; ++c) {
       main_hits[m] += landed[m][c];
       copier_hits[c] += landed[m][c];
     }
-  for (int p = 0; p < 5; ++p)
-    MESSAGE("main thread " << names[p] << ": " << main_hits[p] << ", copier " << names[p] << ": "
-                           << copier_hits[p]);
+  MESSAGE("kills landing in the main thread's local save: "
+          << main_hits[local_save] << ", local retention: " << main_hits[local_retention]
+          << ", between saves: " << main_hits[idle] << "; in the copier's copy: "
+          << copier_hits[copying] << ", durable retention: " << copier_hits[durable_retention]
+          << ", before its first copy: " << copier_hits[idle]);
   CHECK(main_hits[local_save] > 0);
   CHECK(main_hits[local_retention] > 0);
   CHECK(copier_hits[copying] > 0);
