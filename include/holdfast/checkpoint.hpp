@@ -19,6 +19,7 @@
 //   checkpoint/manager.hpp      read_only, checkpoint_manager<Store>: save, commit, async, restore
 //   checkpoint/save_policy.hpp  save_interval_policy (when to save: Daly's interval from the
 //                               measured cost and the learned MTBI), run_history, save_when_due
+//   checkpoint/two_tier.hpp     two_tier_checkpoints: a local tier, copied to a durable one
 //
 //   holdfast::checkpoint_options o;
 //   o.retention = holdfast::retention_policy::keep_last(3) |
@@ -58,4 +59,5 @@
 #include "checkpoint/reader_lock.hpp"
 #include "checkpoint/retention.hpp"
 #include "checkpoint/save_policy.hpp"
+#include "checkpoint/two_tier.hpp"
 #include "checkpoint/writer_lock.hpp"

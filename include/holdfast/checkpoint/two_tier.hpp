@@ -1,0 +1,512 @@
+// holdfast/checkpoint/two_tier.hpp — two_tier_checkpoints: a Checkpointer that saves to a fast
+// node-local tier first (a RAM disk or a local disk) and copies each checkpoint to a durable
+// tier (the run's shared or mirrored directory) on one background thread. It composes two
+// checkpoint_managers, each with its own options (retention per tier), and restores from
+// whichever tier holds a readable copy. docs/two-tiers.md tells the design.
+//
+// Protocol:
+//   1. save(step): the local manager's save (the user's writer, crash-safe as manager.hpp
+//      says; synchronous). Then the step becomes the copier's one pending request: a newer
+//      request replaces one not yet started (it is never copied).
+//   2. The copier takes the request, holds LOCK_SH on the local checkpoint (reader_lock.hpp:
+//      local retention cannot delete it while it is copied) and saves it in the durable tier
+//      with the durable manager's own crash-safe save: a writer that streams the local files
+//      (all but holdfast-metadata.json, which the durable save writes with the local copy's
+//      step, history, save time and metrics).
+// Guarantees:
+//   - save() returns once the local tier committed: a durable copy that hangs (a dead mount)
+//     or fails never blocks or fails a save; a new request while a copy hangs replaces the
+//     pending one.
+//   - The local tier never deletes a step whose copy is pending or in flight, nor the newest
+//     step committed in the durable tier (its retention keeps them on top of the user's local
+//     policy), and the durable manager never deletes its latest: the newest step complete in
+//     both tiers is deleted by neither.
+//   - The durable copy of a step has the local checkpoint's identity (step and history), save
+//     time and metrics.
+//   - wait_for_durable(deadline) waits for the copier at most until `deadline` and returns the
+//     steps it did not copy (pending, in flight, or failed and not yet superseded). The
+//     handler's wait_until_finished() waits until durable_wait after the last save() returned,
+//     logs what did not finish and keeps it for unfinished(); it never throws for the copy.
+//   - all_steps() / all_identities(): the union over both tiers of the complete checkpoints
+//     whose metadata reads (a damaged one is logged and left out of its tier's view); of a step
+//     both tiers hold, the local copy's identity.
+//   - restore_step(step): the local copy; when it is missing or its load throws holdfast::error
+//     (a reader reports a corrupt copy that way, e.g. format_error), the durable copy of the
+//     same identity, with a log line. restore(): the newest step that loads from either tier;
+//     a new node (empty local tier) restores from the durable tier.
+//   - Destruction waits for the copier at most durable_wait; a copy still hanging then is left
+//     to its thread (detached, logged), which owns what it uses.
+// Caveats:
+//   - Both managers' saves are synchronous here (async_save is turned off): the copier is the
+//     background part.
+//   - The handler calls wait_until_finished() before its preemption save too: a copy still
+//     running then delays that save by at most what is left of durable_wait since the save
+//     before. Set durable_wait to what the grace period leaves after a local save.
+//   - The local tier goes with its node: a lost node's steps not yet copied are lost; replicating
+//     the local tier to a peer is not done here.
+//   - Opening, and reading the durable tier (all_steps, restore), on a dead mount block as the
+//     mount does; saving does not.
+//   - The copier uses the durable manager alone; pin() reaches both managers (an atomic).
+//   - A checkpoint holding anything but regular files and directories fails its copy (EINVAL).
+#pragma once
+
+#include <fcntl.h>     // O_CREAT, O_EXCL, O_NOFOLLOW: the copy's files
+#include <sys/stat.h>  // S_ISDIR, S_ISREG: what a checkpoint holds
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../error.hpp"
+#include "../io.hpp"  // basic_fd, open_file_if_exists, read_full, write_all
+#include "../log.hpp"
+#include "../store.hpp"  // store, detail::store_list_dir, store_lstat, store_join
+#include "manager.hpp"   // checkpoint_manager, read_only
+#include "metadata.hpp"  // checkpoint_load_metadata, checkpoint_load_identity
+
+HOLDFAST_NAMESPACE_BEGIN
+
+/// Options of two_tier_checkpoints: each tier's manager options, and the durable wait.
+struct two_tier_options {
+  /// The local tier's options (its retention: e.g. max_to_keep 2). async_save is ignored.
+  checkpoint_options local{};
+  /// The durable tier's options (e.g. keep_last(N) | every_n_hours(h)). async_save is ignored.
+  checkpoint_options durable{};
+  /// How long wait_until_finished() waits for the copier after the last save (and destruction
+  /// for a copy in flight): what the grace period leaves after the local save.
+  std::chrono::milliseconds durable_wait{20000};
+  /// Where copies, fallbacks and unfinished copies are reported (empty: log_to_stderr).
+  log_fn log{};
+};
+
+namespace detail {
+
+// Copies the tree `from` into the existing directory `to` (streaming), all but the top-level
+// metadata file when `top`. In reads through InIo, out writes through OutIo.
+template <class InIo, class OutIo>
+void two_tier_copy_tree(const std::string& from, const std::string& to, bool top,
+                        std::vector<char>& buffer) {
+  for (const std::string& name : store_list_dir<InIo>(from)) {
+    if (top && name == checkpoint_metadata_file_name) continue;
+    const std::string src = store_join(from, name);
+    const std::string dst = store_join(to, name);
+    struct stat st {};
+    if (!store_lstat<InIo>(src, st))
+      throw error(ENOENT, "two-tier copy", src, "vanished from the local checkpoint");
+    if (S_ISDIR(st.st_mode)) {
+      if (OutIo::mkdir(dst.c_str(), 0755) != 0) throw error(errno, "mkdir", dst);
+      two_tier_copy_tree<InIo, OutIo>(src, dst, false, buffer);
+    } else if (S_ISREG(st.st_mode)) {
+      auto in = open_file_if_exists<InIo>(src, O_RDONLY | O_NOFOLLOW);
+      if (!in) throw error(ENOENT, "two-tier copy", src, "vanished from the local checkpoint");
+      int fd = OutIo::open(dst.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                           st.st_mode & 07777);
+      if (fd < 0) throw error(errno, "open", dst);
+      basic_fd<OutIo> out(fd, dst);
+      for (;;) {
+        std::size_t got = read_full(in, buffer.data(), buffer.size());
+        if (got > 0) write_all(out, buffer.data(), got);
+        if (got < buffer.size()) break;
+      }
+      out.close();  // synced by the durable save with the rest of the checkpoint
+    } else {
+      throw error(EINVAL, "two-tier copy", src, "not a regular file or a directory");
+    }
+  }
+}
+
+// "3, 5" (steps in a log line).
+inline std::string two_tier_steps_text(const std::vector<std::int64_t>& steps) {
+  std::string s;
+  for (std::int64_t st : steps) s += (s.empty() ? "" : ", ") + std::to_string(st);
+  return s;
+}
+
+}  // namespace detail
+
+/// A Checkpointer with a fast local tier and a durable tier copied to in the background.
+/// LocalStore / DurableStore: basic_stores whose Filesystem policies give each tier its Io.
+template <class LocalStore = store, class DurableStore = store>
+class two_tier_checkpoints {
+ public:
+  using local_manager_type = checkpoint_manager<LocalStore>;      ///< the local tier
+  using durable_manager_type = checkpoint_manager<DurableStore>;  ///< the durable tier
+  using reader_type = typename local_manager_type::reader_type;   ///< loads a checkpoint
+
+  /// Checkpoints of `run_id` in both stores' checkpoint paths.
+  two_tier_checkpoints(const LocalStore& local, const DurableStore& durable,
+                       std::string_view run_id, two_tier_options options = {})
+      : two_tier_checkpoints(local.checkpoint_path(run_id), local.commit_mode(),
+                             durable.checkpoint_path(run_id), durable.commit_mode(),
+                             std::move(options)) {}
+
+  /// Checkpoints in the directories `local_dir` and `durable_dir`, committed by the modes.
+  two_tier_checkpoints(std::string local_dir, directory_commit local_mode, std::string durable_dir,
+                       directory_commit durable_mode, two_tier_options options = {})
+      : s_(std::make_unique<impl>(std::move(local_dir), local_mode, std::move(durable_dir),
+                                  durable_mode, std::move(options))) {}
+
+  two_tier_checkpoints(two_tier_checkpoints&&) noexcept = default;
+  two_tier_checkpoints& operator=(two_tier_checkpoints&&) noexcept = default;
+  two_tier_checkpoints(const two_tier_checkpoints&) = delete;
+  two_tier_checkpoints& operator=(const two_tier_checkpoints&) = delete;
+  /// Waits for the copier at most durable_wait, then leaves a hanging copy to its thread.
+  ~two_tier_checkpoints() = default;
+
+  /// Sets the writer save(step) uses (the local tier's).
+  template <class Writer>
+  void set_writer(Writer writer) {
+    s_->local.set_writer(std::move(writer));
+  }
+  /// Sets the reader restore() and restore_step() use, whichever tier they read.
+  template <class Reader>
+  void set_reader(Reader reader) {
+    s_->reader = [r = std::move(reader)](const std::string& d, std::int64_t st) mutable {
+      detail::checkpoint_call(r, d, st);
+    };
+  }
+
+  /// Saves `step` in the local tier, then asks the copier for its durable copy. Returns the
+  /// local checkpoint.
+  checkpoint_info save(std::int64_t step) { return s_->request(s_->local.save(step)); }
+  /// As save(step), with `writer(dir[, step])`.
+  template <class Writer>
+  checkpoint_info save(std::int64_t step, Writer&& writer) {
+    return s_->request(s_->local.save(step, std::forward<Writer>(writer)));
+  }
+  /// True when a save of `step` is due (the local tier's cadence).
+  bool should_save(std::int64_t step) const { return s_->local.should_save(step); }
+
+  /// Waits for the copier until `deadline`; returns the steps not copied (ascending).
+  std::vector<std::int64_t> wait_for_durable(std::chrono::steady_clock::time_point deadline) {
+    return s_->sh->wait_until(deadline);
+  }
+  /// Waits for the copier until durable_wait after the last save() returned; logs and keeps
+  /// (unfinished()) what it did not copy. Never throws for a durable copy.
+  void wait_until_finished() { s_->wait_bounded(); }
+  /// What the last wait_until_finished() did not copy.
+  const std::vector<std::int64_t>& unfinished() const noexcept { return s_->unfinished; }
+  /// The newest step this object committed to the durable tier (or found there at start).
+  std::optional<std::int64_t> durable_step() const { return s_->sh->durable_newest(); }
+
+  /// Steps complete and readable in either tier, ascending, each once.
+  std::vector<std::int64_t> all_steps() const {
+    std::vector<std::int64_t> out;
+    for (const auto& id : all_identities()) out.push_back(id.step);
+    return out;
+  }
+  /// The identity of each step all_steps() lists (the local copy's where both hold it).
+  std::vector<checkpoint_identity> all_identities() const {
+    std::vector<checkpoint_identity> out;
+    for (auto& [step, id] : s_->merged()) out.push_back(std::move(id));
+    return out;
+  }
+  /// The newest step of all_steps(), or nothing.
+  std::optional<std::int64_t> latest_step() const noexcept {
+    try {
+      auto steps = all_steps();
+      if (steps.empty()) return std::nullopt;
+      return steps.back();
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
+  /// Starts a history: the local tier's next saves record it, and their durable copies too.
+  void begin_history(std::string history) { s_->local.begin_history(std::move(history)); }
+  /// Pins `step` in both tiers (nullopt unpins).
+  void pin(std::optional<std::int64_t> step) noexcept {
+    s_->local.pin(step);
+    s_->sh->durable.pin(step);
+  }
+
+  /// Loads `step` from the local tier, else (missing, or holdfast::error) from the durable
+  /// copy of the same identity. Throws holdfast::error (ENOENT) when neither tier has it.
+  void restore_step(std::int64_t step) { s_->restore_step(step); }
+  /// Loads the newest step that loads from either tier; nothing when none does.
+  std::optional<std::int64_t> restore() {
+    auto steps = all_steps();
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+      try {
+        s_->restore_step(*it);
+        return *it;
+      } catch (const error& e) {
+        s_->log("two-tier: step " + std::to_string(*it) +
+                " did not load from either tier, trying the next older: " + e.what());
+      }
+    }
+    return std::nullopt;
+  }
+
+  /// The local tier's manager.
+  local_manager_type& local() noexcept { return s_->local; }
+  /// The durable tier's directory.
+  const std::string& durable_directory() const noexcept { return s_->sh->durable.directory(); }
+
+ private:
+  // What the caller's thread and the copier share; the copier thread co-owns it.
+  struct shared {
+    shared(std::string dir, directory_commit mode, checkpoint_options o, std::string local_dir,
+           directory_commit local_mode, checkpoint_options lo, log_fn lg)
+        : log(std::move(lg)),
+          durable(std::move(dir), mode, with_copy_clock(std::move(o))),
+          local_reader(read_only, std::move(local_dir), local_mode, std::move(lo)) {
+      if (auto st = durable.latest_step()) newest = st;
+    }
+
+    // The durable save's clock reads the local checkpoint's save time while it copies.
+    checkpoint_options with_copy_clock(checkpoint_options o) {
+      o.async_save = false;
+      o.clock = [this, user = std::move(o.clock)] {
+        std::lock_guard<std::mutex> l(m);
+        if (copy_time) return *copy_time;
+        return user ? user() : std::chrono::system_clock::now();
+      };
+      return o;
+    }
+
+    std::optional<std::int64_t> durable_newest() {
+      std::lock_guard<std::mutex> l(m);
+      return newest;
+    }
+
+    // Local retention's extra rule: the pending, in-flight and newest durable steps.
+    bool protects(std::int64_t step) {
+      std::lock_guard<std::mutex> l(m);
+      return step == pending || step == in_flight || step == newest;
+    }
+
+    std::vector<std::int64_t> unfinished_locked() const {
+      std::vector<std::int64_t> out;
+      for (auto s : {failed, in_flight, pending})
+        if (s && (!newest || *s != *newest) && std::find(out.begin(), out.end(), *s) == out.end())
+          out.push_back(*s);
+      std::sort(out.begin(), out.end());
+      return out;
+    }
+
+    std::vector<std::int64_t> wait_until(std::chrono::steady_clock::time_point deadline) {
+      std::unique_lock<std::mutex> l(m);
+      cv.wait_until(l, deadline, [&] { return !pending && !in_flight; });
+      return unfinished_locked();
+    }
+
+    void run() {
+      std::vector<char> buffer(std::size_t{1} << 20);
+      for (;;) {
+        std::int64_t step;
+        {
+          std::unique_lock<std::mutex> l(m);
+          cv.wait(l, [&] { return stop || pending; });
+          if (stop) return;
+          step = *std::exchange(pending, std::nullopt);
+          in_flight = step;
+        }
+        std::string failure;
+        try {
+          copy(step, buffer);
+        } catch (const std::exception& e) {
+          failure = e.what();
+        } catch (...) {
+          failure = "a non-standard exception";
+        }
+        {
+          std::lock_guard<std::mutex> l(m);
+          in_flight.reset();
+          copy_time.reset();
+          if (failure.empty()) {
+            newest = newest ? std::max(*newest, step) : step;
+            if (failed && *failed <= step) failed.reset();
+          } else {
+            failed = step;
+          }
+        }
+        cv.notify_all();
+        if (!failure.empty())
+          detail::log_line(log, "two-tier: the durable copy of step " + std::to_string(step) +
+                                    " to '" + durable.directory() +
+                                    "' failed (the local tier keeps it): " + failure);
+      }
+    }
+
+    // Saves the local checkpoint of `step` in the durable tier, holding LOCK_SH on it.
+    void copy(std::int64_t step, std::vector<char>& buffer) {
+      using in_io = typename LocalStore::io_type;
+      using out_io = typename DurableStore::io_type;
+      local_reader.restore_step(step, [&](const std::string& dir, std::int64_t st) {
+        auto meta = detail::checkpoint_load_metadata<in_io>(dir);
+        {
+          std::lock_guard<std::mutex> l(m);
+          if (meta) copy_time = meta->time;
+        }
+        if (meta && !meta->history.empty()) durable.begin_history(meta->history);
+        auto writer = [&](const std::string& to) {
+          detail::two_tier_copy_tree<in_io, out_io>(dir, to, true, buffer);
+        };
+        if (meta && meta->metrics.is_object())
+          durable.save(st, writer, meta->metrics.as_object());
+        else
+          durable.save(st, writer);
+      });
+    }
+
+    log_fn log;
+    std::mutex m;
+    std::condition_variable cv;
+    std::optional<std::int64_t> pending, in_flight, failed, newest;  // newest: durable
+    std::optional<std::chrono::system_clock::time_point> copy_time;
+    bool stop = false;
+    durable_manager_type durable;     // the copier's (and pin's) only
+    local_manager_type local_reader;  // read_only: the copier's LOCK_SH on the local copy
+  };
+
+  struct impl {
+    impl(std::string local_dir, directory_commit local_mode, std::string durable_dir,
+         directory_commit durable_mode, two_tier_options o)
+        : options(std::move(o)),
+          sh(std::make_shared<shared>(std::move(durable_dir), durable_mode, options.durable,
+                                      local_dir, local_mode, options.local, options.log)),
+          local(std::move(local_dir), local_mode, local_options(options.local, sh.get())),
+          durable_reader(read_only, sh->durable.directory(), durable_mode, options.durable) {
+      copier = std::thread([keep = sh] { keep->run(); });
+    }
+
+    ~impl() {
+      auto left = sh->wait_until(std::chrono::steady_clock::now() + options.durable_wait);
+      {
+        std::lock_guard<std::mutex> l(sh->m);
+        sh->stop = true;
+        sh->pending.reset();
+      }
+      sh->cv.notify_all();
+      bool hanging;
+      {
+        std::lock_guard<std::mutex> l(sh->m);
+        hanging = sh->in_flight.has_value();
+      }
+      if (hanging) {
+        log("two-tier: the durable copy of step(s) " + detail::two_tier_steps_text(left) +
+            " did not finish within durable_wait; its thread is left running");
+        copier.detach();
+      } else {
+        copier.join();
+      }
+    }
+
+    // The local options with the copier's steps kept on top of the user's retention.
+    static checkpoint_options local_options(checkpoint_options o, shared* p) {
+      retention_policy user = o.retention          ? *o.retention
+                              : o.max_to_keep == 0 ? retention_policy::keep_all()
+                                                   : retention_policy::keep_last(o.max_to_keep);
+      o.retention = user | retention_policy::custom([p](const auto& cands) {
+                      std::vector<bool> keep;
+                      for (const auto& c : cands) keep.push_back(p->protects(c.step));
+                      return keep;
+                    });
+      o.async_save = false;
+      return o;
+    }
+
+    void log(const std::string& line) const { detail::log_line(options.log, line); }
+
+    checkpoint_info request(checkpoint_info info) {
+      {
+        std::lock_guard<std::mutex> l(sh->m);
+        sh->pending = info.step;  // replaces one not yet started
+      }
+      sh->cv.notify_all();
+      last_save = std::chrono::steady_clock::now();
+      return info;
+    }
+
+    void wait_bounded() {
+      auto deadline =
+          last_save ? *last_save + options.durable_wait : std::chrono::steady_clock::now();
+      unfinished = sh->wait_until(deadline);
+      if (!unfinished.empty())
+        log("two-tier: the durable copy of step(s) " + detail::two_tier_steps_text(unfinished) +
+            " to '" + sh->durable.directory() +
+            "' did not finish within durable_wait; the local tier holds them");
+    }
+
+    // A tier's readable identities by step (of each step, the copy listed last).
+    template <class Manager, class Io>
+    std::map<std::int64_t, checkpoint_identity> identities(const Manager& mgr,
+                                                           const char* tier) const {
+      std::map<std::int64_t, checkpoint_identity> out;
+      for (const auto& c : mgr.checkpoints()) {
+        try {
+          out[c.step] = detail::checkpoint_load_identity<Io>(c.path, c.step);
+        } catch (const error& e) {
+          out.erase(c.step);
+          log(std::string("two-tier: the ") + tier + " copy of step " + std::to_string(c.step) +
+              " is left out: " + e.what());
+        }
+      }
+      return out;
+    }
+
+    std::map<std::int64_t, checkpoint_identity> local_ids() const {
+      return identities<local_manager_type, typename LocalStore::io_type>(local, "local");
+    }
+    std::map<std::int64_t, checkpoint_identity> durable_ids() const {
+      return identities<durable_manager_type, typename DurableStore::io_type>(durable_reader,
+                                                                              "durable");
+    }
+
+    std::map<std::int64_t, checkpoint_identity> merged() const {
+      auto out = local_ids();
+      for (auto& [step, id] : durable_ids()) out.emplace(step, std::move(id));  // local wins
+      return out;
+    }
+
+    void restore_step(std::int64_t step) {
+      auto read = [this](const std::string& d, std::int64_t st) {
+        if (reader) reader(d, st);
+      };
+      auto l = local_ids();
+      auto li = l.find(step);
+      if (li != l.end()) {
+        try {
+          local.restore_step(step, read);
+          return;
+        } catch (const error& e) {
+          auto d = durable_ids();
+          auto di = d.find(step);
+          if (di == d.end() || !(di->second == li->second)) throw;
+          log("two-tier: the local copy of step " + std::to_string(step) +
+              " did not load, restoring the durable copy from '" + durable_reader.directory() +
+              "': " + e.what());
+          durable_reader.restore_step(step, read);
+          return;
+        }
+      }
+      log("two-tier: the local tier has no step " + std::to_string(step) +
+          ", restoring it from the durable tier '" + durable_reader.directory() + "'");
+      durable_reader.restore_step(step, read);
+    }
+
+    two_tier_options options;
+    std::shared_ptr<shared> sh;
+    local_manager_type local;
+    durable_manager_type durable_reader;  // read_only: the caller's view of the durable tier
+    reader_type reader;
+    std::optional<std::chrono::steady_clock::time_point> last_save;
+    std::vector<std::int64_t> unfinished;
+    std::thread copier;
+  };
+
+  std::unique_ptr<impl> s_;
+};
+
+HOLDFAST_NAMESPACE_END

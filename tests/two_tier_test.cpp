@@ -1,0 +1,340 @@
+// two_tier_checkpoints: saves land in the local tier, a background copier publishes them to the
+// durable tier with their identity; retention per tier; a hung durable mount never blocks a
+// local save; wait_for_durable reports what it did not copy; a new node (empty local tier)
+// restores from the durable tier, also through the handler's restore agreement.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <holdfast/checkpoint/two_tier.hpp>
+#include <holdfast/handler.hpp>
+#include <holdfast/kv/filesystem.hpp>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/child.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace std::chrono_literals;
+using steps = std::vector<std::int64_t>;
+
+namespace {
+
+// Deterministic content of a step's checkpoint: a top file and one in a subdirectory.
+std::string content(std::int64_t step) {
+  return std::string(4096 + static_cast<std::size_t>(step % 7) * 100,
+                     static_cast<char>('a' + step % 26)) +
+         std::to_string(step);
+}
+
+void write_step(const std::string& dir, std::int64_t step) {
+  std::ofstream(dir + "/data") << content(step);
+  ::mkdir((dir + "/sub").c_str(), 0755);
+  std::ofstream(dir + "/sub/more") << "more " << step;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Reads a step back; throws format_error (as an integrity check would) on other bytes.
+void check_step(const std::string& dir, std::int64_t step) {
+  if (slurp(dir + "/data") != content(step) ||
+      slurp(dir + "/sub/more") != "more " + std::to_string(step))
+    throw holdfast::format_error(dir, "not the bytes of step " + std::to_string(step));
+}
+
+struct log_sink {
+  std::shared_ptr<std::mutex> m = std::make_shared<std::mutex>();
+  std::shared_ptr<std::string> text = std::make_shared<std::string>();
+  holdfast::log_fn fn() const {
+    return [m = m, t = text](std::string_view line) {
+      std::lock_guard<std::mutex> l(*m);
+      *t += std::string(line) + "\n";
+    };
+  }
+  std::string get() const {
+    std::lock_guard<std::mutex> l(*m);
+    return *text;
+  }
+};
+
+holdfast::two_tier_options opts(std::size_t keep_local, std::size_t keep_durable,
+                                const log_sink& log) {
+  holdfast::two_tier_options o;
+  o.local.max_to_keep = keep_local;
+  o.durable.max_to_keep = keep_durable;
+  o.local.log = o.durable.log = o.log = log.fn();
+  return o;
+}
+
+template <class T>
+T make(const std::string& local, const std::string& durable, holdfast::two_tier_options o) {
+  T t(local, holdfast::directory_commit::rename, durable, holdfast::directory_commit::rename,
+      std::move(o));
+  t.set_writer(write_step);
+  return t;
+}
+
+using tiers = holdfast::two_tier_checkpoints<>;
+
+std::chrono::steady_clock::time_point in(std::chrono::milliseconds d) {
+  return std::chrono::steady_clock::now() + d;
+}
+
+// A durable mount whose fsync never answers while `stalled()` (a dead NFS server), counting the
+// calls that entered the stall.
+std::atomic<bool>& stalled() {
+  static std::atomic<bool> s{false};
+  return s;
+}
+std::atomic<int>& stuck_calls() {
+  static std::atomic<int> n{0};
+  return n;
+}
+struct stalling_io : holdfast::posix_io {
+  static int fsync(int fd) noexcept {
+    if (stalled().load()) {
+      stuck_calls().fetch_add(1);
+      while (stalled().load()) std::this_thread::sleep_for(1ms);
+    }
+    return holdfast::posix_io::fsync(fd);
+  }
+};
+using stalling_store = holdfast::basic_store<holdfast::basic_local_filesystem<stalling_io>>;
+using hung_tiers = holdfast::two_tier_checkpoints<holdfast::store, stalling_store>;
+
+}  // namespace
+
+TEST_CASE("two tiers: a save lands locally and the copier publishes it durable with its identity") {
+  holdfast_test::temp_dir d("tiers");
+  log_sink log;
+  auto t = make<tiers>(d / "local", d / "durable", opts(2, 3, log));
+  t.begin_history("launch-1");
+  for (std::int64_t s = 1; s <= 3; ++s) t.save(s);
+  CHECK(t.wait_for_durable(in(20s)) == steps{});
+  CHECK(t.durable_step() == 3);
+
+  holdfast::checkpoint_manager<> local(holdfast::read_only, d / "local",
+                                       holdfast::directory_commit::rename);
+  holdfast::checkpoint_manager<> durable(holdfast::read_only, d / "durable",
+                                         holdfast::directory_commit::rename);
+  // Step 2 may have been superseded before its copy started; 3, the newest, was copied.
+  REQUIRE(!durable.all_steps().empty());
+  CHECK(durable.all_steps().back() == 3);
+  auto lm = local.metadata(3);
+  auto dm = durable.metadata(3);
+  REQUIRE(lm);
+  REQUIRE(dm);
+  CHECK(dm->identity() == holdfast::checkpoint_identity{3, "launch-1"});
+  CHECK(dm->time == lm->time);
+  durable.restore_step(3, [](const std::string& dir) { check_step(dir, 3); });
+
+  // restore: the newest, from the local tier, through the reader.
+  std::int64_t loaded = -1;
+  t.set_reader([&](const std::string& dir, std::int64_t s) {
+    check_step(dir, s);
+    loaded = s;
+  });
+  CHECK(t.restore() == 3);
+  CHECK(loaded == 3);
+  CHECK(t.all_identities().back() == holdfast::checkpoint_identity{3, "launch-1"});
+}
+
+TEST_CASE("two tiers: retention runs per tier and keeps the newest durable step locally") {
+  holdfast_test::temp_dir d("tiers");
+  log_sink log;
+  auto t = make<tiers>(d / "local", d / "durable", opts(2, 3, log));
+  for (std::int64_t s = 1; s <= 6; ++s) {
+    t.save(s);
+    REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+  }
+  holdfast::checkpoint_manager<> local(holdfast::read_only, d / "local",
+                                       holdfast::directory_commit::rename);
+  holdfast::checkpoint_manager<> durable(holdfast::read_only, d / "durable",
+                                         holdfast::directory_commit::rename);
+  CHECK(local.all_steps() == steps{5, 6});
+  CHECK(durable.all_steps() == steps{4, 5, 6});
+  CHECK(t.all_steps() == steps{4, 5, 6});  // the union
+}
+
+TEST_CASE("two tiers: a hung durable mount never blocks local saves and the wait reports it") {
+  holdfast_test::temp_dir d("tiers");
+  log_sink log;
+  auto o = opts(2, 3, log);
+  o.durable_wait = 300ms;
+  stuck_calls() = 0;
+  {
+    hung_tiers t(d / "local", holdfast::directory_commit::rename, d / "durable",
+                 holdfast::directory_commit::rename, o);
+    t.set_writer(write_step);
+    stalled() = true;  // the mount dies
+    t.save(1);
+    for (int i = 0; i < 20000 && stuck_calls().load() == 0; ++i) std::this_thread::sleep_for(1ms);
+    REQUIRE(stuck_calls().load() > 0);  // the copy of step 1 hangs in fsync
+
+    // Local saves go on; each replaces the pending copy request.
+    auto saves = std::async(std::launch::async, [&] {
+      for (std::int64_t s = 2; s <= 4; ++s) t.save(s);
+    });
+    bool returned = saves.wait_for(30s) == std::future_status::ready;
+    if (!returned) stalled() = false;  // let the test end
+    REQUIRE(returned);
+    saves.get();
+    CHECK(t.all_steps() == steps{1, 3, 4});  // keep 2 + step 1, in flight (none durable yet)
+
+    CHECK(t.wait_for_durable(in(100ms)) == steps{1, 4});  // 1 in flight, 4 pending
+    const auto t0 = std::chrono::steady_clock::now();
+    t.wait_until_finished();  // bounded by durable_wait
+    CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+    CHECK(t.unfinished() == steps{1, 4});
+    CHECK(log.get().find("step(s) 1, 4") != std::string::npos);
+
+    stalled() = false;  // the mount comes back
+    CHECK(t.wait_for_durable(in(20s)) == steps{});
+    CHECK(t.durable_step() == 4);
+  }
+  holdfast::checkpoint_manager<> durable(holdfast::read_only, d / "durable",
+                                         holdfast::directory_commit::rename);
+  CHECK(durable.all_steps() == steps{1, 4});  // 2 and 3 were superseded before they started
+}
+
+TEST_CASE(
+    "two tiers: a new node restores from the durable tier and a corrupt local copy falls back") {
+  holdfast_test::temp_dir d("tiers");
+  log_sink log;
+  {
+    auto t = make<tiers>(d / "local", d / "durable", opts(2, 3, log));
+    for (std::int64_t s = 1; s <= 3; ++s) {
+      t.save(s);
+      REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+    }
+  }
+  SUBCASE("new node") {
+    auto t = make<tiers>(d / "local-new", d / "durable", opts(2, 3, log));
+    CHECK(t.all_steps() == steps{1, 2, 3});
+    std::string from;
+    t.set_reader([&](const std::string& dir, std::int64_t s) {
+      check_step(dir, s);
+      from = dir;
+    });
+    CHECK(t.restore() == 3);
+    CHECK(from.rfind(d / "durable", 0) == 0);
+    CHECK(log.get().find("the local tier has no step 3") != std::string::npos);
+  }
+  SUBCASE("a flipped byte in the local copy") {
+    auto t = make<tiers>(d / "local", d / "durable", opts(2, 3, log));
+    holdfast::checkpoint_manager<> local(holdfast::read_only, d / "local",
+                                         holdfast::directory_commit::rename);
+    const std::string data = local.latest()->path + "/data";
+    std::string bytes = slurp(data);
+    bytes[10] = static_cast<char>(bytes[10] ^ 1);
+    std::ofstream(data, std::ios::trunc) << bytes;
+    std::string from;
+    t.set_reader([&](const std::string& dir, std::int64_t s) {
+      check_step(dir, s);
+      from = dir;
+    });
+    CHECK(t.restore() == 3);
+    CHECK(from.rfind(d / "durable", 0) == 0);
+    CHECK(log.get().find("the local copy of step 3 did not load") != std::string::npos);
+  }
+}
+
+namespace {
+using fs_config = holdfast::termination_config<holdfast::signal_notice<SIGUSR2>, holdfast::no_exit>;
+using tier_handler = holdfast::preemption_handler<fs_config, holdfast::filesystem_kv, tiers>;
+}  // namespace
+
+TEST_CASE(
+    "two tiers: the restore agreement picks the newest step all hold and a new node reads it "
+    "from the durable tier") {
+  // Three tasks saved steps 1-4 in both tiers; tasks 0 and 1 also saved step 5. Task 2's node
+  // is replaced: its local tier is empty. The agreement's step is 4, which task 2 restores from
+  // its durable tier and the others from their local tier.
+  holdfast_test::temp_dir d("tiers-agree");
+  constexpr int n = 3;
+  auto local = [&](int t) { return d / ("local-" + std::to_string(t)); };
+  auto durable = [&](int t) { return d / ("durable-" + std::to_string(t)); };
+  log_sink log;
+  for (int t = 0; t < n; ++t) {
+    auto c = make<tiers>(local(t), durable(t), opts(2, 5, log));
+    for (std::int64_t s = 1; s <= (t < 2 ? 5 : 4); ++s) {
+      c.save(s);
+      REQUIRE(c.wait_for_durable(in(20s)) == steps{});
+    }
+  }
+  std::vector<std::unique_ptr<holdfast_test::child>> kids;
+  for (int t = 0; t < n; ++t)
+    kids.push_back(std::make_unique<holdfast_test::child>([&, t] {
+      const std::string here = t == 2 ? d / "local-2-new" : local(t);
+      auto c = make<tiers>(here, durable(t), opts(2, 5, log_sink{}));
+      std::string from;
+      c.set_reader([&](const std::string& dir, std::int64_t s) {
+        check_step(dir, s);
+        from = dir;
+      });
+      holdfast::filesystem_kv kv(d / "kv", holdfast::kv_namespace("job", "0"));
+      holdfast::handler_options o;
+      o.ack_timeout = 20s;
+      tier_handler h(fs_config(holdfast::signal_notice<SIGUSR2>(), holdfast::no_exit{}), kv,
+                     {t, n, "run"}, std::move(c), o);
+      CHILD_REQUIRE(h.restored_step() == 4);
+      CHILD_REQUIRE(from.rfind(t == 2 ? durable(t) : local(t), 0) == 0);
+    }));
+  for (auto& k : kids) {
+    auto r = k->wait(60s);
+    CHECK(r.failures == "");
+    CHECK(r.exit_code == 0);
+  }
+}
+
+namespace {
+using hung_handler = holdfast::preemption_handler<fs_config, holdfast::filesystem_kv, hung_tiers>;
+}  // namespace
+
+TEST_CASE("two tiers: the preemption save returns with its durable copy hung and reports it") {
+  // One worker; the durable mount dies after the start. A notice: the handler saves the step
+  // locally and waits for the copier only durable_wait (300 ms); run() returns stopped, the step
+  // is in the local tier and unfinished() names it.
+  holdfast_test::temp_dir d("tiers-preempt");
+  holdfast_test::child c([&] {
+    auto o = opts(2, 3, log_sink{});
+    o.durable_wait = 300ms;
+    hung_tiers t(d / "local", holdfast::directory_commit::rename, d / "durable",
+                 holdfast::directory_commit::rename, o);
+    t.set_writer(write_step);
+    holdfast::filesystem_kv kv(d / "kv", holdfast::kv_namespace("job", "0"));
+    holdfast::handler_options ho;
+    ho.ack_timeout = 20s;
+    hung_handler h(fs_config(holdfast::signal_notice<SIGUSR2>(), holdfast::no_exit{}), kv,
+                   {0, 1, "run"}, std::move(t), ho);
+    stalled() = true;
+    holdfast::run_status st = holdfast::run_status::ran;
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    for (int i = 0;
+         st != holdfast::run_status::stopped && std::chrono::steady_clock::now() < deadline; ++i) {
+      if (i == 5) ::kill(::getpid(), SIGUSR2);
+      st = h.run([] { std::this_thread::sleep_for(1ms); });  // a training step
+    }
+    CHILD_REQUIRE(st == holdfast::run_status::stopped);
+    auto& ck = h.checkpointer();
+    CHILD_REQUIRE(!ck.unfinished().empty());
+    CHILD_REQUIRE(ck.unfinished().back() == ck.local().latest_step());
+    CHILD_REQUIRE(ck.local().latest_step() >= 5);
+    CHILD_REQUIRE(stuck_calls().load() > 0);
+  });  // its destruction leaves the hung copy to its thread after durable_wait
+  auto r = c.wait(60s);
+  CHECK(!r.timed_out);  // an unbounded wait for the hung copy never returns
+  CHECK(r.failures == "");
+  CHECK(r.exit_code == 0);
+}
