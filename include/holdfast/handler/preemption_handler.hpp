@@ -582,6 +582,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     config_.exit(exit_context{config_.noticed_at(), last_save_duration_});
     if constexpr (exit_returns<exit_type>::value) {
       stop_watcher();
+      start_liveness();  // alive again (a fresh key: the predecessor watches it anew)
       start_watcher();
     }
   }
