@@ -8,25 +8,40 @@
 //                                           it keeps is complete, with each file's size and
 //                                           CRC32C as its save recorded them, else 1 (naming
 //                                           the first bad file of each); changes nothing
+//   checkpoint_tool verify [options] --durable DDIR DIR
+//                                           both tiers of two_tier_checkpoints (DIR the local,
+//                                           DDIR the durable): each as above, every finding
+//                                           prefixed with its tier ("local: ", "durable: "); a
+//                                           local step without a durable copy is a warning
+//                                           (the copier may be behind), a step whose two
+//                                           copies differ in identity (history) a failure
 //   checkpoint_tool repair [options] DIR    takes the writer lock (waiting --timeout), sweeps
 //                                           what killed saves left, and rewrites a bad pointer
 //                                           from the complete checkpoints on disk
-//   checkpoint_tool demo   [options] --steps N DIR
+//   checkpoint_tool demo   [options] [--durable DDIR] --steps N DIR
 //                                           writes N small checkpoints, to try the tool on
+//                                           (with --durable: through two_tier_checkpoints, each
+//                                           step copied to DDIR before the next is saved)
 //
 // DIR is a checkpoint directory: <store>/runs/<run_id>/checkpoint.
 // Options: --marker      commit-marker mode (a mounted remote: gcsfuse, DBFS, an HDFS gateway)
+//          --durable D   verify, demo: the durable tier's directory (DIR: the local tier's)
+//          --durable-marker  the durable tier commits with markers
 //          --prefix P    the run's step_prefix (default "step-")
 //          --width N     zero-padding of new names (demo)
 //          --timeout MS  how long repair and demo wait for the writer lock (default 0)
 // Exit codes: 0 ok, 1 problems found (verify) or the writer lock is held, 2 usage or I/O error.
 #include <time.h>  // gmtime_r: times in UTC
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <holdfast/checkpoint.hpp>
+#include <map>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,7 +52,9 @@ namespace {
 
 struct args {
   std::string command, dir;
+  std::string durable;  // verify: the durable tier (dir is then the local tier)
   bool marker = false;
+  bool durable_marker = false;
   std::string prefix = "step-";
   std::size_t width = 0;
   long long timeout_ms = 0;
@@ -48,7 +65,10 @@ int usage() {
   std::fprintf(stderr,
                "usage: checkpoint_tool list|verify|repair [--marker] [--prefix P] [--timeout MS] "
                "DIR\n"
-               "       checkpoint_tool demo [--marker] [--prefix P] [--width N] --steps N DIR\n");
+               "       checkpoint_tool verify [--marker] [--prefix P] --durable DDIR "
+               "[--durable-marker] DIR\n"
+               "       checkpoint_tool demo [--marker] [--prefix P] [--width N] [--durable DDIR] "
+               "--steps N DIR\n");
   return 2;
 }
 
@@ -64,9 +84,10 @@ hf::checkpoint_options options_of(const args& a) {
   return o;
 }
 
-hf::directory_commit mode_of(const args& a) {
-  return a.marker ? hf::directory_commit::marker : hf::directory_commit::rename;
+hf::directory_commit mode_of(bool marker) {
+  return marker ? hf::directory_commit::marker : hf::directory_commit::rename;
 }
+hf::directory_commit mode_of(const args& a) { return mode_of(a.marker); }
 
 std::string seconds(std::chrono::nanoseconds d) {
   char buf[32];
@@ -97,13 +118,15 @@ const char* state_name(hf::pointer_state s) {
   return "?";
 }
 
-void print_report(const hf::checkpoint_report& r) {
-  std::printf("pointer: %s%s%s\n", state_name(r.pointer), r.problem.empty() ? "" : " — ",
+// `tier`: "" for one directory, else "local: " or "durable: ", the prefix of each finding.
+void print_report(const hf::checkpoint_report& r, const char* tier = "") {
+  std::printf("%spointer: %s%s%s\n", tier, state_name(r.pointer), r.problem.empty() ? "" : " — ",
               r.problem.c_str());
-  for (const auto& m : r.missing) std::printf("missing: %s (kept by the pointer)\n", m.c_str());
+  for (const auto& m : r.missing)
+    std::printf("%smissing: %s (kept by the pointer)\n", tier, m.c_str());
   for (const auto& u : r.unnamed)
-    std::printf("unnamed: %s (complete, not named by the pointer)\n", u.c_str());
-  for (const auto& l : r.leftovers) std::printf("leftover: %s\n", l.c_str());
+    std::printf("%sunnamed: %s (complete, not named by the pointer)\n", tier, u.c_str());
+  for (const auto& l : r.leftovers) std::printf("%sleftover: %s\n", tier, l.c_str());
 }
 
 int list(const args& a) {
@@ -131,31 +154,94 @@ int list(const args& a) {
   return 0;
 }
 
+// One tier's findings: whether all is well, and each intact step's identity (unreadable: none).
+struct tier_result {
+  bool ok = true;
+  std::map<std::int64_t, std::optional<hf::checkpoint_identity>> ids;
+  std::vector<std::int64_t> corrupt;  // reported in their tier, not compared
+};
+
+std::string identity_text(const std::optional<hf::checkpoint_identity>& id) {
+  if (!id) return "unreadable";
+  return std::to_string(id->step) + "@" + (id->known() ? id->history : "-");
+}
+
 // Checks one checkpoint directory: the pointer and completeness (verify()), then each
-// checkpoint's files against the sizes and CRC32Cs recorded at save. True when all is well.
-bool verify_directory(const args& a, const std::string& dir) {
-  hf::checkpoint_manager<> m(hf::read_only, dir, mode_of(a), options_of(a));
+// checkpoint's files against the sizes and CRC32Cs recorded at save. `tier_name` ("local",
+// "durable"; "" for one directory) prefixes each finding.
+tier_result verify_directory(const std::string& dir, hf::directory_commit mode, const args& a,
+                             const std::string& tier_name) {
+  hf::checkpoint_manager<> m(hf::read_only, dir, mode, options_of(a));
+  const std::string prefix = tier_name.empty() ? "" : tier_name + ": ";
+  const char* tier = prefix.c_str();
   auto r = m.verify();
-  print_report(r);
+  print_report(r, tier);
   bool intact = true;
+  tier_result out;
   for (std::int64_t step : m.all_steps()) {
     hf::checkpoint_integrity c = m.verify_step(step);
     std::string name = c.path.substr(c.path.rfind('/') + 1);
     if (c.corrupt()) {
       intact = false;
-      std::printf("corrupt: %s/%s (%s: %s)\n", name.c_str(), c.file.c_str(),
+      out.corrupt.push_back(step);
+      std::printf("%scorrupt: %s/%s (%s: %s)\n", tier, name.c_str(), c.file.c_str(),
                   hf::to_string(c.status), c.detail.c_str());
+      continue;
     } else if (c.status == hf::integrity_status::unverified) {
-      std::printf("unverified: %s (%s)\n", name.c_str(), c.detail.c_str());
+      std::printf("%sunverified: %s (%s)\n", tier, name.c_str(), c.detail.c_str());
+    }
+    try {
+      out.ids[step] = hf::detail::checkpoint_load_identity<hf::posix_io>(c.path, step);
+    } catch (const std::exception& e) {
+      out.ids[step] = std::nullopt;
+      std::printf("%sunreadable metadata: %s (%s)\n", tier, name.c_str(), e.what());
     }
   }
-  if (!r.ok()) std::printf("verify: problems found (checkpoint_tool repair)\n");
-  if (!intact) std::printf("verify: corrupt checkpoints (restore() skips them)\n");
-  if (r.ok() && intact) std::printf("verify: ok\n");
-  return r.ok() && intact;
+  const std::string in = tier_name.empty() ? "" : " in the " + tier_name + " tier";
+  if (!r.ok()) std::printf("verify: problems found%s (checkpoint_tool repair)\n", in.c_str());
+  if (!intact) std::printf("verify: corrupt checkpoints%s (restore() skips them)\n", in.c_str());
+  out.ok = r.ok() && intact;
+  return out;
 }
 
-int verify(const args& a) { return verify_directory(a, a.dir) ? 0 : 1; }
+// Across the tiers: a local step the durable tier lacks (a warning: the copier may be behind),
+// a step whose copies differ in identity (a failure: two histories under one step). Steps
+// corrupt in a tier are reported there, not here. True when no identity differs.
+bool compare_tiers(const tier_result& local, const tier_result& durable) {
+  bool same = true;
+  for (const auto& [step, id] : local.ids) {
+    auto d = durable.ids.find(step);
+    if (std::find(durable.corrupt.begin(), durable.corrupt.end(), step) != durable.corrupt.end())
+      continue;
+    if (d == durable.ids.end()) {
+      std::printf(
+          "warning: step %lld is in the local tier only (no durable copy: the copier may "
+          "be behind)\n",
+          static_cast<long long>(step));
+    } else if (!id || !d->second || *id != *d->second) {
+      same = false;
+      std::printf("differ: step %lld is %s in the local tier and %s in the durable tier\n",
+                  static_cast<long long>(step), identity_text(id).c_str(),
+                  identity_text(d->second).c_str());
+    }
+  }
+  if (!same) std::printf("verify: the tiers hold different checkpoints under one step\n");
+  return same;
+}
+
+int verify(const args& a) {
+  if (a.durable.empty()) {
+    bool ok = verify_directory(a.dir, mode_of(a), a, "").ok;
+    if (ok) std::printf("verify: ok\n");
+    return ok ? 0 : 1;
+  }
+  tier_result local = verify_directory(a.dir, mode_of(a), a, "local");
+  tier_result durable = verify_directory(a.durable, mode_of(a.durable_marker), a, "durable");
+  bool same = compare_tiers(local, durable);
+  bool ok = local.ok && durable.ok && same;
+  if (ok) std::printf("verify: ok (both tiers)\n");
+  return ok ? 0 : 1;
+}
 
 int repair(const args& a) {
   hf::checkpoint_manager<> m(a.dir, mode_of(a), options_of(a));  // the writer lock, the sweep
@@ -166,23 +252,48 @@ int repair(const args& a) {
   return r.ok() || r.checkpoints.empty() ? 0 : 1;
 }
 
+// Demo state: one small file per step.
+void write_demo_state(const std::string& d, std::int64_t s) {
+  auto fd = hf::open_file(d + "/state", O_WRONLY | O_CREAT | O_EXCL, 0644);
+  std::string text = "step " + std::to_string(s) + "\n";
+  hf::write_all(fd, text.data(), text.size());
+  fd.close();
+}
+
+// What the handler's hang detector sets before each save: list shows it.
+hf::hang_bounds demo_bounds(std::int64_t step) {
+  return {std::chrono::milliseconds(20), std::chrono::milliseconds(150),
+          std::chrono::milliseconds(0), static_cast<std::uint64_t>(step + 1) * 100};
+}
+
+// demo --durable: N steps through two_tier_checkpoints, each copied before the next is saved.
+int demo_tiers(const args& a) {
+  hf::two_tier_options o;
+  o.local = o.durable = options_of(a);
+  o.log = o.local.log;
+  hf::two_tier_checkpoints<> t(a.dir, mode_of(a), a.durable, mode_of(a.durable_marker), o);
+  t.begin_history("demo");
+  std::int64_t first = t.latest_step() ? *t.latest_step() + 1 : 0;
+  for (std::int64_t step = first; step < first + a.steps; ++step) {
+    t.set_hang_bounds(demo_bounds(step));
+    t.save(step, write_demo_state);
+    auto left = t.wait_for_durable(std::chrono::steady_clock::now() + std::chrono::minutes(1));
+    if (!left.empty()) throw std::runtime_error("demo: the durable copy did not finish");
+  }
+  std::printf("demo: saved steps %lld..%lld in %s and %s\n", static_cast<long long>(first),
+              static_cast<long long>(first + a.steps - 1), a.dir.c_str(), a.durable.c_str());
+  return 0;
+}
+
 int demo(const args& a) {
   if (a.steps <= 0) return usage();
+  if (!a.durable.empty()) return demo_tiers(a);
   hf::checkpoint_manager<> m(a.dir, mode_of(a), options_of(a));
   m.begin_history("demo");  // what the handler's restore agreement sets: list shows it
   std::int64_t first = m.latest_step() ? *m.latest_step() + 1 : 0;
   for (std::int64_t step = first; step < first + a.steps; ++step) {
-    // what the handler's hang detector sets before each save: list shows it
-    m.set_hang_bounds({std::chrono::milliseconds(20), std::chrono::milliseconds(150),
-                       std::chrono::milliseconds(0), static_cast<std::uint64_t>(step + 1) * 100});
-    m.save(step,
-           [](const std::string& d, std::int64_t s) {
-             auto fd = hf::open_file(d + "/state", O_WRONLY | O_CREAT | O_EXCL, 0644);
-             std::string text = "step " + std::to_string(s) + "\n";
-             hf::write_all(fd, text.data(), text.size());
-             fd.close();
-           },
-           {{"loss", 1.0 / static_cast<double>(step + 1)}});
+    m.set_hang_bounds(demo_bounds(step));
+    m.save(step, write_demo_state, {{"loss", 1.0 / static_cast<double>(step + 1)}});
   }
   std::printf("demo: saved steps %lld..%lld in %s\n", static_cast<long long>(first),
               static_cast<long long>(first + a.steps - 1), a.dir.c_str());
@@ -200,10 +311,15 @@ int main(int argc, char** argv) {
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     if (s == "--marker") {
       a.marker = true;
-    } else if (s == "--prefix" || s == "--width" || s == "--timeout" || s == "--steps") {
+    } else if (s == "--durable-marker") {
+      a.durable_marker = true;
+    } else if (s == "--prefix" || s == "--width" || s == "--timeout" || s == "--steps" ||
+               s == "--durable") {
       const char* v = value();
       if (!v) return usage();
-      if (s == "--prefix")
+      if (s == "--durable")
+        a.durable = v;
+      else if (s == "--prefix")
         a.prefix = v;
       else if (s == "--width")
         a.width = static_cast<std::size_t>(std::strtoull(v, nullptr, 10));
@@ -220,6 +336,8 @@ int main(int argc, char** argv) {
     }
   }
   if (a.dir.empty()) return usage();
+  if ((!a.durable.empty() || a.durable_marker) && a.command != "verify" && a.command != "demo")
+    return usage();
   try {
     if (a.command == "list") return list(a);
     if (a.command == "verify") return verify(a);

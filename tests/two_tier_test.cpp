@@ -250,6 +250,37 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("two tiers: the hang bounds reach both copies and come back from a restore of either") {
+  holdfast_test::temp_dir d("tiers");
+  log_sink log;
+  const holdfast::hang_bounds b{20ms, 150ms, 40ms, 300};
+  {
+    auto t = make<tiers>(d / "local", d / "durable", opts(2, 3, log));
+    t.set_hang_bounds(b);
+    t.save(1);
+    REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+    holdfast::checkpoint_manager<> local(holdfast::read_only, d / "local",
+                                         holdfast::directory_commit::rename);
+    holdfast::checkpoint_manager<> durable(holdfast::read_only, d / "durable",
+                                           holdfast::directory_commit::rename);
+    auto lm = local.metadata(1);
+    auto dm = durable.metadata(1);
+    REQUIRE(lm);
+    REQUIRE(dm);
+    CHECK(lm->hang == b);
+    CHECK(dm->hang == b);  // the copier's save records the local copy's bounds
+
+    CHECK(!t.restored_hang_bounds());  // nothing restored yet
+    CHECK(t.restore() == 1);           // the local copy
+    CHECK(t.restored_hang_bounds() == b);
+  }
+  // A new node: an empty local tier, the durable copy restored.
+  auto t = make<tiers>(d / "local-new", d / "durable", opts(2, 3, log));
+  CHECK(t.restore() == 1);
+  CHECK(log.get().find("the local tier has no step 1") != std::string::npos);
+  CHECK(t.restored_hang_bounds() == b);
+}
+
 namespace {
 using fs_config = holdfast::termination_config<holdfast::signal_notice<SIGUSR2>, holdfast::no_exit>;
 using tier_handler = holdfast::preemption_handler<fs_config, holdfast::filesystem_kv, tiers>;

@@ -22,7 +22,11 @@
 //     policy), and the durable manager never deletes its latest: the newest step complete in
 //     both tiers is deleted by neither.
 //   - The durable copy of a step has the local checkpoint's identity (step and history), save
-//     time and metrics.
+//     time, metrics and hang bounds (set_hang_bounds() reaches the local tier's saves; the copier
+//     gives the durable save the bounds the local copy's metadata records).
+//   - restored_hang_bounds() is the bounds the copy the last restore()/restore_step() loaded
+//     records, from whichever tier it came (a new node: the durable copy's); none when that
+//     restore loaded nothing or the copy records none.
 //   - wait_for_durable(deadline) waits for the copier at most until `deadline` and returns the
 //     steps it did not copy (pending, in flight, or failed and not yet superseded). The
 //     handler's wait_until_finished() waits until durable_wait after the last save() returned,
@@ -68,6 +72,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/hang_bounds.hpp"  // hang_bounds: forwarded to both tiers' metadata
 #include "../error.hpp"
 #include "../io.hpp"  // basic_fd, open_file_if_exists, read_full, write_all
 #include "../log.hpp"
@@ -224,6 +229,12 @@ class two_tier_checkpoints {
   }
   /// Starts a history: the local tier's next saves record it, and their durable copies too.
   void begin_history(std::string history) { s_->local.begin_history(std::move(history)); }
+  /// Sets the hang bounds the local tier's next saves record; their durable copies record the
+  /// same (the copier takes them from the local copy's metadata).
+  void set_hang_bounds(const hang_bounds& bounds) { s_->local.set_hang_bounds(bounds); }
+  /// The hang bounds recorded in the copy the last restore()/restore_step() loaded, whichever
+  /// tier it came from; nothing when none loaded or it records none.
+  std::optional<hang_bounds> restored_hang_bounds() const noexcept { return s_->restored_hang; }
   /// Pins `step` in both tiers (nullopt unpins).
   void pin(std::optional<std::int64_t> step) noexcept {
     s_->local.pin(step);
@@ -350,6 +361,7 @@ class two_tier_checkpoints {
           if (meta) copy_time = meta->time;
         }
         if (meta && !meta->history.empty()) durable.begin_history(meta->history);
+        if (meta && meta->hang) durable.set_hang_bounds(*meta->hang);
         auto writer = [&](const std::string& to) {
           detail::two_tier_copy_tree<in_io, out_io>(dir, to, true, buffer);
         };
@@ -474,11 +486,13 @@ class two_tier_checkpoints {
       auto read = [this](const std::string& d, std::int64_t st) {
         if (reader) reader(d, st);
       };
+      restored_hang.reset();
       auto l = local_ids();
       auto li = l.find(step);
       if (li != l.end()) {
         try {
           local.restore_step(step, read);
+          restored_hang = local.restored_hang_bounds();
           return;
         } catch (const error& e) {
           auto d = durable_ids();
@@ -488,12 +502,14 @@ class two_tier_checkpoints {
               " did not load, restoring the durable copy from '" + durable_reader.directory() +
               "': " + e.what());
           durable_reader.restore_step(step, read);
+          restored_hang = durable_reader.restored_hang_bounds();
           return;
         }
       }
       log("two-tier: the local tier has no step " + std::to_string(step) +
           ", restoring it from the durable tier '" + durable_reader.directory() + "'");
       durable_reader.restore_step(step, read);
+      restored_hang = durable_reader.restored_hang_bounds();
     }
 
     two_tier_options options;
@@ -503,6 +519,7 @@ class two_tier_checkpoints {
     reader_type reader;
     std::optional<std::chrono::steady_clock::time_point> last_save;
     std::vector<std::int64_t> unfinished;
+    std::optional<hang_bounds> restored_hang;  // of the copy the last restore loaded
     std::thread copier;
   };
 
