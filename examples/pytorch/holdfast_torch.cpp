@@ -2,10 +2,12 @@
 // for PyTorch training scripts (a torch C++ extension; examples/pytorch/holdfast_torch.py builds
 // and loads it with torch.utils.cpp_extension.load and adds the Python-side defaults).
 //
-//   Handler            preemption_handler<Config, any_kv, py_checkpointer>: one Config per
-//                      notice source (SIGTERM; SIGUSR1+SIGTERM; GCE; AWS), whose Exit policy
-//                      throws instead of exiting, so Python sees holdfast.Preempted (a
-//                      SystemExit carrying the preset's exit code) and runs its finally blocks.
+//   Handler            preemption_handler<Config, any_kv, py_checkpointer, steady_clock, Hang>:
+//                      one Config per notice source (SIGTERM; SIGUSR1+SIGTERM; GCE; AWS), whose
+//                      Exit policy throws instead of exiting, so Python sees holdfast.Preempted
+//                      (a SystemExit carrying the preset's exit code) and runs its finally
+//                      blocks; one Hang per hang_policy ("report": hang_report, "restart":
+//                      hang_restart, "none": hang_none), chosen at construction like the Config.
 //   torch_kv           a holdfast coordination store over c10d::Store (the job's own TCPStore
 //                      or PrefixStore), waited on without polling: its watch is a helper
 //                      thread blocked in c10d's wait on a clone of the store (an idle worker
@@ -22,7 +24,19 @@
 // The GIL: released while holdfast blocks or does I/O (the agreement, store calls, a save's
 // fsyncs, a cache put, the restore agreement at construction), taken back for every Python
 // callback (the step function, the save and restore callables). The handler's watcher thread
-// and torch_kv's watch threads never touch Python (unless the store is a Python Store subclass).
+// and torch_kv's watch threads never touch Python (unless the store is a Python Store subclass),
+// but for on_hang: the watcher starts a thread that takes the GIL and calls it, and waits for it
+// at most 5 s (make_on_hang), so a training thread holding the GIL forever delays a verdict's
+// action by 5 s at most and never blocks it.
+//
+// Guarantees (hang detection, handler/hang.hpp for the detector itself):
+//   - hang_policy="restart": once a verdict is recorded every worker that learns it calls
+//     on_hang (if any), then _exits with hang_exit_code, whatever its training thread is doing
+//     (a step asleep, a collective blocked, the GIL held).
+//   - on_hang never lets a Python exception into C++ (sys.unraisablehook prints it), and its
+//     callable is released with the GIL held.
+//   - hang_timeout sets the step's floor, twice it the warm-up's; saves and restores keep their
+//     own floors unless hang_timeout is longer.
 #include <Python.h>
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>

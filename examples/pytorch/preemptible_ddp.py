@@ -355,8 +355,10 @@ class Worker:
                          f"for {v['elapsed_s']:.1f} s (bound {v['bound_s']:.1f} s; recorded by "
                          f"task {v['recorder']}); exiting with {HANG_EXIT} for torchrun to "
                          f"restart the group")
+            # [snippet hang]
             hang = dict(hang_policy=a.hang_policy, hang_timeout=a.hang_timeout,
                         hang_period=HANG_PERIOD, hang_exit_code=HANG_EXIT, on_hang=on_hang)
+            # [/snippet hang]
         h = holdfast.Handler(preset=a.preset, store=a.kv, checkpoints=ckpt,
                              ack_timeout=ACK_TIMEOUT, grace=grace,
                              grace_margin=min(3.0, a.grace / 4) if grace else 3.0, **hang)
