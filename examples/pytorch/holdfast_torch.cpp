@@ -1156,7 +1156,7 @@ class py_handler {
     d["by"] = parsed->writer;
     if (parsed->what == kind::step) d["step"] = parsed->step;
     if (parsed->what == kind::timeout) d["missing"] = parsed->tasks;
-    if (auto v = holdfast::hang_verdict_of(*parsed)) d["verdict"] = verdict_dict(*v);
+    if (auto hv = holdfast::hang_verdict_of(*parsed)) d["verdict"] = verdict_dict(*hv);
     return std::move(d);
   }
   static py::dict counters(const std::vector<std::pair<int, std::string>>& acks) {

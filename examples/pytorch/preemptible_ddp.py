@@ -2,7 +2,7 @@
 """preemptible_ddp — holdfast in a real PyTorch job: DDP under torchrun, preempted, restarted.
 
     python examples/pytorch/preemptible_ddp.py [--kv=torch|file:///dir|etcd://host:port]
-        [--workers 4] [--grace SECONDS] [--kill] [--preempt worker|torchrun]
+        [--workers 4] [--grace SECONDS] [--kill] [--preempt worker|torchrun] [--hang sleep|stop]
         [--device cpu|cuda] [--steps 48] [--seed 7] [--dir DIR] [--reference computed|launch]
 
 Run it with the Python that has the pinned torch (examples/pytorch/requirements.txt; the tests
@@ -33,11 +33,22 @@ survivor's handler raises AgreementTimeout naming it (within ack_timeout, 5 s, w
 agent's 30 s between SIGTERM and SIGKILL). torchrun restarts the group, which resumes from the
 newest periodic checkpoint every task holds; the steps after it run twice (reported).
 
+--hang sleep|stop: the workers run with Handler(hang_policy="restart", hang_timeout=3) and gloo's
+timeout at 60 s (>= 10 x the hang bound, so gloo cannot end the step first). sleep: the victim's
+step sleeps forever (after its forward pass) at a step after some periodic checkpoints; stop: the
+driver SIGSTOPs the victim there. The others wait in the all-reduce; a watcher finds its step
+past the bound and records one verdict, every worker that learns it exits 75, torchrun restarts
+the group (the SIGSTOPped worker is ended by torchrun's SIGTERM, then SIGKILL 30 s later), and
+the new launch resumes from the newest checkpoint every task holds. The driver checks one
+verdict, stall -> verdict <= bound + one period + 1 s, and prints stall -> verdict, verdict ->
+every worker gone and torchrun restart -> first step on its verdict line.
+
 Then the driver checks the final model and optimizer state against an uninterrupted run, bit for
 bit: by default the uninterrupted job computed in the driver's own process (every worker's
 gradient of every step, averaged in rank order as the workers' DDP communication hook does);
 with --reference=launch (the default with --device cuda), a second launch of the same job with no
-signal. It checks that every step ran exactly once (--kill: at least once), prints a timeline,
+signal. It checks that every step ran exactly once (--kill, --hang: at least once, twice only
+after the checkpoint the restart resumed from), prints a timeline,
 the per-step cost of wrapping a step in the handler, and `verdict: PASS` or `verdict: FAIL`
 (exit status 0 only on PASS).
 
