@@ -833,7 +833,7 @@ def driver(a):
     whom = "torchrun itself" if a.preempt == "torchrun" else f"worker {victim}"
     how = {"sleep": f"worker {victim}'s step {target} sleeps forever",
            "stop": f"SIGSTOP worker {victim} inside its step {target}"}.get(a.hang)
-    plan = (f"{how} (hang_policy=restart, hang_timeout={a.hang_timeout:g} s, gloo timeout "
+    plan = (f"{how} (hang_policy={a.hang_policy}, hang_timeout={a.hang_timeout:g} s, gloo timeout "
             f"{HANG_COLLECTIVE_TIMEOUT} s)" if how else
             f"{'SIGKILL (no notice)' if a.kill else 'SIGTERM'} {whom} when worker {victim} "
             f"reaches step {target}")
