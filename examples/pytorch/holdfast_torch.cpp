@@ -2,10 +2,12 @@
 // for PyTorch training scripts (a torch C++ extension; examples/pytorch/holdfast_torch.py builds
 // and loads it with torch.utils.cpp_extension.load and adds the Python-side defaults).
 //
-//   Handler            preemption_handler<Config, any_kv, py_checkpointer>: one Config per
-//                      notice source (SIGTERM; SIGUSR1+SIGTERM; GCE; AWS), whose Exit policy
-//                      throws instead of exiting, so Python sees holdfast.Preempted (a
-//                      SystemExit carrying the preset's exit code) and runs its finally blocks.
+//   Handler            preemption_handler<Config, any_kv, py_checkpointer, steady_clock, Hang>:
+//                      one Config per notice source (SIGTERM; SIGUSR1+SIGTERM; GCE; AWS), whose
+//                      Exit policy throws instead of exiting, so Python sees holdfast.Preempted
+//                      (a SystemExit carrying the preset's exit code) and runs its finally
+//                      blocks; one Hang per hang_policy ("report": hang_report, "restart":
+//                      hang_restart, "none": hang_none), chosen at construction like the Config.
 //   torch_kv           a holdfast coordination store over c10d::Store (the job's own TCPStore
 //                      or PrefixStore), waited on without polling: its watch is a helper
 //                      thread blocked in c10d's wait on a clone of the store (an idle worker
@@ -22,7 +24,19 @@
 // The GIL: released while holdfast blocks or does I/O (the agreement, store calls, a save's
 // fsyncs, a cache put, the restore agreement at construction), taken back for every Python
 // callback (the step function, the save and restore callables). The handler's watcher thread
-// and torch_kv's watch threads never touch Python (unless the store is a Python Store subclass).
+// and torch_kv's watch threads never touch Python (unless the store is a Python Store subclass),
+// but for on_hang: the watcher starts a thread that takes the GIL and calls it, and waits for it
+// at most 5 s (make_on_hang), so a training thread holding the GIL forever delays a verdict's
+// action by 5 s at most and never blocks it.
+//
+// Guarantees (hang detection, handler/hang.hpp for the detector itself):
+//   - hang_policy="restart": once a verdict is recorded every worker that learns it calls
+//     on_hang (if any), then _exits with hang_exit_code, whatever its training thread is doing
+//     (a step asleep, a collective blocked, the GIL held).
+//   - on_hang never lets a Python exception into C++ (sys.unraisablehook prints it), and its
+//     callable is released with the GIL held.
+//   - hang_timeout sets the step's floor, twice it the warm-up's; saves and restores keep their
+//     own floors unless hang_timeout is longer.
 #include <Python.h>
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -655,9 +669,12 @@ class handler_iface {
   virtual const holdfast::cluster_info& cluster() const noexcept = 0;
   virtual void shutdown() noexcept = 0;
   virtual holdfast::any_kv& kv() noexcept = 0;
+  virtual void pause_hang_detection() noexcept = 0;
+  virtual holdfast::hang_bounds learned_hang_bounds() const noexcept = 0;
+  virtual std::chrono::nanoseconds hang_bound(holdfast::hang_phase p) const noexcept = 0;
 };
 
-template <class Config>
+template <class Config, class Hang>
 class handler_impl final : public handler_iface {
  public:
   handler_impl(Config config, holdfast::any_kv kv, holdfast::cluster_info cluster,
@@ -682,9 +699,18 @@ class handler_impl final : public handler_iface {
   const holdfast::cluster_info& cluster() const noexcept override { return h_.cluster(); }
   void shutdown() noexcept override { h_.shutdown(); }
   holdfast::any_kv& kv() noexcept override { return kv_; }
+  void pause_hang_detection() noexcept override { h_.pause_hang_detection(); }
+  holdfast::hang_bounds learned_hang_bounds() const noexcept override {
+    return h_.learned_hang_bounds();
+  }
+  std::chrono::nanoseconds hang_bound(holdfast::hang_phase p) const noexcept override {
+    if constexpr (!Hang::detects) return std::chrono::nanoseconds::max();  // none: no bound
+    return h_.hang_bound(p);
+  }
 
  private:
-  using handler_type = holdfast::preemption_handler<Config, holdfast::any_kv, py_checkpointer>;
+  using handler_type = holdfast::preemption_handler<Config, holdfast::any_kv, py_checkpointer,
+                                                    std::chrono::steady_clock, Hang>;
   int exit_code_;
   double grace_;         // seconds
   holdfast::any_kv kv_;  // a copy sharing the handler's store: round_summary reads it
@@ -694,11 +720,43 @@ class handler_impl final : public handler_iface {
 /// How often a notice file is looked for (one stat each).
 constexpr std::chrono::milliseconds notice_file_interval{250};
 
+/// The hang policies the extension offers (Handler(hang_policy=...)): each is a handler type.
+enum class hang_choice { none, report, restart };
+
+inline hang_choice parse_hang_choice(const std::string& s) {
+  if (s == "none") return hang_choice::none;
+  if (s == "report") return hang_choice::report;
+  if (s == "restart") return hang_choice::restart;
+  throw std::invalid_argument("holdfast: unknown hang_policy '" + s + "' (none, report, restart)");
+}
+
+// The handler of Config with the hang policy `hang` (one instantiation per policy).
+template <class Config>
+std::unique_ptr<handler_iface> make_hang_handler(hang_choice hang, Config config,
+                                                 holdfast::any_kv kv,
+                                                 holdfast::cluster_info cluster,
+                                                 py_checkpointer ckpt,
+                                                 holdfast::handler_options o) {
+  auto make = [&](auto policy) -> std::unique_ptr<handler_iface> {
+    return std::make_unique<handler_impl<Config, decltype(policy)>>(
+        std::move(config), std::move(kv), std::move(cluster), std::move(ckpt), std::move(o));
+  };
+  switch (hang) {
+    case hang_choice::none:
+      return make(holdfast::hang_none{});
+    case hang_choice::restart:
+      return make(holdfast::hang_restart{});
+    case hang_choice::report:
+      break;
+  }
+  return make(holdfast::hang_report{});
+}
+
 template <class Config>
 std::unique_ptr<handler_iface> make_handler(Config config, std::optional<double> grace,
-                                            const std::string& notice_file, holdfast::any_kv kv,
-                                            holdfast::cluster_info cluster, py_checkpointer ckpt,
-                                            holdfast::handler_options o) {
+                                            const std::string& notice_file, hang_choice hang,
+                                            holdfast::any_kv kv, holdfast::cluster_info cluster,
+                                            py_checkpointer ckpt, holdfast::handler_options o) {
   if (grace)
     config.set_grace_period(std::chrono::milliseconds(static_cast<std::int64_t>(*grace * 1000)));
   if (!notice_file.empty()) {  // the preset's notices, or the file appearing (a Slurm trap)
@@ -707,20 +765,20 @@ std::unique_ptr<handler_iface> make_handler(Config config, std::optional<double>
     with_file c(notice(std::move(config.notice()),
                        holdfast::file_notice(notice_file, notice_file_interval)),
                 config.exit_policy(), config.grace_period());
-    return std::make_unique<handler_impl<with_file>>(std::move(c), std::move(kv),
-                                                     std::move(cluster), std::move(ckpt), o);
+    return make_hang_handler(hang, std::move(c), std::move(kv), std::move(cluster), std::move(ckpt),
+                             std::move(o));
   }
-  return std::make_unique<handler_impl<Config>>(std::move(config), std::move(kv),
-                                                std::move(cluster), std::move(ckpt), o);
+  return make_hang_handler(hang, std::move(config), std::move(kv), std::move(cluster),
+                           std::move(ckpt), std::move(o));
 }
 
 inline std::unique_ptr<handler_iface> make_handler(
     const std::string& preset, std::optional<double> grace, const std::string& notice_file,
-    holdfast::any_kv kv, holdfast::cluster_info cluster, py_checkpointer ckpt,
+    hang_choice hang, holdfast::any_kv kv, holdfast::cluster_info cluster, py_checkpointer ckpt,
     holdfast::handler_options o) {
   namespace p = holdfast::presets;
   auto build = [&](auto config) {
-    return make_handler(std::move(config), grace, notice_file, kv, cluster, ckpt, o);
+    return make_handler(std::move(config), grace, notice_file, hang, kv, cluster, ckpt, o);
   };
   std::string name = preset;
   if (name == "detect") name = holdfast::to_string(holdfast::detect_platform());
@@ -778,6 +836,66 @@ const char* status_name(holdfast::run_status s) {
   return "unknown";
 }
 
+/// The longest the handler's watcher waits for on_hang before it goes on (the report's log
+/// line; hang_restart's exit). The call goes on meanwhile, on a thread of its own.
+constexpr std::chrono::seconds on_hang_wait{5};
+
+/// A verdict as Python sees it: {task, phase, step (None: unknown), elapsed_s, bound_s,
+/// recorder}. Needs the GIL.
+inline py::dict verdict_dict(const holdfast::hang_verdict& v) {
+  py::dict d;
+  d["task"] = v.task;
+  d["phase"] = holdfast::hang_phase_name(v.phase);
+  d["step"] = v.step < 0 ? py::object(py::none()) : py::object(py::int_(v.step));
+  d["elapsed_s"] = std::chrono::duration<double>(v.elapsed).count();
+  d["bound_s"] = std::chrono::duration<double>(v.bound).count();
+  d["recorder"] = v.recorder;
+  return d;
+}
+
+/// hang_options::on_hang for a Python callable (None: none). The watcher thread calls it; the
+/// Python call runs on a thread of its own, which takes the GIL, and the watcher waits for it
+/// at most on_hang_wait: a training thread that never releases the GIL (stuck in a C extension
+/// that holds it) cannot keep the restart policy from ending the process. A Python exception
+/// goes to sys.unraisablehook (printed), never into C++. The callable is released with the GIL
+/// held, by whichever thread drops it last.
+inline std::function<void(const holdfast::hang_verdict&)> make_on_hang(py::object fn) {
+  if (fn.is_none()) return {};
+  std::shared_ptr<py::object> f(new py::object(std::move(fn)), [](py::object* o) {
+    if (!Py_IsInitialized()) return;  // the interpreter is gone: leak it
+    py::gil_scoped_acquire gil;
+    delete o;
+  });
+  struct call_done {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  return [f](const holdfast::hang_verdict& v) {
+    auto d = std::make_shared<call_done>();
+    try {
+      std::thread([f, v, d] {
+        if (Py_IsInitialized()) {
+          py::gil_scoped_acquire gil;
+          try {
+            (*f)(verdict_dict(v));
+          } catch (py::error_already_set& e) {
+            e.discard_as_unraisable("holdfast_torch: on_hang");
+          } catch (...) {
+          }
+        }
+        std::lock_guard<std::mutex> lock(d->mutex);
+        d->done = true;
+        d->cv.notify_all();
+      }).detach();
+    } catch (const std::system_error&) {  // no thread: the report goes on without the callback
+      return;
+    }
+    std::unique_lock<std::mutex> lock(d->mutex);
+    d->cv.wait_for(lock, on_hang_wait, [&] { return d->done; });
+  };
+}
+
 /// The Python Handler (the Python subclass in holdfast_torch.py resolves the defaults).
 class py_handler {
  public:
@@ -786,7 +904,10 @@ class py_handler {
              const std::string& run_id, std::uint64_t restart,
              const py_checkpoint_manager& checkpoints, double ack_timeout,
              std::optional<double> grace, double grace_margin, double watch_interval,
-             double store_poll, const std::string& notice_file) {
+             double store_poll, const std::string& notice_file, const std::string& hang_policy,
+             std::optional<double> hang_timeout, double hang_multiplier,
+             std::uint32_t hang_warmup_steps, double hang_period, int hang_exit_code,
+             py::object on_hang) {
     auto ms = [](double s) {
       return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
     };
@@ -801,6 +922,22 @@ class py_handler {
     o.ack_timeout = ms(ack_timeout);
     o.grace_margin = ms(grace_margin);
     o.watch_interval = ms(watch_interval);
+    const hang_choice hang = parse_hang_choice(hang_policy);
+    if (!(hang_multiplier > 0) || !(hang_period > 0) || (hang_timeout && !(*hang_timeout > 0)))
+      throw std::invalid_argument(
+          "holdfast: hang_multiplier, hang_period and hang_timeout must be positive");
+    o.hang.multiplier = hang_multiplier;
+    o.hang.warmup_steps = hang_warmup_steps;
+    o.hang.period = std::max(ms(hang_period), std::chrono::milliseconds(1));
+    o.hang.exit_code = hang_exit_code;
+    if (hang_timeout) {  // the step's floor; the warm-up's twice it; saves and restores: at least
+      const auto t = ms(*hang_timeout);
+      o.hang.step_floor = t;
+      o.hang.warmup_floor = 2 * t;
+      o.hang.save_floor = std::max(o.hang.save_floor, t);
+      o.hang.restore_floor = std::max(o.hang.restore_floor, t);
+    }
+    o.hang.on_hang = make_on_hang(std::move(on_hang));
     holdfast::cluster_info cluster{task, num_tasks, run_id};
     py_checkpointer ckpt = checkpoints.checkpointer();
     py::gil_scoped_release nogil;  // the restore agreement waits for every task
@@ -809,8 +946,8 @@ class py_handler {
       kv.emplace(torch_kv(std::move(job_store), ns, ms(store_poll)));
     else
       kv.emplace(holdfast::make_kv(store, ns));
-    h_ = make_handler(preset, grace, notice_file, std::move(*kv), std::move(cluster),
-                      std::move(ckpt), o);
+    h_ = make_handler(preset, grace, notice_file, hang, std::move(*kv), std::move(cluster),
+                      std::move(ckpt), std::move(o));
   }
   py_handler(const py_handler&) = delete;
   py_handler& operator=(const py_handler&) = delete;
@@ -880,6 +1017,29 @@ class py_handler {
   int task() const { return h_ ? h_->cluster().task : final_.task; }
   int num_tasks() const { return h_ ? h_->cluster().num_tasks : final_.num_tasks; }
   std::string key_scope() const { return h_ ? h_->key_scope() : final_.scope; }
+
+  /// Until the next run(): no hang bound (work between steps that no bound covers).
+  void pause_hang_detection() { live().pause_hang_detection(); }
+  /// What the detector learned (seconds, and the steps timed) and the bounds in force now.
+  py::dict learned_hang_bounds() const {
+    handler_iface& h = live();
+    const holdfast::hang_bounds b = h.learned_hang_bounds();
+    auto s = [](std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); };
+    auto bound = [&](holdfast::hang_phase p) -> py::object {
+      const auto d = h.hang_bound(p);
+      if (d == std::chrono::nanoseconds::max()) return py::none();  // hang_policy="none"
+      return py::float_(s(d));
+    };
+    py::dict d;
+    d["step_s"] = s(b.step);
+    d["save_s"] = s(b.save);
+    d["restore_s"] = s(b.restore);
+    d["steps"] = b.steps;
+    d["step_bound_s"] = bound(holdfast::hang_phase::step);
+    d["save_bound_s"] = bound(holdfast::hang_phase::save);
+    d["restore_bound_s"] = bound(holdfast::hang_phase::restore);
+    return d;
+  }
 
   /// What the coordination store holds for round `round` (claim, acks, outcome) and the error
   /// key, read now: for timelines and post-mortems.
@@ -985,6 +1145,9 @@ class py_handler {
       case kind::abort:
         what = "abort";
         break;
+      case kind::hang:
+        what = "hang";
+        break;
       case kind::none:
         what = "none";
         break;
@@ -993,6 +1156,7 @@ class py_handler {
     d["by"] = parsed->writer;
     if (parsed->what == kind::step) d["step"] = parsed->step;
     if (parsed->what == kind::timeout) d["missing"] = parsed->tasks;
+    if (auto hv = holdfast::hang_verdict_of(*parsed)) d["verdict"] = verdict_dict(*hv);
     return std::move(d);
   }
   static py::dict counters(const std::vector<std::pair<int, std::string>>& acks) {
@@ -1063,7 +1227,7 @@ class py_cache {
 
 struct exception_classes {
   py::handle error, agreement_timeout, agreement_unreachable, peer_error, corrupt_cache,
-      format_error, preempted;
+      format_error, preempted, hang_detected;
 };
 exception_classes g_exc;  // strong references, never released (live until the process ends)
 
@@ -1079,6 +1243,7 @@ void set_exception_classes(py::dict d) {
   g_exc.corrupt_cache = take("CorruptCache");
   g_exc.format_error = take("FormatError");
   g_exc.preempted = take("Preempted");
+  g_exc.hang_detected = take("HangDetected");
 }
 
 void raise_holdfast(py::handle cls, const holdfast::error& e, py::dict extra) {
@@ -1111,6 +1276,14 @@ void translate(std::exception_ptr p) {
     py::dict x;
     x["missing_tasks"] = e.missing_tasks();
     raise_holdfast(g_exc.agreement_timeout, e, x);
+  } catch (const holdfast::hang_detected& e) {
+    py::dict x;
+    x["task"] = e.hung_task();
+    x["phase"] = e.phase();
+    x["step"] = e.step() < 0 ? py::object(py::none()) : py::object(py::int_(e.step()));
+    x["elapsed_s"] = static_cast<double>(e.elapsed_ms()) / 1000.0;
+    x["bound_s"] = static_cast<double>(e.bound_ms()) / 1000.0;
+    raise_holdfast(g_exc.hang_detected, e, x);
   } catch (const holdfast::agreement_unreachable& e) {
     raise_holdfast(g_exc.agreement_unreachable, e, py::dict());
   } catch (const holdfast::corrupt_cache& e) {
@@ -1246,11 +1419,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<const std::string&, const std::string&,
                     std::optional<c10::intrusive_ptr<c10d::Store>>, int, int, const std::string&,
                     std::uint64_t, const ht::py_checkpoint_manager&, double, std::optional<double>,
-                    double, double, double, const std::string&>(),
+                    double, double, double, const std::string&, const std::string&,
+                    std::optional<double>, double, std::uint32_t, double, int, py::object>(),
            py::arg("preset"), py::arg("store"), py::arg("torch_store"), py::arg("task"),
            py::arg("num_tasks"), py::arg("run_id"), py::arg("restart"), py::arg("checkpoints"),
            py::arg("ack_timeout"), py::arg("grace"), py::arg("grace_margin"),
-           py::arg("watch_interval"), py::arg("store_poll"), py::arg("notice_file"))
+           py::arg("watch_interval"), py::arg("store_poll"), py::arg("notice_file"),
+           py::arg("hang_policy"), py::arg("hang_timeout"), py::arg("hang_multiplier"),
+           py::arg("hang_warmup_steps"), py::arg("hang_period"), py::arg("hang_exit_code"),
+           py::arg("on_hang"))
       .def("run", &ht::py_handler::run, py::arg("step_fn"))
       .def("save_checkpoint_if_preempted", &ht::py_handler::save_checkpoint_if_preempted)
       .def_property_readonly("total_run_calls", &ht::py_handler::total_run_calls)
@@ -1264,6 +1441,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("num_tasks", &ht::py_handler::num_tasks)
       .def_property_readonly("key_scope", &ht::py_handler::key_scope)
       .def("round_summary", &ht::py_handler::round_summary, py::arg("round") = 0)
+      .def("pause_hang_detection", &ht::py_handler::pause_hang_detection,
+           "No hang bound until the next run() (work between steps: an evaluation, an export).")
+      .def("learned_hang_bounds", &ht::py_handler::learned_hang_bounds,
+           "What the hang detector learned: {step_s, save_s, restore_s, steps} and the bounds "
+           "in force now: {step_bound_s, save_bound_s, restore_bound_s} (None: hang_policy "
+           "'none').")
       .def("close", &ht::py_handler::close);
 
   py::class_<ht::py_cache>(m, "Cache")

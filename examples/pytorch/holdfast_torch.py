@@ -23,6 +23,8 @@ Exceptions (each carries holdfast's message; Error and its subclasses also `errn
     PeerError             another worker's step raised: `origin_task`, `type_name`, `message`
     CorruptCache          a cache slot that cannot be trusted: `slot`
     FormatError           malformed input (a store URL, a file)
+    HangDetected          a hang verdict recorded for the job (hang_policy="report", during an
+                          agreement round): `task`, `phase`, `step`, `elapsed_s`, `bound_s`
     Preempted             not an Error: a SystemExit raised after the agreed checkpoint, with the
                           preset's exit `code` (42 generic, 143 k8s/slurm/gce/aws); uncaught,
                           the interpreter exits with that code after running `finally` blocks.
@@ -34,7 +36,7 @@ import sys
 
 __all__ = [
     "Handler", "CheckpointManager", "Cache", "Error", "AgreementTimeout",
-    "AgreementUnreachable", "PeerError", "CorruptCache", "FormatError", "Preempted",
+    "AgreementUnreachable", "PeerError", "CorruptCache", "FormatError", "Preempted", "HangDetected",
     "init_process_group", "load_extension", "default_build_directory", "SUPPORTED_TORCH",
 ]
 
@@ -98,6 +100,18 @@ class FormatError(Error):
     """Malformed input: a store URL, a pointer file, a cache header."""
 
 
+class HangDetected(Error):
+    """A task stayed in a step, a save or the restore past its hang bound: `task` (the one that
+    hung), `phase` ("step", "save", "restore", "frozen"), `step` (None: unknown), `elapsed_s`,
+    `bound_s`. Raised by Handler.run on every worker with hang_policy="report" when the verdict
+    ends an agreement round; hang_policy="restart" exits the process instead."""
+    task = -1
+    phase = ""
+    step = None
+    elapsed_s = 0.0
+    bound_s = 0.0
+
+
 class Preempted(SystemExit):
     """Raised by Handler.run after the agreed checkpoint; `code` is the preset's exit code."""
 
@@ -156,6 +170,7 @@ def load_extension(verbose=False):
         "Error": Error, "AgreementTimeout": AgreementTimeout,
         "AgreementUnreachable": AgreementUnreachable, "PeerError": PeerError,
         "CorruptCache": CorruptCache, "FormatError": FormatError, "Preempted": Preempted,
+        "HangDetected": HangDetected,
     })
     _ext = ext
     return ext
@@ -352,6 +367,30 @@ class Handler(_ext.Handler):
     ack_timeout: seconds to wait for every task's answer (and for every task at the start).
     grace:      seconds of training after a notice (None: the preset's); grace_margin: the
                 final save is claimed this much earlier than measured.
+    hang_policy: what a hang verdict does (holdfast/handler/hang.hpp; each is its own handler
+                type in the extension): "report" (default: on_hang and a line on stderr on every
+                worker; during an agreement round run() raises HangDetected), "restart" (the
+                same, then every worker exits with hang_exit_code, 75 by default, which torchrun
+                treats as a failure and restarts the group from the newest checkpoint every
+                task holds; the hung worker's own watcher thread ends it even while its step is
+                stuck), "none" (no detection compiled in).
+    hang_timeout: seconds; a step is hung past max(hang_multiplier x the longest recent step,
+                hang_timeout), and during the first hang_warmup_steps steps past 2 x
+                hang_timeout (the first steps do one-time work: DDP's buckets, allocators,
+                the first collectives); saves and restores keep their own floors (5 and 10
+                minutes) unless hang_timeout is longer. None: the C++ defaults (60 s for a
+                step, 10 minutes in the warm-up).
+    hang_multiplier, hang_warmup_steps: the learned bound's factor (5.0) and the steps timed
+                before it applies (10). hang_period: seconds, the watcher's longest look-away
+                (a verdict is recorded within the bound plus one period). hang_exit_code: what
+                "restart" exits with.
+    on_hang:    called once per verdict on every worker that learns it, with a dict {task,
+                phase, step, elapsed_s, bound_s, recorder}, on a thread of its own holding the
+                GIL (the handler waits for it at most 5 s, then goes on: "restart" exits); its
+                exceptions are printed, never raised. Keep it short (a log line, a file).
+    pause_hang_detection(): no bound until the next run() (an evaluation between steps).
+    learned_hang_bounds(): {step_s, save_s, restore_s, steps, step_bound_s, save_bound_s,
+                restore_bound_s}: what the detector measured and the bounds in force now.
 
     run(step_fn, *args, **kwargs) returns step_fn's result; raises Preempted (SystemExit with
     the preset's code) after the agreed save, PeerError when another task's step raised,
@@ -361,9 +400,15 @@ class Handler(_ext.Handler):
     def __init__(self, preset="generic", store="torch", torch_store=None, task=None,
                  num_tasks=None, run_id=None, restart=None, checkpoints=None, ack_timeout=180.0,
                  grace=None, grace_margin=3.0, watch_interval=0.1, store_poll=0.01,
-                 notice_file=None, incarnation=None):
+                 notice_file=None, incarnation=None, hang_policy="report", hang_timeout=None,
+                 hang_multiplier=5.0, hang_warmup_steps=10, hang_period=1.0, hang_exit_code=75,
+                 on_hang=None):
         if checkpoints is None:
             raise TypeError("Handler needs checkpoints=CheckpointManager(...)")
+        if hang_policy not in ("report", "restart", "none"):
+            raise ValueError(f"hang_policy takes 'report', 'restart' or 'none', not {hang_policy!r}")
+        if on_hang is not None and not callable(on_hang):
+            raise TypeError("on_hang must be callable (or None)")
         task = _env_int("RANK", 0) if task is None else int(task)
         num_tasks = _env_int("WORLD_SIZE", 1) if num_tasks is None else int(num_tasks)
         if run_id is None:
@@ -386,7 +431,10 @@ class Handler(_ext.Handler):
                          num_tasks, run_id, restart, checkpoints, float(ack_timeout),
                          None if grace is None else float(grace), float(grace_margin),
                          float(watch_interval), float(store_poll),
-                         os.fspath(notice_file) if notice_file else "")
+                         os.fspath(notice_file) if notice_file else "", hang_policy,
+                         None if hang_timeout is None else float(hang_timeout),
+                         float(hang_multiplier), int(hang_warmup_steps), float(hang_period),
+                         int(hang_exit_code), on_hang)
 
     def __enter__(self):
         return self

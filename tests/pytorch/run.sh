@@ -83,6 +83,8 @@ fi
 case_ ddp-grace "${ddp[@]}" --dir "$scratch/grace" --grace 3
 case_ ddp-torchrun-sigterm "${ddp[@]}" --dir "$scratch/torchrun-sigterm" --preempt torchrun --kv="file://$scratch/kv-relaunch"
 case_ ddp-torchrun-k8s-grace "${ddp[@]}" --dir "$scratch/torchrun-k8s" --preempt torchrun --grace 4 --steps 250 --kv="file://$scratch/kv-k8s"
+case_ ddp-hang-sleep "${ddp[@]}" --dir "$scratch/hang-sleep" --hang sleep --workers 3 --steps 30
+case_ ddp-hang-stop "${ddp[@]}" --dir "$scratch/hang-stop" --hang stop --workers 2 --steps 24
 # [/snippet cases]
 # The job across 2 nodes (network namespaces made by tests/support/multinode.hpp through its
 # tool multinode_up, built here; root): holdfast over the 3-member etcd with node 1, then node 0
