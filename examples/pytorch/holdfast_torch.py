@@ -401,7 +401,7 @@ class Handler(_ext.Handler):
                  num_tasks=None, run_id=None, restart=None, checkpoints=None, ack_timeout=180.0,
                  grace=None, grace_margin=3.0, watch_interval=0.1, store_poll=0.01,
                  notice_file=None, incarnation=None, hang_policy="report", hang_timeout=None,
-                 hang_multiplier=5.0, hang_warmup_steps=10, hang_period=1.0, hang_exit_code=75,
+                 hang_multiplier=5.0, hang_warmup_steps=100, hang_period=1.0, hang_exit_code=75,
                  on_hang=None):
         if checkpoints is None:
             raise TypeError("Handler needs checkpoints=CheckpointManager(...)")

@@ -105,6 +105,7 @@ ACK_TIMEOUT = 5.0         # seconds; the agent waits 30 s between SIGTERM and SI
 COLLECTIVE_TIMEOUT = 20   # seconds: init_process_group(timeout=...)
 HANG_TIMEOUT = 3.0        # --hang: the step's hang floor (Handler(hang_timeout=...)), seconds
 HANG_PERIOD = 0.5         # --hang: the detector's longest look-away (Handler(hang_period=...))
+HANG_WARMUP = 10          # --hang: steps timed before the learned bound (a short test job)
 HANG_COLLECTIVE_TIMEOUT = 60   # --hang: gloo's timeout, >= 10 x the hang bound: gloo cannot
                                # fail first and pass the case without the detector
 HANG_EXIT = 75            # --hang: what every worker exits with (hang_policy="restart")
@@ -368,7 +369,8 @@ class Worker:
                          f"restart the group")
             # [snippet hang]
             hang = dict(hang_policy=a.hang_policy, hang_timeout=a.hang_timeout,
-                        hang_period=HANG_PERIOD, hang_exit_code=HANG_EXIT, on_hang=on_hang)
+                        hang_period=HANG_PERIOD, hang_warmup_steps=HANG_WARMUP,
+                        hang_exit_code=HANG_EXIT, on_hang=on_hang)
             # [/snippet hang]
         h = holdfast.Handler(preset=a.preset, store=a.kv, checkpoints=ckpt,
                              ack_timeout=ACK_TIMEOUT, grace=grace,
