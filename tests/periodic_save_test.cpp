@@ -5,6 +5,7 @@
 // durable tier is bounded by the grace period (set_durable_deadline), not by durable_wait.
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -146,8 +147,8 @@ TEST_CASE("periodic saves: every task saves at the same steps, several times, wi
 
 TEST_CASE("periodic saves: a task that learns the decision past its step skips it and logs") {
   // Task 1 runs 400 steps before task 0 takes its first; task 0 then decides a save 100 ms of
-  // its steps (about 100) ahead of its own counter. Task 1 is past that step when it learns it: it skips the save and
-  // logs it, and saves at no other step; task 0 saves at that step.
+  // its steps (about 100) ahead of its own counter. Task 1 is past that step when it learns it: it
+  // skips the save and logs it, and saves at no other step; task 0 saves at that step.
   holdfast::in_process_kv kv(holdfast::kv_namespace("late", "0"));
   holdfast::save_interval_policy policy(every(1h));  // one save: the first is due at once
   std::vector<holdfast_test::worker_state> st(2);
@@ -238,15 +239,27 @@ TEST_CASE(
       holdfast_test::worker_state st;
       st.log = log(t);
       holdfast::filesystem_kv kv(d / "kv", holdfast::kv_namespace("job", train ? "0" : "1"));
-      holdfast::save_interval_policy policy(every(200ms));
-      policy.start(std::chrono::steady_clock::now());
-      holdfast::handler_options o;
-      o.ack_timeout = 20s;
-      o.periodic_saves = holdfast::agreed_periodic_saves(policy);
-      o.periodic_saves.lead_time = 300ms;
+      using std::chrono::steady_clock;
+      using std::chrono::system_clock;
+      const holdfast::save_interval_options options = every(200ms);
+      const std::string run_dir = d / "run";
+      const int task = t;
+      // [snippet periodic-saves]
+      holdfast::save_interval_policy policy(options);  // used on task 0 only
+      holdfast::run_history history(run_dir);          // written by task 0 only
+      if (task == 0) {
+        history.begin(system_clock::now());
+        policy.observe(history);
+      }
+      policy.start(steady_clock::now());
+      holdfast::handler_options ho;
+      ho.periodic_saves = holdfast::agreed_periodic_saves(policy, task == 0 ? &history : nullptr);
+      // [/snippet periodic-saves]
+      ho.ack_timeout = 20s;
+      ho.periodic_saves.lead_time = 300ms;
       fs_handler h(fs_config(holdfast::signal_notice<SIGUSR2>(), holdfast::no_exit{}), kv,
                    {t, n, "run"},
-                   holdfast_test::make_checkpoints(d / ("ckpt-" + std::to_string(t)), &st), o);
+                   holdfast_test::make_checkpoints(d / ("ckpt-" + std::to_string(t)), &st), ho);
       if (!train) {
         holdfast_test::append_line(d / ("restored-" + std::to_string(t)),
                                    std::to_string(h.restored_step().value_or(-1)));
@@ -260,6 +273,7 @@ TEST_CASE(
         });
     });
   };
+  ::mkdir((d / "run").c_str(), 0755);  // the run directory: task 0's history lives there
   std::vector<std::unique_ptr<holdfast_test::child>> kids;
   for (int t = 0; t < n; ++t) kids.push_back(launch(t, true));
   const auto deadline = std::chrono::steady_clock::now() + 60s;
@@ -274,6 +288,11 @@ TEST_CASE(
   for (auto& k : kids) k->kill(SIGKILL);
   for (auto& k : kids) CHECK(k->wait(20s).term_signal == SIGKILL);
   kids.clear();
+  // task 0 noted each save in the run history: the next incarnation starts from its cost
+  holdfast::run_history after(d / "run");
+  after.begin(std::chrono::system_clock::now());
+  CHECK(after.counters().unnoticed == 1);  // the kill: an interruption without a notice
+  CHECK(after.save_cost().has_value());
   for (int t = 0; t < n; ++t) kids.push_back(launch(t, false));
   for (auto& k : kids) {
     auto r = k->wait(60s);

@@ -41,9 +41,9 @@
 // Caveats:
 //   - Both managers' saves are synchronous here (async_save is turned off): the copier is the
 //     background part.
-//   - The handler calls wait_until_finished() before its preemption save too: a copy still
-//     running then delays that save by at most what is left of durable_wait since the save
-//     before. Set durable_wait to what the grace period leaves after a local save.
+//   - The handler tells set_durable_deadline() the end of a noticed worker's grace period and
+//     then does not wait for the copier before its preemption save; without a notice of its own
+//     (a peer's claim) only durable_wait bounds the wait after the save.
 //   - The local tier goes with its node: a lost node's steps not yet copied are lost; replicating
 //     the local tier to a peer is not done here.
 //   - Opening, and reading the durable tier (all_steps, restore), on a dead mount block as the

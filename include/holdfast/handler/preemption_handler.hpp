@@ -125,6 +125,21 @@
 //     the second agreement and save also end before the grace period does. The save is timed to
 //     its durable end (an async Checkpointer's commit included), so the reserve holds the
 //     final save's commit too.
+//   - Periodic saves (handler_options::periodic_saves, off by default; handler/periodic.hpp
+//     binds a save_interval_policy): every task saves at the same steps. Task 0 compares the
+//     time with the policy's next due time at each boundary (its only steady-state cost, no
+//     store traffic); when due it publishes "save at S" (ctl/save/<k>), S = its counter + a lead
+//     of max(min_lead_steps, lead_time / mean step time) steps. Every watcher learns S through
+//     the control watch and raises attention; each training thread saves at exactly S in run()
+//     (run_status::saved; the blocking part timed, not an async Checkpointer's background) or,
+//     when already past S, skips it and logs (never another step). Task 0 records the longest
+//     cost the tasks reported (saved/<task>) in the policy, and erases the decisions every task
+//     reported: O(1) decision keys for any number of saves.
+//   - Preemption save and a durable tier: a Checkpointer with set_durable_deadline()
+//     (two_tier_checkpoints) is told, before the save, min(notice time + grace, the announced
+//     deadline) - grace_margin for a worker with a notice of its own, so its
+//     wait_until_finished() waits for the durable copy at most until then (its unfinished()
+//     names what did not finish); it is not waited for before that save.
 //   - Hang detection (the Hang policy, handler/hang.hpp; hang_report by default, hang_restart,
 //     hang_none): the training thread publishes which phase it is in (a step: from one run()
 //     boundary to the next; a save; the restore at construction) and since when, in one relaxed
