@@ -82,7 +82,8 @@ struct handler_options {
 /// What run() / save_checkpoint_if_preempted() did.
 enum class run_status : unsigned char {
   ran,      ///< no checkpoint; the step ran
-  saved,    ///< checkpointed at the agreed step (first save of the grace path), then ran the step
+  saved,    ///< checkpointed at the agreed step (first save of the grace path, or a periodic
+            ///< save), then ran the step
   stopped,  ///< checkpointed and the Exit policy returned (no_exit): the step was NOT run; the
             ///< handler is re-armed, restart or go on as you see fit
 };
