@@ -443,7 +443,8 @@ class two_tier_checkpoints {
       if (!unfinished.empty())
         log("two-tier: the durable copy of step(s) " + detail::two_tier_steps_text(unfinished) +
             " to '" + sh->durable.directory() +
-            "' did not finish within durable_wait; the local tier holds them");
+            "' did not finish within durable_wait (or by the grace period's end); the local "
+            "tier holds them");
     }
 
     // A tier's readable identities by step (of each step, the copy listed last).
