@@ -2154,6 +2154,33 @@ TEST_CASE("values: one grammar, written and read back — anything else is refus
                   std::invalid_argument);
 }
 
+TEST_CASE(
+    "values: a periodic save's decision and its reports round-trip; malformed ones are refused") {
+  using holdfast::agreement_value;
+  using kind = agreement_value::kind;
+  auto round_trip = [](const agreement_value& v) {
+    auto back = holdfast::parse_agreement_value(holdfast::format_agreement_value(v));
+    return back && *back == v;
+  };
+  CHECK(round_trip({kind::save, 120, {}, 0, "n", {}, 0, 0}));
+  CHECK(round_trip({kind::saved, 120, {}, 2, "n", {}, 0, 0, 48211}));
+  CHECK(round_trip({kind::saved, 120, {}, 1, "n", {}, 0, 0, -1}));
+  CHECK(holdfast::format_agreement_value({kind::save, 120, {}, 0, "n", {}, 0, 0}) ==
+        "save 120 by 0/n");
+  CHECK(holdfast::format_agreement_value({kind::saved, 7, {}, 3, "n", {}, 0, 0, 0}) ==
+        "saved 7 0 by 3/n");
+  CHECK(holdfast::format_agreement_value({kind::saved, 7, {}, 3, "n", {}, 0, 0, -1}) ==
+        "saved 7 - by 3/n");
+  for (const char* bad : {"save by 0/n", "save -1 by 0/n", "save 01 by 0/n", "save 1 2 by 0/n",
+                          "saved 1 by 0/n", "saved 1  by 0/n", "saved 1 -1 by 0/n",
+                          "saved - 5 by 0/n", "saved 1 5 6 by 0/n", "saved 1 x by 0/n"})
+    CHECK_MESSAGE(!holdfast::parse_agreement_value(bad), bad);
+  CHECK_THROWS_AS(holdfast::format_agreement_value({kind::save, -1, {}, 0, "n", {}, 0, 0}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(holdfast::format_agreement_value({kind::saved, 1, {}, 0, "n", {}, 0, 0, -2}),
+                  std::invalid_argument);
+}
+
 TEST_CASE("restore agreement: step lists and the newest common step") {
   CHECK(holdfast::format_step_list({}) == "");
   CHECK(holdfast::format_step_list({1, 5, 9}) == "1,5,9");

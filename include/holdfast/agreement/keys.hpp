@@ -23,6 +23,11 @@
 //                       verdict during a round is recorded into its outcome key, and one that
 //                       ends the job (the restart policy) into the claim key all idle workers
 //                       wait on
+//   ctl/save/<k>        insert-once by task 0: the k-th periodic save (k = 1, 2, ... per run id),
+//                       "save <step>": every task saves at that step (handler_options::
+//                       periodic_saves); each task reports it under saved/<task> ("saved <step>
+//                       <cost>", put over the previous report), and task 0 erases ctl/save/<k>
+//                       once every task reported k or later: O(1) keys for any number of saves
 //   ctl/error           insert-once by a worker whose step threw ("task\ntype\nmessage");
 //                       it also inserts "abort" into the outcome and claim keys of its round
 //                       and the next, so peers blocked on any of them wake up and read the error
@@ -72,6 +77,18 @@ inline std::string agreement_control_prefix(std::string_view scope) {
 /// key instead).
 inline std::string hang_key_name(std::string_view scope) {
   return agreement_control_prefix(scope) + "/hang";
+}
+
+/// The k-th periodic save's decision under `scope`: "<scope>ctl/save/<k>" (insert-once by task
+/// 0; the control watch brings it to every task).
+inline std::string periodic_save_key_name(std::string_view scope, std::uint64_t k) {
+  return agreement_control_prefix(scope) + "/save/" + std::to_string(k);
+}
+
+/// Where `task` reports its periodic saves: "<scope>saved/<task>" (outside ctl/, read by task 0
+/// alone, as acks are).
+inline std::string periodic_report_key_name(std::string_view scope, int task) {
+  return std::string(scope) + "saved/" + std::to_string(task);
 }
 
 /// The full key for `k` in round `round` under `scope` (which ends with '/'); task -1 names the

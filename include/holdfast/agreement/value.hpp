@@ -1,6 +1,7 @@
 // holdfast/agreement/value.hpp — the one grammar of what the step agreement writes to its control
 // keys (agreement_value: a claim, a recorded step, a timeout, an abort, or "none", each naming
-// its writer), with its parser and its formatter.
+// its writer; and the periodic-save decision and reports, "save" and "saved"), with its parser and
+// its formatter.
 //
 // Guarantees:
 //   - parse_agreement_value accepts exactly the grammar below (no sign, no leading zero, no
@@ -30,6 +31,7 @@ HOLDFAST_NAMESPACE_BEGIN
 ///   value  := body " by " task "/" nonce
 ///   body   := "claim" | "step " int | "timeout " int ("," int)* | "abort" | "none"
 ///           | "hang " int " " phase " " (int | "-") " " int " " int
+///           | "save " int | "saved " int " " (int | "-")
 ///   phase  := "step" | "save" | "restore" | "frozen"
 ///   int    := "0" | [1-9][0-9]*   (a non-negative int64; task ids fit an int)
 ///   nonce  := 1 to 32 of [0-9A-Za-z_-]   (the writing handler's instance: a restarted process
@@ -37,24 +39,28 @@ HOLDFAST_NAMESPACE_BEGIN
 /// e.g. "step 57 by 2/9f3a0c1d", "timeout 1,3 by 0/77e2b4aa". Timeout task lists are ascending
 /// with no duplicates. A hang verdict (handler/hang.hpp) names the hung task, the phase it hung
 /// in, the step it was at ("-": unknown, a frozen worker), how long it had been in that phase and
-/// the bound it passed, in milliseconds: "hang 2 step 57 12034 10000 by 0/77e2b4aa".
+/// the bound it passed, in milliseconds: "hang 2 step 57 12034 10000 by 0/77e2b4aa". A periodic
+/// save (handler/preemption_handler.hpp) is decided by task 0 as "save <step>" (ctl/save/<k>:
+/// every task saves at that step), and each task reports it as "saved <step> <microseconds the
+/// save blocked>", or "saved <step> -" when it learned the decision past the step and skipped it.
 struct agreement_value {
   /// What the value says.
-  enum class kind : unsigned char { claim, step, timeout, abort, none, hang };
+  enum class kind : unsigned char { claim, step, timeout, abort, none, hang, save, saved };
   kind what = kind::step;  ///< the body
-  std::int64_t step = -1;  ///< step: the agreed (or restored) step; hang: the step, -1 unknown
+  std::int64_t step = -1;  ///< step, save, saved: the step; hang: the step, -1 unknown
   std::vector<int> tasks;  ///< timeout: the tasks that did not answer, ascending; hang: the task
   int writer = -1;         ///< the task that wrote it
   std::string nonce;       ///< the writing handler instance
   std::string phase;       ///< hang: step, save, restore or frozen
   std::int64_t elapsed_ms = 0;  ///< hang: how long the task had been in the phase
   std::int64_t bound_ms = 0;    ///< hang: the bound it passed
+  std::int64_t cost_us = -1;    ///< saved: how long the save blocked; -1: skipped
 
   /// Same body and writer.
   friend bool operator==(const agreement_value& a, const agreement_value& b) {
     return a.what == b.what && a.step == b.step && a.tasks == b.tasks && a.phase == b.phase &&
-           a.elapsed_ms == b.elapsed_ms && a.bound_ms == b.bound_ms && a.writer == b.writer &&
-           a.nonce == b.nonce;
+           a.elapsed_ms == b.elapsed_ms && a.bound_ms == b.bound_ms && a.cost_us == b.cost_us &&
+           a.writer == b.writer && a.nonce == b.nonce;
   }
   /// Not the same value.
   friend bool operator!=(const agreement_value& a, const agreement_value& b) { return !(a == b); }
@@ -124,6 +130,16 @@ inline std::string format_agreement_value(const agreement_value& v) {
              (v.step < 0 ? std::string("-") : std::to_string(v.step)) + " " +
              std::to_string(v.elapsed_ms) + " " + std::to_string(v.bound_ms);
       break;
+    case agreement_value::kind::save:
+      if (v.step < 0) throw std::invalid_argument("agreement value: negative step");
+      body = "save " + std::to_string(v.step);
+      break;
+    case agreement_value::kind::saved:
+      if (v.step < 0 || v.cost_us < -1)
+        throw std::invalid_argument("agreement value: bad save report");
+      body = "saved " + std::to_string(v.step) + " " +
+             (v.cost_us < 0 ? std::string("-") : std::to_string(v.cost_us));
+      break;
   }
   return body + " by " + std::to_string(v.writer) + "/" + v.nonce;
 }
@@ -155,6 +171,24 @@ inline std::optional<agreement_value> parse_agreement_value(std::string_view tex
       v.what = agreement_value::kind::abort;
     } else if (body == "none") {
       v.what = agreement_value::kind::none;
+    } else if (word("saved ")) {
+      const auto sp = body.find(' ');
+      if (sp == std::string_view::npos) return std::nullopt;
+      auto s = detail::parse_agreement_int(body.substr(0, sp), INT64_MAX);
+      const std::string_view cost = body.substr(sp + 1);
+      if (!s) return std::nullopt;
+      v.what = agreement_value::kind::saved;
+      v.step = *s;
+      if (cost != "-") {
+        auto c = detail::parse_agreement_int(cost, INT64_MAX);
+        if (!c) return std::nullopt;
+        v.cost_us = *c;
+      }
+    } else if (word("save ")) {
+      auto s = detail::parse_agreement_int(body, INT64_MAX);
+      if (!s) return std::nullopt;
+      v.what = agreement_value::kind::save;
+      v.step = *s;
     } else if (word("step ")) {
       auto s = detail::parse_agreement_int(body, INT64_MAX);
       if (!s) return std::nullopt;

@@ -68,7 +68,7 @@
 //   - An Exit policy that exits the process must call note_notice() itself (a callable Exit
 //     policy): an incarnation that exits without it reads as killed.
 //   - Tasks of one job measure different costs: where every task must save the same steps,
-//     decide on one task and share the decision (the handler does not consult the policy).
+//     decide on one task and share the decision (handler_options::periodic_saves does).
 #pragma once
 
 #include <fcntl.h>  // O_RDONLY: the history file

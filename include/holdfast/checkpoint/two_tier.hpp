@@ -31,6 +31,8 @@
 //     steps it did not copy (pending, in flight, or failed and not yet superseded). The
 //     handler's wait_until_finished() waits until durable_wait after the last save() returned,
 //     logs what did not finish and keeps it for unfinished(); it never throws for the copy.
+//     After set_durable_deadline(t) (the handler's, before a preemption save: the grace
+//     period's end) it waits until no later than t.
 //   - all_steps() / all_identities(): the union over both tiers of the complete checkpoints
 //     whose metadata reads (a damaged one is logged and left out of its tier's view); of a step
 //     both tiers hold, the local copy's identity.
@@ -43,9 +45,9 @@
 // Caveats:
 //   - Both managers' saves are synchronous here (async_save is turned off): the copier is the
 //     background part.
-//   - The handler calls wait_until_finished() before its preemption save too: a copy still
-//     running then delays that save by at most what is left of durable_wait since the save
-//     before. Set durable_wait to what the grace period leaves after a local save.
+//   - The handler tells set_durable_deadline() the end of a noticed worker's grace period and
+//     then does not wait for the copier before its preemption save; without a notice of its own
+//     (a peer's claim) only durable_wait bounds the wait after the save.
 //   - The local tier goes with its node: a lost node's steps not yet copied are lost; replicating
 //     the local tier to a peer is not done here.
 //   - Opening, and reading the durable tier (all_steps, restore), on a dead mount block as the
@@ -200,6 +202,10 @@ class two_tier_checkpoints {
   /// Waits for the copier until durable_wait after the last save() returned; logs and keeps
   /// (unfinished()) what it did not copy. Never throws for a durable copy.
   void wait_until_finished() { s_->wait_bounded(); }
+  /// Bounds the next wait_until_finished() calls by `deadline` too (the grace period's end).
+  void set_durable_deadline(std::chrono::steady_clock::time_point deadline) {
+    s_->durable_deadline = deadline;
+  }
   /// What the last wait_until_finished() did not copy.
   const std::vector<std::int64_t>& unfinished() const noexcept { return s_->unfinished; }
   /// The newest step this object committed to the durable tier (or found there at start).
@@ -444,11 +450,13 @@ class two_tier_checkpoints {
     void wait_bounded() {
       auto deadline =
           last_save ? *last_save + options.durable_wait : std::chrono::steady_clock::now();
+      if (durable_deadline) deadline = std::min(deadline, *durable_deadline);
       unfinished = sh->wait_until(deadline);
       if (!unfinished.empty())
         log("two-tier: the durable copy of step(s) " + detail::two_tier_steps_text(unfinished) +
             " to '" + sh->durable.directory() +
-            "' did not finish within durable_wait; the local tier holds them");
+            "' did not finish within durable_wait (or by the grace period's end); the local "
+            "tier holds them");
     }
 
     // A tier's readable identities by step (of each step, the copy listed last).
@@ -518,6 +526,7 @@ class two_tier_checkpoints {
     durable_manager_type durable_reader;  // read_only: the caller's view of the durable tier
     reader_type reader;
     std::optional<std::chrono::steady_clock::time_point> last_save;
+    std::optional<std::chrono::steady_clock::time_point> durable_deadline;  // the grace's end
     std::vector<std::int64_t> unfinished;
     std::optional<hang_bounds> restored_hang;  // of the copy the last restore loaded
     std::thread copier;

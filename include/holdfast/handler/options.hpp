@@ -1,16 +1,21 @@
 // holdfast/handler/options.hpp — what a preemption_handler is told about its job and how to tune
-// it: cluster_info (who this worker is), handler_options (the agreement's timeouts), and what
-// run() reports (run_status).
+// it: cluster_info (who this worker is), handler_options (the agreement's timeouts, periodic
+// saves agreed across workers: periodic_save_options), and what run() reports (run_status).
 //
 // Guarantees:
-//   - Plain values: no I/O, no policy, nothing to check at compile time.
+//   - Plain values: no I/O, no policy, nothing to check at compile time. periodic_save_options
+//     holds two callables (the save-interval policy, handler/periodic.hpp binds one), called on
+//     task 0's training thread only.
 // Caveats:
 //   - cluster_info::run_id must be one key segment; the handler checks it at construction.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <functional>  // std::function: periodic_save_options' hooks
 #include <string>
 
+#include "../log.hpp"  // log_fn: a periodic save skipped
 #include "../version.hpp"
 #include "hang.hpp"  // hang_options
 
@@ -21,6 +26,31 @@ struct cluster_info {
   int task = 0;                ///< this worker's task id, 0 <= task < num_tasks
   int num_tasks = 1;           ///< workers in the job
   std::string run_id = "run";  ///< run/incarnation id: one key segment that scopes every key
+};
+
+/// Periodic saves that land at the same step on every task (docs/save-policy.md, "In the
+/// handler"): task 0 asks next_due at its run() boundaries; when a save is due it publishes
+/// "save at step S" (S = its run counter + a lead in steps), and every task saves at exactly S.
+struct periodic_save_options {
+  /// Whether this handler takes part (set it on every task: the others watch for the decision).
+  bool enabled = false;
+  /// Task 0: when the next save is due, asked at its start and after each save (at or before
+  /// `now`: due now); handler/periodic.hpp binds it to a save_interval_policy.
+  std::function<std::chrono::steady_clock::time_point(std::chrono::steady_clock::time_point now)>
+      next_due;
+  /// Task 0: a periodic save finished at `finished`; `cost`: how long it blocked, the longest
+  /// over the tasks that reported (the others' reports come with one save's delay).
+  std::function<void(std::chrono::duration<double> cost,
+                     std::chrono::steady_clock::time_point finished)>
+      saved;
+  /// How long every task may take to learn a decision (the watch's latency, a loaded machine):
+  /// S is at least this far ahead at the mean step time.
+  std::chrono::milliseconds lead_time{std::chrono::seconds(1)};
+  /// S is at least this many steps ahead of task 0's counter.
+  std::int64_t min_lead_steps = 2;
+  /// Where a skipped save is reported (a task that learned the decision past its step; empty:
+  /// log_to_stderr).
+  log_fn log;
 };
 
 /// Tuning of the agreement.
@@ -45,12 +75,15 @@ struct handler_options {
   /// The hang detector's tuning (handler/hang.hpp; the handler's Hang policy decides whether it
   /// runs and what a verdict does).
   hang_options hang;
+  /// Periodic saves agreed across the workers (off by default).
+  periodic_save_options periodic_saves;
 };
 
 /// What run() / save_checkpoint_if_preempted() did.
 enum class run_status : unsigned char {
   ran,      ///< no checkpoint; the step ran
-  saved,    ///< checkpointed at the agreed step (first save of the grace path), then ran the step
+  saved,    ///< checkpointed at the agreed step (first save of the grace path, or a periodic
+            ///< save), then ran the step
   stopped,  ///< checkpointed and the Exit policy returned (no_exit): the step was NOT run; the
             ///< handler is re-armed, restart or go on as you see fit
 };

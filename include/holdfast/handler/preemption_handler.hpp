@@ -125,6 +125,21 @@
 //     the second agreement and save also end before the grace period does. The save is timed to
 //     its durable end (an async Checkpointer's commit included), so the reserve holds the
 //     final save's commit too.
+//   - Periodic saves (handler_options::periodic_saves, off by default; handler/periodic.hpp
+//     binds a save_interval_policy): every task saves at the same steps. Task 0 compares the
+//     time with the policy's next due time at each boundary (its only steady-state cost, no
+//     store traffic); when due it publishes "save at S" (ctl/save/<k>), S = its counter + a lead
+//     of max(min_lead_steps, lead_time / mean step time) steps. Every watcher learns S through
+//     the control watch and raises attention; each training thread saves at exactly S in run()
+//     (run_status::saved; the blocking part timed, not an async Checkpointer's background) or,
+//     when already past S, skips it and logs (never another step). Task 0 records the longest
+//     cost the tasks reported (saved/<task>) in the policy, and erases the decisions every task
+//     reported: O(1) decision keys for any number of saves.
+//   - Preemption save and a durable tier: a Checkpointer with set_durable_deadline()
+//     (two_tier_checkpoints) is told, before the save, min(notice time + grace, the announced
+//     deadline) - grace_margin for a worker with a notice of its own, so its
+//     wait_until_finished() waits for the durable copy at most until then (its unfinished()
+//     names what did not finish); it is not waited for before that save.
 //   - Hang detection (the Hang policy, handler/hang.hpp; hang_report by default, hang_restart,
 //     hang_none): the training thread publishes which phase it is in (a step: from one run()
 //     boundary to the next; a save; the restore at construction) and since when, in one relaxed
@@ -220,6 +235,10 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   using watcher::mutex_;
   using watcher::on_peer_frozen;
   using watcher::options_;
+  using watcher::periodic_others_cost_us_;
+  using watcher::periodic_publish_;
+  using watcher::periodic_retry_;
+  using watcher::periodic_steps_;
   using watcher::raise_attention_locked;
   using watcher::request_watcher_stop;
   using watcher::scope_;
@@ -261,6 +280,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(&waker_);
     config_.start();
     notice_started_ = true;
+    if (periodic_decider_) periodic_due_ = options_.periodic_saves.next_due(steady::now());
     start_watcher();
   }
 
@@ -275,6 +295,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   template <class F, class... Args>
   run_status run(F&& step, Args&&... args) {
     run_status st = run_status::ran;
+    if (periodic_decider_ && steady::now() >= periodic_due_) decide_periodic();
     if (counter_and_attention_.load(std::memory_order_relaxed) & attention_bit) {
       st = consult();
       if (st == run_status::stopped) return st;
@@ -311,6 +332,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   run_status save_checkpoint_if_preempted() {
     stamp();
     run_status st = run_status::ran;
+    if (periodic_decider_ && steady::now() >= periodic_due_) decide_periodic();
     if (counter_and_attention_.load(std::memory_order_relaxed) & attention_bit) {
       st = consult();
       if (st == run_status::stopped) return st;
@@ -486,10 +508,124 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
       overhead_ = {};
       stamped_ = false;
     }
+    if (st != run_status::stopped && options_.periodic_saves.enabled &&
+        periodic_locked(lock, counter))
+      st = run_status::saved;
     raise_attention_locked();
     wake_watcher();
     if (st != run_status::stopped) enter_phase(hang_phase::step, std::chrono::steady_clock::now());
     return st;
+  }
+
+  // ---- periodic saves (handler_options::periodic_saves) ---------------------------------------
+
+  // Task 0, when next_due has come: asks again (the interval may have grown with M), and when a
+  // save is due asks its watcher to publish "save at S", S = the run counter plus a lead of
+  // max(min_lead_steps, lead_time / mean step time) steps (lead_time at least two watch_intervals
+  // over a store without a watch; no decision before a step is timed); then asks nothing more
+  // until it has acted on S.
+  void decide_periodic() {
+    const auto now = steady::now();
+    const auto due = options_.periodic_saves.next_due(now);
+    if (due > now) {
+      periodic_due_ = due;
+      return;
+    }
+    const auto mean = std::chrono::duration_cast<std::chrono::nanoseconds>(mean_step_time());
+    if (mean.count() <= 0) return;  // no step timed yet: the lead in steps is unknown
+    // over a store without a watch a decision is seen within a blocking get (watch_interval)
+    const auto lead_time =
+        std::max(options_.periodic_saves.lead_time,
+                 evented_ ? std::chrono::milliseconds(0) : 2 * options_.watch_interval);
+    const auto lead_ns = std::chrono::nanoseconds(lead_time).count();
+    const std::int64_t lead = std::max<std::int64_t>(options_.periodic_saves.min_lead_steps,
+                                                     (lead_ns + mean.count() - 1) / mean.count());
+    periodic_requested_ = total_run_calls() + lead;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      periodic_publish_ = periodic_requested_;
+    }
+    wake_watcher();
+    periodic_due_ = steady::time_point::max();
+  }
+
+  // At a boundary with attention: acts on the decided steps this task has reached — saves at
+  // exactly S, skips (and logs) a step it is already past — and keeps its attention raised while
+  // one is ahead. Lock held on entry and exit. Returns whether it saved.
+  bool periodic_locked(std::unique_lock<std::mutex>& lock, std::int64_t counter) {
+    bool saved = false;
+    if (periodic_retry_) {  // the publication failed: ask again after a lead time
+      periodic_retry_ = false;
+      periodic_due_ = steady::now() + options_.periodic_saves.lead_time;
+    }
+    while (!periodic_steps_.empty()) {
+      const std::int64_t s = periodic_steps_.front();
+      if (counter < s) {
+        counter_and_attention_.fetch_or(attention_bit, std::memory_order_relaxed);
+        break;
+      }
+      periodic_steps_.pop_front();
+      lock.unlock();
+      struct relock {
+        std::unique_lock<std::mutex>& l;
+        ~relock() { l.lock(); }
+      } relock_after{lock};
+      if (counter == s) {
+        periodic_save(s);
+        saved = true;
+        stamped_ = false;  // the interval holding the save is no step time
+      } else {
+        detail::log_line(options_.periodic_saves.log,
+                         "periodic save at step " + std::to_string(s) + " skipped: task " +
+                             std::to_string(cluster_.task) + " learned it at step " +
+                             std::to_string(counter) + ", past it");
+        periodic_report(s, -1);
+        if (periodic_decider_ && s >= periodic_requested_) periodic_due_ = steady::now();
+      }
+    }
+    return saved;
+  }
+
+  // A periodic save at `step`: timed (its blocking part: an async or two-tier Checkpointer's
+  // background work is not waited for), reported under saved/<task>, and on task 0 recorded with
+  // the longest cost the other tasks reported.
+  void periodic_save(std::int64_t step) {
+    const auto t0 = steady::now();
+    enter_phase(hang_phase::save, t0);
+    struct unwatched_after {  // a save that throws is no hang either
+      preemption_handler& w;
+      ~unwatched_after() { w.enter_phase(hang_phase::none, std::chrono::steady_clock::now()); }
+    } after{*this};
+    record_bounds();
+    if (config_.has_save_override())
+      config_.save_override()(step);
+    else
+      checkpointer_.save(step);
+    const auto end = steady::now();
+    if constexpr (detects_hangs) learner_.add_save(end - t0);
+    const auto cost_us = std::chrono::duration_cast<std::chrono::microseconds>(end - t0).count();
+    periodic_report(step, cost_us);
+    if (periodic_decider_) {
+      const std::int64_t others = periodic_others_cost_us_.load(std::memory_order_relaxed);
+      options_.periodic_saves.saved(
+          std::chrono::duration<double>(std::chrono::microseconds(std::max(cost_us, others))), end);
+      if (step >= periodic_requested_) periodic_due_ = options_.periodic_saves.next_due(end);
+    }
+  }
+
+  // Puts "saved <step> <cost>" ("-": skipped) under saved/<task>, over the previous report. Best
+  // effort: a report not written keeps the decisions' keys a save longer, nothing more.
+  void periodic_report(std::int64_t step, std::int64_t cost_us) noexcept {
+    try {
+      agreement_value v;
+      v.what = agreement_value::kind::saved;
+      v.step = step;
+      v.cost_us = cost_us;
+      v.writer = cluster_.task;
+      v.nonce = this->nonce_;
+      kv_.put(periodic_report_key_name(scope_, cluster_.task), format_agreement_value(v));
+    } catch (...) {
+    }
   }
 
   [[noreturn]] void raise() {
@@ -520,7 +656,11 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
       ~unwatched_after() { w.enter_phase(hang_phase::none, std::chrono::steady_clock::now()); }
     } after{*this};
     record_bounds();
-    finish_saves();  // an async periodic save in flight never races the preemption save
+    // A Checkpointer told the grace's end (set_durable_deadline: two_tier_checkpoints) has a
+    // background part that never races a save (its copier copies published checkpoints): it is
+    // not waited for first, and the wait after is bounded by that end. Others: an async periodic
+    // save in flight never races the preemption save.
+    if (!tell_durable_deadline()) finish_saves();
     if (config_.has_save_override())
       config_.save_override()(step);
     else
@@ -561,6 +701,26 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
         checkpointer_.set_hang_bounds(learner_.bounds());
       } catch (...) {  // a bound not recorded costs the next start its warm-up, nothing more
       }
+    }
+  }
+
+  // Tells a Checkpointer with set_durable_deadline() when this worker's grace period ends, less
+  // grace_margin (what the exit needs): min(notice time + grace, the announced deadline), when
+  // this worker has a notice with either. Returns whether the Checkpointer takes a deadline.
+  bool tell_durable_deadline() {
+    if constexpr (detail::detect<detail::ckpt_durable_deadline, Checkpointer>::value) {
+      std::optional<steady::time_point> end;
+      const auto grace = std::chrono::duration_cast<steady::duration>(config_.grace_period());
+      if (auto at = config_.noticed_at(); at && grace.count() > 0) end = *at + grace;
+      if (auto d = config_.announced_deadline()) {
+        const auto e = steady::now() + std::chrono::duration_cast<steady::duration>(
+                                           *d - std::chrono::system_clock::now());
+        end = end ? std::min(*end, e) : e;
+      }
+      if (end) checkpointer_.set_durable_deadline(*end - options_.grace_margin);
+      return true;
+    } else {
+      return false;
     }
   }
 
@@ -628,6 +788,12 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   bool stamped_ = false;
   std::chrono::nanoseconds last_save_duration_{0};
   typename Clock::duration overhead_{};  // waiting + saving in this round's first phase
+  // periodic saves (training thread only)
+  using steady = std::chrono::steady_clock;
+  const bool periodic_decider_ = options_.periodic_saves.enabled && cluster_.task == 0 &&
+                                 options_.periodic_saves.next_due && options_.periodic_saves.saved;
+  steady::time_point periodic_due_ = steady::time_point::max();  // task 0: when to ask next_due
+  std::int64_t periodic_requested_ = -1;  // task 0: the step it asked its watcher to publish
 };
 
 HOLDFAST_NAMESPACE_END

@@ -1,8 +1,8 @@
 // holdfast/handler/traits.hpp — the compile-time contract of the handler's policies: what a
 // Checkpointer and a termination Config must have (checked with readable static_asserts), the
 // optional members the handler detects (all_steps/restore_step, all_identities/begin_history,
-// pin, wait_until_finished), whether a Config's Exit policy is called after the last save, and
-// the Clock conversions.
+// pin, wait_until_finished, set_durable_deadline), whether a Config's Exit policy is called after
+// the last save, and the Clock conversions.
 //
 // Guarantees:
 //   - check_checkpointer<C>() and check_termination_config<C>() fail with a message naming the
@@ -53,6 +53,9 @@ template <class T>
 using ckpt_pin = decltype(std::declval<T&>().pin(std::optional<std::int64_t>{}));
 template <class T>
 using ckpt_wait = decltype(std::declval<T&>().wait_until_finished());
+template <class T>
+using ckpt_durable_deadline =
+    decltype(std::declval<T&>().set_durable_deadline(std::chrono::steady_clock::time_point{}));
 template <class T>
 using ckpt_hang_bounds_out = decltype(std::declval<T&>().set_hang_bounds(hang_bounds{}));
 template <class T>
