@@ -82,6 +82,7 @@ fi
 [ -n "$etcd_pid" ] && case_ ddp-etcd "${ddp[@]}" --dir "$scratch/etcd" --kv="$etcd_url"
 case_ ddp-grace "${ddp[@]}" --dir "$scratch/grace" --grace 3
 case_ ddp-torchrun-sigterm "${ddp[@]}" --dir "$scratch/torchrun-sigterm" --preempt torchrun --kv="file://$scratch/kv-relaunch"
+case_ ddp-two-tier "${ddp[@]}" --dir "$scratch/two-tier" --local-dir "$scratch/two-tier-local" --new-node --save-policy auto --min-interval 0.3 --mtbi-prior 2 --steps 40
 case_ ddp-torchrun-k8s-grace "${ddp[@]}" --dir "$scratch/torchrun-k8s" --preempt torchrun --grace 4 --steps 250 --kv="file://$scratch/kv-k8s"
 # [/snippet cases]
 # The job across 2 nodes (network namespaces made by tests/support/multinode.hpp through its
