@@ -393,7 +393,8 @@ class CheckpointManager(_ext.CheckpointManager, _AutoSave):
     checkpoint is published whole (fsync, rename, then the `latest` pointer); the newest
     `max_to_keep` are kept. Give every task its own directory (e.g. ckpt/rank-<k>).
 
-    local_dir: two tiers (holdfast::two_tier_checkpoints): save() writes to local_dir (a
+    local_dir: two tiers (holdfast::two_tier_checkpoints; durable_dir= is another name for
+    `directory`, the durable tier): save() writes to local_dir (a
     node-local disk or RAM disk; keeps local_max_to_keep) and returns; one background thread
     copies each checkpoint to `directory` (the durable tier: the run's shared directory; keeps
     max_to_keep). The handler's preemption save waits for its copy at most durable_wait
@@ -406,10 +407,16 @@ class CheckpointManager(_ext.CheckpointManager, _AutoSave):
     its history.
     """
 
-    def __init__(self, directory, save, restore, max_to_keep=3, async_save=False, *,
-                 local_dir=None, local_max_to_keep=2, durable_wait=20.0, save_policy=None,
-                 mtbi_prior_s=86400.0, min_interval_s=30.0, max_interval_s=86400.0,
-                 group=None):
+    def __init__(self, directory=None, save=None, restore=None, max_to_keep=3, async_save=False,
+                 *, local_dir=None, durable_dir=None, local_max_to_keep=2, durable_wait=20.0,
+                 save_policy=None, mtbi_prior_s=86400.0, min_interval_s=30.0,
+                 max_interval_s=86400.0, group=None):
+        if durable_dir is not None:  # the durable tier's name for `directory`
+            if directory is not None and os.fspath(directory) != os.fspath(durable_dir):
+                raise TypeError("CheckpointManager: directory and durable_dir differ")
+            directory = durable_dir
+        if directory is None:
+            raise TypeError("CheckpointManager needs a directory (or durable_dir)")
         super().__init__(os.fspath(directory), _adapt(save, "save"), _adapt(restore, "restore"),
                          max_to_keep, async_save, os.fspath(local_dir) if local_dir else "",
                          int(local_max_to_keep), float(durable_wait))
