@@ -462,6 +462,7 @@ class Worker:
             dist.destroy_process_group()
         return code
 
+    # [snippet two-tier-options]
     def two_tier_options(self, ckpt_dir):
         """--local-dir: two tiers, <local dir>/<ckpt dir>/rank-<k> first, copied in the background
         to the checkpoint directory (the durable tier). --new-node: the restarted victim worker
@@ -480,6 +481,7 @@ class Worker:
             o.update(save_policy="auto", mtbi_prior_s=a.mtbi_prior, min_interval_s=a.min_interval,
                      max_interval_s=max(a.min_interval, 3600.0))
         return o
+    # [/snippet two-tier-options]
 
     def name_the_missing(self, h, step):
         """A collective failed inside step `step`: some peer is gone. Under the elastic agent
