@@ -26,6 +26,14 @@
 // fsyncs, a cache put, the restore agreement at construction), taken back for every Python
 // callback (the step function, the save and restore callables). The handler's watcher thread
 // and torch_kv's watch threads never touch Python (unless the store is a Python Store subclass).
+// Two tiers: the copier thread never touches Python (it streams the local files); the save
+// callable runs on the caller's thread, into the local tier. Caveat: dropping the last reference
+// to a CheckpointManager waits for a copy in flight (at most durable_wait) with the GIL held, as
+// it waits for an async save with one tier.
+//
+// save_policy="auto" (holdfast_torch.py): task 0 asks _SavePolicy and broadcasts the answer with
+// torch.distributed, so every rank saves the same step; _SavePolicy reads no clock but
+// steady_clock's now and writes only its run history.
 #include <Python.h>
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
