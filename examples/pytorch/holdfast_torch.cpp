@@ -16,7 +16,10 @@
 //                      holdfast::make_kv.
 //   CheckpointManager  holdfast::checkpoint_manager with Python save/restore callables, and the
 //                      members the handler's restore agreement uses (all_steps, restore_step,
-//                      pin, wait_until_finished).
+//                      pin, wait_until_finished); with local_dir, two_tier_checkpoints (local
+//                      first, a background copy to the directory; docs/two-tiers.md).
+//   _SavePolicy        save_interval_policy and its run history (CheckpointManager's
+//                      save_policy="auto"; docs/save-policy.md).
 //   Cache              holdfast::multiprocess_file_cache: get(i) -> bytes | None, put(i, bytes).
 //   _TorchKV           torch_kv and its watch (_TorchWatch) as they are, for the tests and the
 //                      benchmark (tests/pytorch/test_torch_store.py, torch_store_bench.py).
@@ -37,6 +40,15 @@
 //     callable is released with the GIL held.
 //   - hang_timeout sets the step's floor, twice it the warm-up's; saves and restores keep their
 //     own floors unless hang_timeout is longer.
+//
+// Two tiers: the copier thread never touches Python (it streams the local files); the save
+// callable runs on the caller's thread, into the local tier. Caveat: dropping the last reference
+// to a CheckpointManager waits for a copy in flight (at most durable_wait) with the GIL held, as
+// it waits for an async save with one tier.
+//
+// save_policy="auto" (holdfast_torch.py): task 0 asks _SavePolicy and broadcasts the answer with
+// torch.distributed, so every rank saves the same step; _SavePolicy reads no clock but
+// steady_clock's now and writes only its run history.
 #include <Python.h>
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -565,14 +577,86 @@ auto python_config(Preset preset) {
 // ---------------------------------------------------------------------------------------------
 // The Checkpointer: a checkpoint_manager whose writer and reader are Python callables.
 
+/// The CheckpointManager's checkpoints: one tier (checkpoint_manager on `directory`) or two
+/// (two_tier_checkpoints: local_dir first, copied to `directory` in the background), with the
+/// members of checkpoint_manager the bindings and py_checkpointer use.
+class py_checkpoints {
+ public:
+  using one_tier = holdfast::checkpoint_manager<>;
+  using two_tiers = holdfast::two_tier_checkpoints<>;
+  explicit py_checkpoints(one_tier m) : one_(std::move(m)) {}
+  explicit py_checkpoints(two_tiers t) : two_(std::move(t)) {}
+
+  template <class Writer>
+  void set_writer(Writer w) {
+    one_ ? one_->set_writer(std::move(w)) : two_->set_writer(std::move(w));
+  }
+  template <class Reader>
+  void set_reader(Reader r) {
+    one_ ? one_->set_reader(std::move(r)) : two_->set_reader(std::move(r));
+  }
+  /// The local checkpoint with two tiers (its copy to `directory` follows in the background).
+  holdfast::checkpoint_info save(std::int64_t step) {
+    return one_ ? one_->save(step) : two_->save(step);
+  }
+  std::optional<std::int64_t> restore() { return one_ ? one_->restore() : two_->restore(); }
+  void restore_step(std::int64_t step) {
+    one_ ? one_->restore_step(step) : two_->restore_step(step);
+  }
+  std::vector<std::int64_t> all_steps() const {
+    return one_ ? one_->all_steps() : two_->all_steps();
+  }
+  void pin(std::optional<std::int64_t> step) noexcept { one_ ? one_->pin(step) : two_->pin(step); }
+  /// The identities (step and history) of all_steps(): the restore agreement compares these.
+  std::vector<holdfast::checkpoint_identity> all_identities() const {
+    return one_ ? one_->all_identities() : two_->all_identities();
+  }
+  void begin_history(const std::string& id) {
+    one_ ? one_->begin_history(id) : two_->begin_history(id);
+  }
+  /// The hang detector's learned bounds, recorded in each save's metadata (handler/hang.hpp).
+  void set_hang_bounds(const holdfast::hang_bounds& b) {
+    one_ ? one_->set_hang_bounds(b) : two_->set_hang_bounds(b);
+  }
+  std::optional<holdfast::hang_bounds> restored_hang_bounds() const {
+    return one_ ? one_->restored_hang_bounds() : two_->restored_hang_bounds();
+  }
+  std::optional<std::int64_t> pinned() const noexcept {
+    return one_ ? one_->pinned() : two_->local().pinned();
+  }
+  std::optional<std::int64_t> latest_step() const noexcept {
+    return one_ ? one_->latest_step() : two_->latest_step();
+  }
+  /// Two tiers: waits for the copier at most durable_wait after the last save.
+  void wait_until_finished() { one_ ? one_->wait_until_finished() : two_->wait_until_finished(); }
+  /// The durable directory (the only one with one tier).
+  const std::string& directory() const noexcept {
+    return one_ ? one_->directory() : two_->durable_directory();
+  }
+  /// The local tier's directory; empty with one tier.
+  std::string local_directory() const { return two_ ? two_->local().directory() : std::string(); }
+  /// Two tiers: the newest step committed to the durable tier; one tier: the latest.
+  std::optional<std::int64_t> durable_step() const {
+    return one_ ? one_->latest_step() : two_->durable_step();
+  }
+  /// Two tiers: what the last wait_until_finished() did not copy.
+  std::vector<std::int64_t> unfinished() const {
+    return two_ ? two_->unfinished() : std::vector<std::int64_t>{};
+  }
+
+ private:
+  std::optional<one_tier> one_;
+  mutable std::optional<two_tiers> two_;  // mutable: its local() (pinned, directory) is non-const
+};
+
 /// State shared by the Python CheckpointManager object and every handler holding it.
 struct checkpoint_state {
   py::object save_fn;     // save(directory, step): fills the checkpoint directory
   py::object restore_fn;  // restore(directory, step): loads it
   // Destroyed first (members are destroyed in reverse order): its callbacks use the above.
-  holdfast::checkpoint_manager<> manager;
+  py_checkpoints manager;
 
-  checkpoint_state(py::object save, py::object restore, holdfast::checkpoint_manager<> m)
+  checkpoint_state(py::object save, py::object restore, py_checkpoints m)
       : save_fn(std::move(save)), restore_fn(std::move(restore)), manager(std::move(m)) {
     manager.set_writer([this](const std::string& d, std::int64_t step) {
       py::gil_scoped_acquire gil;
@@ -595,6 +679,14 @@ class py_checkpointer {
   std::vector<std::int64_t> all_steps() const { return s_->manager.all_steps(); }
   void restore_step(std::int64_t step) { s_->manager.restore_step(step); }
   void pin(std::optional<std::int64_t> step) noexcept { s_->manager.pin(step); }
+  std::vector<holdfast::checkpoint_identity> all_identities() const {
+    return s_->manager.all_identities();
+  }
+  void begin_history(const std::string& id) { s_->manager.begin_history(id); }
+  void set_hang_bounds(const holdfast::hang_bounds& b) { s_->manager.set_hang_bounds(b); }
+  std::optional<holdfast::hang_bounds> restored_hang_bounds() const {
+    return s_->manager.restored_hang_bounds();
+  }
   void wait_until_finished() { s_->manager.wait_until_finished(); }
   checkpoint_state& state() const noexcept { return *s_; }
 
@@ -604,8 +696,8 @@ class py_checkpointer {
 
 // A deleter that takes the GIL: the state holds Python objects, and the last reference may be
 // dropped by a handler destroyed without the GIL.
-inline std::shared_ptr<checkpoint_state> make_checkpoint_state(
-    py::object save, py::object restore, holdfast::checkpoint_manager<> manager) {
+inline std::shared_ptr<checkpoint_state> make_checkpoint_state(py::object save, py::object restore,
+                                                               py_checkpoints manager) {
   return std::shared_ptr<checkpoint_state>(
       new checkpoint_state(std::move(save), std::move(restore), std::move(manager)),
       [](checkpoint_state* p) {
@@ -617,24 +709,100 @@ inline std::shared_ptr<checkpoint_state> make_checkpoint_state(
 /// The Python CheckpointManager.
 class py_checkpoint_manager {
  public:
+  /// One tier in `directory`; with a non-empty `local_dir`, two tiers (local_dir first, each
+  /// save copied to `directory` in the background; local_max_to_keep and max_to_keep per tier,
+  /// durable_wait seconds for the copy at the preemption save).
   py_checkpoint_manager(const std::string& directory, py::object save, py::object restore,
-                        std::size_t max_to_keep, bool async_save) {
+                        std::size_t max_to_keep, bool async_save, const std::string& local_dir,
+                        std::size_t local_max_to_keep, double durable_wait) {
     holdfast::checkpoint_options o;
     o.max_to_keep = max_to_keep;
     o.async_save = async_save;
-    std::optional<holdfast::checkpoint_manager<>> m;
+    std::optional<py_checkpoints> m;
     {
       py::gil_scoped_release nogil;  // the writer lock may be held by a dying predecessor
-      m.emplace(directory, holdfast::directory_commit::rename, std::move(o));
+      if (local_dir.empty())
+        m.emplace(py_checkpoints::one_tier(directory, holdfast::directory_commit::rename, o));
+      else
+        m.emplace(two_tiers(directory, local_dir, o, local_max_to_keep, durable_wait));
     }
     s_ = make_checkpoint_state(std::move(save), std::move(restore), std::move(*m));
   }
   py_checkpointer checkpointer() const { return py_checkpointer(s_); }
-  holdfast::checkpoint_manager<>& manager() const { return s_->manager; }
+  py_checkpoints& manager() const { return s_->manager; }
   std::shared_ptr<checkpoint_state> shared() const { return s_; }
 
  private:
+  static py_checkpoints::two_tiers two_tiers(const std::string& durable_dir,
+                                             const std::string& local_dir,
+                                             holdfast::checkpoint_options durable,
+                                             std::size_t local_max_to_keep, double durable_wait) {
+    holdfast::two_tier_options t;
+    t.durable = std::move(durable);
+    t.local.max_to_keep = local_max_to_keep;
+    t.durable_wait = std::chrono::milliseconds(static_cast<std::int64_t>(durable_wait * 1000));
+    return py_checkpoints::two_tiers(local_dir, holdfast::directory_commit::rename, durable_dir,
+                                     holdfast::directory_commit::rename, std::move(t));
+  }
+
   std::shared_ptr<checkpoint_state> s_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The save interval policy (save_policy="auto").
+
+/// holdfast::save_interval_policy and, where a directory is given, the run history it learns M
+/// from (<directory>/holdfast-run-history.json, begun at construction): what
+/// CheckpointManager(save_policy="auto") consults on the task that decides (task 0).
+class py_save_policy {
+ public:
+  py_save_policy(const std::string& history_dir, double mtbi_prior, double min_interval,
+                 double max_interval, double prior_weight)
+      : policy_(options(mtbi_prior, min_interval, max_interval, prior_weight)) {
+    py::gil_scoped_release nogil;  // the history's read and atomic write
+    if (!history_dir.empty()) {
+      history_.emplace(history_dir);
+      history_->begin(std::chrono::system_clock::now());
+      policy_.observe(*history_);
+    }
+    policy_.start(std::chrono::steady_clock::now());
+  }
+  /// True when the interval has passed since the last save (or the start).
+  bool should_save() const { return policy_.should_save(std::chrono::steady_clock::now()); }
+  /// A save that blocked the training for `cost` seconds finished now (noted in the history).
+  void record_save(double cost) {
+    policy_.record_save(holdfast::save_seconds(cost), std::chrono::steady_clock::now());
+    py::gil_scoped_release nogil;
+    if (history_) history_->note_save(std::chrono::system_clock::now(), policy_.save_cost());
+  }
+  /// This incarnation ends after its preemption save committed.
+  void note_notice() {
+    py::gil_scoped_release nogil;
+    if (history_) history_->note_notice(std::chrono::system_clock::now());
+  }
+  /// This incarnation ends on purpose (the training finished).
+  void note_clean_end() {
+    py::gil_scoped_release nogil;
+    if (history_) history_->note_clean_end(std::chrono::system_clock::now());
+  }
+  double interval() const { return policy_.interval(std::chrono::steady_clock::now()).count(); }
+  double mtbi() const { return policy_.mtbi(std::chrono::steady_clock::now()).count(); }
+  double save_cost() const { return policy_.save_cost().count(); }
+  std::int64_t unnoticed() const { return history_ ? history_->counters().unnoticed : 0; }
+
+ private:
+  static holdfast::save_interval_options options(double mtbi_prior, double min_interval,
+                                                 double max_interval, double prior_weight) {
+    holdfast::save_interval_options o;
+    o.mtbi_prior = holdfast::save_seconds(mtbi_prior);
+    o.min_interval = holdfast::save_seconds(min_interval);
+    o.max_interval = holdfast::save_seconds(max_interval);
+    o.prior_weight = prior_weight;
+    return o;
+  }
+
+  holdfast::save_interval_policy policy_;
+  std::optional<holdfast::run_history> history_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1317,9 +1485,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::register_exception_translator(&ht::translate);
 
   py::class_<ht::py_checkpoint_manager>(m, "CheckpointManager")
-      .def(py::init<const std::string&, py::object, py::object, std::size_t, bool>(),
+      .def(py::init<const std::string&, py::object, py::object, std::size_t, bool,
+                    const std::string&, std::size_t, double>(),
            py::arg("directory"), py::arg("save"), py::arg("restore"), py::arg("max_to_keep") = 3,
-           py::arg("async_save") = false)
+           py::arg("async_save") = false, py::arg("local_dir") = "",
+           py::arg("local_max_to_keep") = 2, py::arg("durable_wait") = 20.0)
       .def(
           "save",
           [](ht::py_checkpoint_manager& self, std::int64_t step) {
@@ -1363,7 +1533,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              self.manager().wait_until_finished();
            })
       .def_property_readonly(
-          "directory", [](ht::py_checkpoint_manager& self) { return self.manager().directory(); });
+          "directory", [](ht::py_checkpoint_manager& self) { return self.manager().directory(); })
+      .def_property_readonly(
+          "local_directory",
+          [](ht::py_checkpoint_manager& self) { return self.manager().local_directory(); })
+      .def_property_readonly("durable_step",
+                             [](ht::py_checkpoint_manager& self) {
+                               py::gil_scoped_release nogil;
+                               return self.manager().durable_step();
+                             })
+      .def_property_readonly("unfinished", [](ht::py_checkpoint_manager& self) {
+        return self.manager().unfinished();
+      });
+
+  py::class_<ht::py_save_policy>(m, "_SavePolicy", "save_interval_policy and its run history")
+      .def(py::init<const std::string&, double, double, double, double>(), py::arg("history_dir"),
+           py::arg("mtbi_prior_s"), py::arg("min_interval_s"), py::arg("max_interval_s"),
+           py::arg("prior_weight") = 1.0)
+      .def("should_save", &ht::py_save_policy::should_save)
+      .def("record_save", &ht::py_save_policy::record_save, py::arg("cost_s"))
+      .def("note_notice", &ht::py_save_policy::note_notice)
+      .def("note_clean_end", &ht::py_save_policy::note_clean_end)
+      .def_property_readonly("interval", &ht::py_save_policy::interval)
+      .def_property_readonly("mtbi", &ht::py_save_policy::mtbi)
+      .def_property_readonly("save_cost", &ht::py_save_policy::save_cost)
+      .def_property_readonly("unnoticed", &ht::py_save_policy::unnoticed);
 
   py::class_<ht::py_torch_kv>(m, "_TorchKV", "torch_kv on a c10d store (tests, benchmarks)")
       .def(py::init<c10::intrusive_ptr<c10d::Store>, const std::string&, std::uint64_t, double,

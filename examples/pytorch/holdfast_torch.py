@@ -324,18 +324,118 @@ def _adapt(fn, what):
     return fn if two else (lambda directory, step: fn(directory))
 
 
-class CheckpointManager(_ext.CheckpointManager):
+class _AutoSave:
+    """CheckpointManager's save_policy="auto": when to save, decided on one task for all.
+
+    Task 0 of the process group (or the only task) keeps holdfast's save_interval_policy
+    (_ext._SavePolicy: Daly's interval from the measured blocking cost of its saves and the
+    mean time between interruptions learned from the run history in the durable directory,
+    holdfast-run-history.json, with the prior mtbi_prior_s; clamped to [min_interval_s,
+    max_interval_s]). save_if_due(step) asks it and, when torch.distributed is initialized with
+    more than one rank, broadcasts its answer from rank 0 of `group` (one integer per call, on
+    the group's device): every rank gets the same answer at the same call, so all save the same
+    step. Call it at the same point of every rank's loop (where the loop's own collectives
+    already keep the ranks in step).
+    """
+
+    def _init_save_policy(self, save_policy, mtbi_prior_s, min_interval_s, max_interval_s, group):
+        if save_policy not in (None, "auto"):
+            raise ValueError(f"save_policy takes None or 'auto', not {save_policy!r}")
+        self._group = group
+        self._auto = save_policy == "auto"
+        self._policy = None
+        if self._auto and self._rank() == 0:
+            self._policy = _ext._SavePolicy(self.directory, float(mtbi_prior_s),
+                                            float(min_interval_s), float(max_interval_s))
+
+    @property
+    def save_policy(self):
+        """The deciding task's _SavePolicy (interval, mtbi, save_cost), None elsewhere."""
+        return self._policy
+
+    def _rank(self):
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(self._group)
+        return _env_int("RANK", 0)
+
+    def _agree(self, due):
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()) or \
+                dist.get_world_size(self._group) < 2:
+            return due
+        import torch
+        device = "cpu"
+        if dist.get_backend(self._group) == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        flag = torch.tensor([1 if due else 0], dtype=torch.int64, device=device)
+        dist.broadcast(flag, src=dist.get_global_rank(self._group, 0) if self._group else 0,
+                       group=self._group)
+        return bool(flag.item())
+
+    def save_if_due(self, step):
+        """save_policy="auto": saves `step` when task 0's policy says a save is due (the same
+        answer on every rank); True when it saved. Task 0 times the save (the blocking part:
+        with two tiers the local save) and records it in the policy and the run history."""
+        if not self._auto:
+            raise RuntimeError("save_if_due needs CheckpointManager(save_policy='auto')")
+        import time
+        if not self._agree(self._policy is not None and self._policy.should_save()):
+            return False
+        t = time.perf_counter()
+        self.save(step)
+        if self._policy is not None:
+            self._policy.record_save(time.perf_counter() - t)
+        return True
+
+    def note_notice(self):
+        """After Preempted (the preemption save committed): this run ended with a notice, in
+        the run history the policy learns from (task 0; a no-op elsewhere)."""
+        if self._policy is not None:
+            self._policy.note_notice()
+
+    def note_clean_end(self):
+        """When the training finished: this run ended on purpose (task 0; a no-op elsewhere)."""
+        if self._policy is not None:
+            self._policy.note_clean_end()
+
+
+class CheckpointManager(_ext.CheckpointManager, _AutoSave):
     """holdfast's checkpoint_manager on `directory`, written and read by Python callables.
 
     save(directory, step) fills a fresh checkpoint directory (e.g. torch.save of the state
     dicts); restore(directory, step) loads one. Both may also take only the directory. Each
     checkpoint is published whole (fsync, rename, then the `latest` pointer); the newest
     `max_to_keep` are kept. Give every task its own directory (e.g. ckpt/rank-<k>).
+
+    local_dir: two tiers (holdfast::two_tier_checkpoints; durable_dir= is another name for
+    `directory`, the durable tier): save() writes to local_dir (a
+    node-local disk or RAM disk; keeps local_max_to_keep) and returns; one background thread
+    copies each checkpoint to `directory` (the durable tier: the run's shared directory; keeps
+    max_to_keep). The handler's preemption save waits for its copy at most durable_wait
+    seconds (what the grace period leaves after the local save); restore reads either tier (a
+    new node, its local_dir empty, reads `directory`). async_save is ignored there.
+
+    save_policy="auto": save_if_due(step) saves at the interval holdfast's save_interval_policy
+    chooses (see _AutoSave; mtbi_prior_s, min_interval_s, max_interval_s), decided on
+    task 0 and the same on every rank; note_notice() / note_clean_end() end the run's entry in
+    its history.
     """
 
-    def __init__(self, directory, save, restore, max_to_keep=3, async_save=False):
+    def __init__(self, directory=None, save=None, restore=None, max_to_keep=3, async_save=False,
+                 *, local_dir=None, durable_dir=None, local_max_to_keep=2, durable_wait=20.0,
+                 save_policy=None, mtbi_prior_s=86400.0, min_interval_s=30.0,
+                 max_interval_s=86400.0, group=None):
+        if durable_dir is not None:  # the durable tier's name for `directory`
+            if directory is not None and os.fspath(directory) != os.fspath(durable_dir):
+                raise TypeError("CheckpointManager: directory and durable_dir differ")
+            directory = durable_dir
+        if directory is None:
+            raise TypeError("CheckpointManager needs a directory (or durable_dir)")
         super().__init__(os.fspath(directory), _adapt(save, "save"), _adapt(restore, "restore"),
-                         max_to_keep, async_save)
+                         max_to_keep, async_save, os.fspath(local_dir) if local_dir else "",
+                         int(local_max_to_keep), float(durable_wait))
+        self._init_save_policy(save_policy, mtbi_prior_s, min_interval_s, max_interval_s, group)
 
 
 class Handler(_ext.Handler):

@@ -4,6 +4,7 @@
     python examples/pytorch/preemptible_ddp.py [--kv=torch|file:///dir|etcd://host:port]
         [--workers 4] [--grace SECONDS] [--kill] [--preempt worker|torchrun] [--hang sleep|stop]
         [--device cpu|cuda] [--steps 48] [--seed 7] [--dir DIR] [--reference computed|launch]
+        [--local-dir DIR [--new-node]] [--save-policy every|auto [--min-interval S]]
 
 Run it with the Python that has the pinned torch (examples/pytorch/requirements.txt; the tests
 make one with `bash tests/pytorch/venv.sh`). The driver starts the job with the real `torchrun`
@@ -42,6 +43,14 @@ the group (the SIGSTOPped worker is ended by torchrun's SIGTERM, then SIGKILL 30
 the new launch resumes from the newest checkpoint every task holds. The driver checks one
 verdict, stall -> verdict <= bound + one period + 1 s, and prints stall -> verdict, verdict ->
 every worker gone and torchrun restart -> first step on its verdict line.
+
+--local-dir DIR: two tiers (CheckpointManager(local_dir=...)): each task saves to
+DIR/ckpt/rank-<k> first and a background thread copies each checkpoint to the checkpoint
+directory above (the durable tier). --new-node: the victim's restarted worker empties its local
+tier first (a replacement node) and must restore the agreed step from the durable tier.
+--save-policy auto: the periodic saves come at the interval holdfast's save_interval_policy picks
+(from the measured save cost and the run history; at least --min-interval seconds apart), decided
+by task 0 and broadcast, so every task saves the same steps (checked).
 
 Then the driver checks the final model and optimizer state against an uninterrupted run, bit for
 bit: by default the uninterrupted job computed in the driver's own process (every worker's
@@ -357,7 +366,7 @@ class Worker:
         ckpt_dir = "ckpt" if self.label == "run" else f"ckpt-{self.label}"
         ckpt = holdfast.CheckpointManager(
             os.path.join(a.dir, ckpt_dir, f"rank-{self.rank}"), save=save, restore=restore,
-            max_to_keep=3)
+            max_to_keep=3, **self.two_tier_options(ckpt_dir))
         grace = a.grace if a.grace > 0 else None
         hang = {}
         if a.hang != "none":  # every worker exits with HANG_EXIT once a verdict is recorded
@@ -432,7 +441,14 @@ class Worker:
                     self.round_summary(h, "first")
                 os.write(log, f"{s}\n".encode())
                 self.progress(s)
-                if (s + 1) % CKPT_EVERY == 0 and s + 1 < a.steps:
+                if a.save_policy == "auto":  # task 0 decides, every rank saves the same step
+                    self.periodic = True
+                    try:
+                        if s + 1 < a.steps and ckpt.save_if_due(s + 1):
+                            self.event(kind="periodic", step=s + 1)
+                    finally:
+                        self.periodic = False
+                elif (s + 1) % CKPT_EVERY == 0 and s + 1 < a.steps:
                     self.periodic = True
                     try:
                         ckpt.save(s + 1)
@@ -451,12 +467,14 @@ class Worker:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
                            os.path.join(a.dir, f"final-{self.label}.pt"))
             self.event(kind="finish", digest=digest(state))
+            ckpt.note_clean_end()
             self.say(f"finished {a.steps} steps (cache: {fills.value} fills, {hits.value} hits)")
         except holdfast.Preempted as p:
             # Saved at the agreed step. The agent SIGTERMs the rest of the group once the first
             # worker exits: ignore it now, we are leaving anyway.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             code = p.code
+            ckpt.note_notice()
             self.event(kind="preempted", step=h.total_run_calls, code=code)
             self.say(f"exiting with {code} (preempted; saved at step {h.total_run_calls})")
             self.round_summary(h, "final" if a.grace > 0 else "first")
@@ -503,6 +521,27 @@ class Worker:
         while time.monotonic() < deadline:  # the SIGSTOP lands here; SIGKILL ends it
             time.sleep(0.005)
         self.say("no SIGSTOP came within 30 s; going on")
+
+    # [snippet two-tier-options]
+    def two_tier_options(self, ckpt_dir):
+        """--local-dir: two tiers, <local dir>/<ckpt dir>/rank-<k> first, copied in the background
+        to the checkpoint directory (the durable tier). --new-node: the restarted victim worker
+        empties its local tier first, as a replacement node would find it. --save-policy auto:
+        save_if_due (task 0's save_interval_policy, broadcast to every rank)."""
+        a, o = self.a, {}
+        if a.local_dir:
+            local = os.path.join(a.local_dir, ckpt_dir, f"rank-{self.rank}")
+            if a.new_node and not self.first and self.rank == a.victim:
+                held = sorted(os.listdir(local)) if os.path.isdir(local) else []
+                shutil.rmtree(local, ignore_errors=True)
+                self.event(kind="new_node", removed=held)
+                self.say(f"new node: local tier {local} emptied ({len(held)} entries removed)")
+            o.update(local_dir=local, local_max_to_keep=2, durable_wait=10.0)
+        if a.save_policy == "auto":
+            o.update(save_policy="auto", mtbi_prior_s=a.mtbi_prior, min_interval_s=a.min_interval,
+                     max_interval_s=max(a.min_interval, 3600.0))
+        return o
+    # [/snippet two-tier-options]
 
     def name_the_missing(self, h, step):
         """A collective failed inside step `step`: some peer is gone. Under the elastic agent
@@ -626,6 +665,11 @@ def launch(a, timeline, label, log, max_restarts, launch_index=0, started=None):
             "--device", a.device, "--launch", str(launch_index), "--hang", a.hang,
             "--hang-step", str(a.hang_step), "--victim", str(a.victim),
             "--hang-timeout", repr(a.hang_timeout), "--hang-policy", a.hang_policy]
+    if a.local_dir:
+        cmd += ["--local-dir", a.local_dir] + (["--new-node"] if a.new_node else [])
+    if a.save_policy == "auto":
+        cmd += ["--save-policy", "auto", "--min-interval", repr(a.min_interval),
+                "--mtbi-prior", repr(a.mtbi_prior)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     reader = threading.Thread(target=log.feed, args=(proc.stderr,), daemon=True)
     reader.start()
@@ -810,7 +854,7 @@ def driver(a):
     os.makedirs(a.dir, exist_ok=True)
     rng = random.Random()
     victim = rng.randrange(a.workers) if a.victim < 0 else a.victim
-    a.victim = victim
+    a.victim = victim  # --new-node: the workers know which one is replaced
     if a.kill or a.hang != "none":
         target = rng.randrange(2 * CKPT_EVERY + 2, a.steps - CKPT_EVERY)
     else:
@@ -964,6 +1008,7 @@ def driver(a):
             check(len(restarted) == a.workers and restored == steps,
                   f"after the agent's restart every worker restored step "
                   f"{sorted(restored, key=str)}")
+    check_two_tiers(a, events, restarted, victim, check)
     finals = {e["digest"] for e in events if e["kind"] == "finish"}
     check(len(finals) == 1, f"the {a.workers} replicas ended with identical state "
           f"({len(finals)} distinct digests)")
@@ -1016,6 +1061,35 @@ def driver(a):
     return 0 if ok else 1
 
 
+def check_two_tiers(a, events, restarted, victim, check):
+    """--save-policy auto: every rank saved the same periodic steps in each launch. --new-node:
+    the replaced worker started with an empty local tier and restored the agreed step, which
+    only the durable tier held for it."""
+    if a.save_policy == "auto":
+        by_rank = {}
+        for e in events:
+            if e["kind"] == "periodic":
+                by_rank.setdefault((e["launch"], e["restart"], e["rank"]), []).append(e["step"])
+        runs = {}
+        for (launch, restart, rank), steps in by_rank.items():
+            runs.setdefault((launch, restart), {})[rank] = steps
+        same = all(len(ranks) == a.workers and len({tuple(v) for v in ranks.values()}) == 1
+                   for ranks in runs.values())
+        check(bool(runs) and same, "save_policy auto: every rank saved the same periodic steps "
+              + "; ".join(f"run {launch}.{restart}: {sorted(ranks.get(0, []))}"
+                          for (launch, restart), ranks in sorted(runs.items())))
+    if a.new_node:
+        new = [e for e in events if e["kind"] == "new_node" and e["rank"] == victim]
+        mine = [e for e in restarted if e["rank"] == victim]
+        agreed = {e["restored"] for e in restarted}
+        check(len(new) == 1 and len(mine) == 1 and mine[0]["restored"] is not None
+              and agreed == {mine[0]["restored"]},
+              f"new node: worker {victim} restarted with an empty local tier "
+              f"({len(new[0]['removed']) if new else '?'} entries removed) and restored step "
+              f"{mine[0]['restored'] if mine else None} from the durable tier, the step every "
+              f"worker restored ({sorted(agreed, key=str)})")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kv", default="torch",
@@ -1045,6 +1119,18 @@ def main():
     p.add_argument("--reference", choices=("computed", "launch"), default="computed",
                    help="computed: the uninterrupted job computed in this process (default); "
                         "launch: launch it again with no signal (and check both agree)")
+    p.add_argument("--local-dir", default="",
+                   help="two tiers: save here first (node-local), copy to --dir in the background")
+    p.add_argument("--new-node", action="store_true",
+                   help="with --local-dir: the restarted victim worker starts with an empty "
+                        "local tier (a replacement node) and restores from the durable tier")
+    p.add_argument("--save-policy", choices=("every", "auto"), default="every",
+                   help=f"every: a periodic save every {CKPT_EVERY} steps; auto: at the "
+                        "interval holdfast's save_interval_policy picks (task 0 decides)")
+    p.add_argument("--min-interval", type=float, default=30.0,
+                   help="--save-policy auto: never save more often (seconds)")
+    p.add_argument("--mtbi-prior", type=float, default=86400.0,
+                   help="--save-policy auto: the prior mean time between interruptions (s)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--label", default="run", help=argparse.SUPPRESS)
     p.add_argument("--t0", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -1061,6 +1147,8 @@ def main():
     if a.hang != "none" and (a.kill or a.preempt == "torchrun" or a.grace > 0 or a.workers < 2):
         p.error("--hang needs 2 or more workers and is a mode of its own (no --kill, --grace, "
                 "--preempt torchrun)")
+    if a.new_node and (not a.local_dir or a.kill or a.preempt == "torchrun"):
+        p.error("--new-node needs --local-dir, and the default preemption (a worker's SIGTERM)")
     if a.preset is None:  # --preempt torchrun with a grace: Kubernetes' preset, sized to torchrun
         a.preset = "k8s" if a.preempt == "torchrun" and a.grace > 0 else "generic"
     if a.device == "cuda" and not a.worker:

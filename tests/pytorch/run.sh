@@ -82,6 +82,7 @@ fi
 [ -n "$etcd_pid" ] && case_ ddp-etcd "${ddp[@]}" --dir "$scratch/etcd" --kv="$etcd_url"
 case_ ddp-grace "${ddp[@]}" --dir "$scratch/grace" --grace 3
 case_ ddp-torchrun-sigterm "${ddp[@]}" --dir "$scratch/torchrun-sigterm" --preempt torchrun --kv="file://$scratch/kv-relaunch"
+case_ ddp-two-tier "${ddp[@]}" --dir "$scratch/two-tier" --local-dir "$scratch/two-tier-local" --new-node --save-policy auto --min-interval 0.3 --mtbi-prior 2 --steps 40
 case_ ddp-torchrun-k8s-grace "${ddp[@]}" --dir "$scratch/torchrun-k8s" --preempt torchrun --grace 4 --steps 250 --kv="file://$scratch/kv-k8s"
 case_ ddp-hang-sleep "${ddp[@]}" --dir "$scratch/hang-sleep" --hang sleep --workers 3 --steps 30
 case_ ddp-hang-stop "${ddp[@]}" --dir "$scratch/hang-stop" --hang stop --workers 2 --steps 24
