@@ -656,7 +656,7 @@ TEST_CASE("hang bounds: an async save records those set when save() was called")
   CHECK(m.restored_hang_bounds() == bounds_a);
 }
 
-TEST_CASE("hang bounds: absent in old files; a malformed one reads as absent, never throws") {
+TEST_CASE("hang bounds: absent in old files, and a malformed one reads as absent, never throws") {
   using holdfast::detail::parse_checkpoint_metadata;
   // An old file (no "hang_bounds"): the rest reads, the bounds are absent.
   auto old = parse_checkpoint_metadata(metadata_text(""), "old");

@@ -146,11 +146,11 @@ int serial() {
 
 }  // namespace
 
-TEST_CASE("a worker frozen mid-step is named by its predecessor; every live worker restarts") {
+TEST_CASE("a worker frozen mid-step is named by its predecessor and every live worker restarts") {
   for (int victim : {1, 0})
     frozen_run("frozen-step-" + std::to_string(serial()), victim, where::step);
 }
 
-TEST_CASE("a worker frozen mid-save is named by its predecessor; every live worker restarts") {
+TEST_CASE("a worker frozen mid-save is named by its predecessor and every live worker restarts") {
   frozen_run("frozen-save-" + std::to_string(serial()), 2, where::save);
 }
