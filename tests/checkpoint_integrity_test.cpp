@@ -81,6 +81,35 @@ using local_store = holdfast::basic_store<holdfast::basic_local_filesystem<Io>>;
 template <class Io>
 using remote_store = holdfast::basic_store<holdfast::basic_mounted_remote<Io>>;
 
+template <class T>
+struct template_tag {
+  using type = T;
+};
+
+// posix_io recording, in order, which inodes had their writeback started and which were fsynced.
+struct writeback_event {
+  bool writeback;  // else an fsync
+  ino_t ino;
+};
+std::vector<writeback_event>& writeback_events() {
+  static std::vector<writeback_event> e;
+  return e;
+}
+ino_t inode_of(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+struct writeback_io : holdfast::posix_io {
+  static int start_writeback(int fd) noexcept {
+    writeback_events().push_back({true, inode_of(fd)});
+    return holdfast::posix_io::start_writeback(fd);
+  }
+  static int fsync(int fd) noexcept {
+    writeback_events().push_back({false, inode_of(fd)});
+    return holdfast::posix_io::fsync(fd);
+  }
+};
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("every file's size and CRC32C recorded at save, and verify_step checks them",
@@ -312,4 +341,38 @@ TEST_CASE("a failing or short read while checking is an I/O error, never corrupt
     CHECK(ran);
     fault_plan::disarm();
   }
+}
+
+TEST_CASE("summing starts each file's writeback before the save syncs it, only where it syncs") {
+  holdfast_test::temp_dir dir("writeback");
+  auto run = [&](auto store_tag, const std::string& name) {
+    using S = typename decltype(store_tag)::type;
+    auto s = S::create(dir / name);
+    checkpoint_manager<S> m(s, "r", {0});
+    writeback_events().clear();
+    m.save(1, write_files);
+    CHECK(m.verify_step(1).status == integrity_status::ok);
+    return writeback_events();
+  };
+  template_tag<local_store<writeback_io>> durable_tag;
+  auto events = run(durable_tag, "durable");
+  std::vector<ino_t> started;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    if (!events[i].writeback) continue;
+    started.push_back(events[i].ino);
+    for (std::size_t k = 0; k < i; ++k)  // no sync of that file came before its writeback
+      CHECK_FALSE((!events[k].writeback && events[k].ino == events[i].ino));
+  }
+  CHECK(started.size() == files_of(1).size());  // every data file, the metadata file not
+  for (ino_t ino : started) {
+    bool synced = false;
+    for (const auto& e : events) synced = synced || (!e.writeback && e.ino == ino);
+    CHECK(synced);  // a hint only: the save still syncs it
+  }
+  // A store that syncs no file starts no writeback.
+  template_tag<
+      holdfast::basic_store<holdfast::basic_local_filesystem<writeback_io, holdfast::no_sync>>>
+      no_sync_tag;
+  auto none = run(no_sync_tag, "no_sync");
+  for (const auto& e : none) CHECK_FALSE(e.writeback);
 }

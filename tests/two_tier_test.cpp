@@ -4,6 +4,8 @@
 // restores from the durable tier, also through the handler's restore agreement.
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/resource.h>  // getpriority: the copier's nice value
+#include <sys/syscall.h>   // SYS_gettid
 #include <unistd.h>
 
 #include <atomic>
@@ -112,6 +114,24 @@ struct stalling_io : holdfast::posix_io {
 };
 using stalling_store = holdfast::basic_store<holdfast::basic_local_filesystem<stalling_io>>;
 using hung_tiers = holdfast::two_tier_checkpoints<holdfast::store, stalling_store>;
+
+// The calling thread's nice value (Linux: per thread).
+int thread_nice() {
+  errno = 0;
+  return ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+}
+// A durable mount that records the nice value of the thread that fsyncs its files.
+std::atomic<int>& copy_nice() {
+  static std::atomic<int> n{-100};
+  return n;
+}
+struct nice_recording_io : holdfast::posix_io {
+  static int fsync(int fd) noexcept {
+    copy_nice().store(thread_nice());
+    return holdfast::posix_io::fsync(fd);
+  }
+};
+using nice_store = holdfast::basic_store<holdfast::basic_local_filesystem<nice_recording_io>>;
 
 }  // namespace
 
@@ -368,4 +388,23 @@ TEST_CASE("two tiers: the preemption save returns with its durable copy hung and
   CHECK(!r.timed_out);  // an unbounded wait for the hung copy never returns
   CHECK(r.failures == "");
   CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("two tiers: copier_nice lowers the copier thread's priority, not the caller's") {
+  holdfast_test::temp_dir d("tiers");
+  log_sink log;
+  const int base = thread_nice();
+  REQUIRE(base < 19);  // else there is nothing to lower
+  auto o = opts(2, 2, log);
+  o.copier_nice = 19;
+  auto t = make<holdfast::two_tier_checkpoints<holdfast::store, nice_store>>(d / "local",
+                                                                             d / "durable", o);
+  t.save(1);
+  REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+  CHECK(copy_nice().load() == 19);  // the durable copy's syncs ran at nice 19
+  CHECK(thread_nice() == base);     // the training thread kept its own
+  t.save(2);                        // a second copy, by the same thread
+  REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+  CHECK(copy_nice().load() == 19);
+  CHECK(log.get().find("copier's nice") == std::string::npos);
 }

@@ -60,6 +60,16 @@ struct posix_io {
   static off_t lseek(int fd, off_t off, int whence) noexcept { return ::lseek(fd, off, whence); }
   static int fsync(int fd) noexcept { return ::fsync(fd); }
   static int fdatasync(int fd) noexcept { return ::fdatasync(fd); }
+  /// Starts writing `fd`'s dirty pages back without waiting for them (a hint, not a sync:
+  /// sync_file_range SYNC_FILE_RANGE_WRITE on Linux, nothing elsewhere).
+  static int start_writeback(int fd) noexcept {
+#if defined(__linux__)
+    return ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+#else
+    (void)fd;
+    return 0;
+#endif
+  }
   static int fchmod(int fd, mode_t mode) noexcept { return ::fchmod(fd, mode); }
   static int fstat(int fd, struct stat* st) noexcept { return ::fstat(fd, st); }
   // the filesystem's type (f_type): network filesystems lock and notify differently
@@ -159,6 +169,8 @@ template <class T>
 using io_getpid = decltype(T::getpid());
 template <class T>
 using io_fstatfs = decltype(T::fstatfs(0, static_cast<struct statfs*>(nullptr)));
+template <class T>
+using io_start_writeback = decltype(T::start_writeback(0));
 
 /// The statfs f_type of `fd` (Io::fstatfs where the policy has it, else ::fstatfs); 0 when
 /// fstatfs fails. Network filesystems lock and notify differently from local ones (tests

@@ -48,7 +48,9 @@
 //     malformed or unreadable metadata file: the bounds never fail a restore).
 //   - Integrity (integrity.hpp): with checksums on (the default), the metadata records every
 //     file's size and CRC32C, summed after the writer and its deferred part ran and before the
-//     syncs, in the thread that commits (one read of what was just written). restore() and
+//     syncs, in the thread that commits (one read of what was just written); where the store
+//     syncs files, each file's writeback is started as it is summed (Io::start_writeback, a
+//     hint), so the disk writes while the CPU sums and the syncs after wait for less. restore() and
 //     restore_step() check them under the same LOCK_SH before the reader runs: restore_step()
 //     of a corrupt checkpoint throws checkpoint_corrupt naming it and its first bad file;
 //     restore() logs the corrupt latest and loads the newest older step that is not corrupt,
@@ -756,11 +758,13 @@ class checkpoint_manager<Store>::impl
   }
 
   // The metadata file, with each file's size and CRC32C (checksums on): after the writer and
-  // its deferred part, before the syncs; in the committing thread.
+  // its deferred part, before the syncs; in the committing thread. Each file's writeback
+  // starts as it is summed when the save syncs files: the disk writes while the CPU sums.
   void write_metadata(job& j) const {
+    constexpr bool syncs = durability_type::file != file_sync::none;
     if (options.checksums)
-      j.metadata->set("files",
-                      detail::checkpoint_files_json(detail::checkpoint_sum_files<io_type>(j.work)));
+      j.metadata->set("files", detail::checkpoint_files_json(
+                                   detail::checkpoint_sum_files<io_type>(j.work, syncs)));
     detail::checkpoint_write_metadata_text<io_type>(j.work, detail::to_json(*j.metadata, 2));
   }
 

@@ -40,6 +40,10 @@
 //     (a reader reports a corrupt copy that way, e.g. format_error), the durable copy of the
 //     same identity, with a log line. restore(): the newest step that loads from either tier;
 //     a new node (empty local tier) restores from the durable tier.
+//   - copier_nice N > 0: the copier thread sets its own nice value to N when it starts (Linux
+//     nice values are per thread): the caller's threads keep theirs, so a copy yields the CPU
+//     to the training step (holdfast_two_tier_bench's step rows); a failure is logged, never
+//     thrown. A priority is only ever lowered.
 //   - Destruction waits for the copier at most durable_wait; a copy still hanging then is left
 //     to its thread (detached, logged), which owns what it uses.
 // Caveats:
@@ -56,13 +60,18 @@
 //   - A checkpoint holding anything but regular files and directories fails its copy (EINVAL).
 #pragma once
 
-#include <fcntl.h>     // O_CREAT, O_EXCL, O_NOFOLLOW: the copy's files
-#include <sys/stat.h>  // S_ISDIR, S_ISREG: what a checkpoint holds
+#include <fcntl.h>         // O_CREAT, O_EXCL, O_NOFOLLOW: the copy's files
+#include <sys/resource.h>  // setpriority: the copier's nice value (copier_nice)
+#include <sys/stat.h>      // S_ISDIR, S_ISREG: what a checkpoint holds
+#include <sys/syscall.h>   // SYS_gettid: the copier thread's own nice value
+#include <unistd.h>        // syscall
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>  // strerror: a copier_nice that was not set
 #include <exception>
 #include <map>
 #include <memory>
@@ -95,6 +104,9 @@ struct two_tier_options {
   std::chrono::milliseconds durable_wait{20000};
   /// Where copies, fallbacks and unfinished copies are reported (empty: log_to_stderr).
   log_fn log{};
+  /// The copier thread's nice value (Linux: per thread), e.g. 19 so a copy yields the CPU to
+  /// the training thread; 0 (the default) leaves it at the process's. Can only lower priority.
+  int copier_nice = 0;
 };
 
 namespace detail {
@@ -131,6 +143,23 @@ void two_tier_copy_tree(const std::string& from, const std::string& to, bool top
       throw error(EINVAL, "two-tier copy", src, "not a regular file or a directory");
     }
   }
+}
+
+// Lowers the calling thread's priority to nice value `nice` (on Linux a nice value is per
+// thread: the copier's own); a failure is logged, never thrown (the copy runs either way).
+inline void two_tier_lower_priority(int nice, const log_fn& log) {
+#if defined(__linux__)
+  errno = 0;
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  int now = ::getpriority(PRIO_PROCESS, tid);
+  if (errno == 0 && nice > now && ::setpriority(PRIO_PROCESS, tid, nice) == 0) return;
+  if (errno == 0) return;  // already as low (a lower priority is never raised)
+  log_line(log, "two-tier: the copier's nice value " + std::to_string(nice) +
+                    " was not set: " + std::string(std::strerror(errno)));
+#else
+  (void)nice;
+  (void)log;
+#endif
 }
 
 // "3, 5" (steps in a log line).
@@ -318,7 +347,8 @@ class two_tier_checkpoints {
       return unfinished_locked();
     }
 
-    void run() {
+    void run(int nice) {
+      if (nice != 0) detail::two_tier_lower_priority(nice, log);
       std::vector<char> buffer(std::size_t{1} << 20);
       for (;;) {
         std::int64_t step;
@@ -396,7 +426,7 @@ class two_tier_checkpoints {
                                       local_dir, local_mode, options.local, options.log)),
           local(std::move(local_dir), local_mode, local_options(options.local, sh.get())),
           durable_reader(read_only, sh->durable.directory(), durable_mode, options.durable) {
-      copier = std::thread([keep = sh] { keep->run(); });
+      copier = std::thread([keep = sh, nice = options.copier_nice] { keep->run(nice); });
     }
 
     ~impl() {
