@@ -441,7 +441,6 @@ class checkpoint_manager<Store>::impl
   using base = detail::checkpoint_maintenance<io_type, durability_type>;
 
  public:
-  using base::all_steps;
   using base::complete_list;
   using base::dir;
   using base::find_step;
@@ -500,7 +499,7 @@ class checkpoint_manager<Store>::impl
       detail::store_sync_dir<durability_type, io_type>(created[i]);
     lock.acquire();
     sweep();
-    auto steps = all_steps();
+    auto steps = base::all_steps();  // every retained step counts for should_save()
     if (!steps.empty()) last_step = steps.back();
   }
 
@@ -559,9 +558,9 @@ class checkpoint_manager<Store>::impl
 
   // The checkpoint restore_step() loads of the newest retained step below `step`.
   std::optional<checkpoint_info> newest_below(std::int64_t step) const {
-    auto steps = all_steps();
-    for (auto s = steps.rbegin(); s != steps.rend(); ++s)
-      if (*s < step) return find_step(*s);
+    auto list = listed();
+    for (auto c = list.rbegin(); c != list.rend(); ++c)
+      if (c->step < step) return *c;
     return std::nullopt;
   }
 
@@ -617,14 +616,35 @@ class checkpoint_manager<Store>::impl
     }
   }
 
+  // Of each retained step, the checkpoint restore_step() loads (find_step's: listed last),
+  // ascending by step, left out when (checksums on) a file its metadata records is missing or
+  // of another size: one stat per recorded file, no byte read.
+  std::vector<checkpoint_info> listed() const {
+    auto list = complete_list();
+    std::vector<checkpoint_info> out;
+    for (auto c = list.rbegin(); c != list.rend(); ++c)
+      if (std::none_of(out.begin(), out.end(), [&](const auto& x) { return x.step == c->step; }))
+        out.push_back(*c);
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+    if (options.checksums)
+      out.erase(std::remove_if(out.begin(), out.end(),
+                               [](const checkpoint_info& c) {
+                                 return !detail::checkpoint_files_present<io_type>(c.path, c.step);
+                               }),
+                out.end());
+    return out;
+  }
+
+  std::vector<std::int64_t> all_steps() const {
+    std::vector<std::int64_t> out;
+    for (const auto& c : listed()) out.push_back(c.step);
+    return out;
+  }
+
   std::vector<checkpoint_identity> all_identities() const {
-    auto list = complete_list();  // of each step, the one listed last (as find_step)
     std::vector<checkpoint_identity> out;
-    for (std::int64_t st : all_steps()) {
-      auto c =
-          std::find_if(list.rbegin(), list.rend(), [&](const auto& x) { return x.step == st; });
-      out.push_back(detail::checkpoint_load_identity<io_type>(c->path, st));
-    }
+    for (const auto& c : listed())
+      out.push_back(detail::checkpoint_load_identity<io_type>(c.path, c.step));
     return out;
   }
 

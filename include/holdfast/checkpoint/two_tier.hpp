@@ -459,12 +459,15 @@ class two_tier_checkpoints {
             "tier holds them");
     }
 
-    // A tier's readable identities by step (of each step, the copy listed last).
+    // A tier's readable identities by step (of each step, the copy listed last), of the steps
+    // its all_steps() lists (every recorded file there with its size).
     template <class Manager, class Io>
     std::map<std::int64_t, checkpoint_identity> identities(const Manager& mgr,
                                                            const char* tier) const {
       std::map<std::int64_t, checkpoint_identity> out;
+      const auto steps = mgr.all_steps();
       for (const auto& c : mgr.checkpoints()) {
+        if (!std::binary_search(steps.begin(), steps.end(), c.step)) continue;
         try {
           out[c.step] = detail::checkpoint_load_identity<Io>(c.path, c.step);
         } catch (const error& e) {
