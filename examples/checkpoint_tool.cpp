@@ -178,7 +178,11 @@ tier_result verify_directory(const std::string& dir, hf::directory_commit mode, 
   print_report(r, tier);
   bool intact = true;
   tier_result out;
-  for (std::int64_t step : m.all_steps()) {
+  std::vector<std::int64_t> steps;  // every retained step: all_steps() leaves out a missing file
+  for (const auto& c : m.checkpoints()) steps.push_back(c.step);
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  for (std::int64_t step : steps) {
     hf::checkpoint_integrity c = m.verify_step(step);
     std::string name = c.path.substr(c.path.rfind('/') + 1);
     if (c.corrupt()) {

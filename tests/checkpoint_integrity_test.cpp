@@ -376,3 +376,54 @@ TEST_CASE("summing starts each file's writeback before the save syncs it, only w
   auto none = run(no_sync_tag, "no_sync");
   for (const auto& e : none) CHECK_FALSE(e.writeback);
 }
+
+TEST_CASE("a deleted or truncated file takes its step out of the listings; the older is latest") {
+  // Invariant: every step all_steps()/all_identities() list (and latest_step()) restores with
+  // restore_step(); a checkpoint whose recorded file is gone or has another size is not listed.
+  holdfast_test::temp_dir dir("list");
+  checkpoint_manager<> m(dir / "c", holdfast::directory_commit::rename, {0});
+  for (std::int64_t st : {1, 2, 3}) m.save(st, write_files);
+  auto path = [&](std::int64_t st) {
+    return m.checkpoints()[static_cast<std::size_t>(st - 1)].path;
+  };
+  auto listed_restore = [&] {
+    auto steps = m.all_steps();
+    auto ids = m.all_identities();
+    REQUIRE(ids.size() == steps.size());
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      CHECK(ids[i].step == steps[i]);
+      CHECK_NOTHROW(m.restore_step(steps[i]));
+    }
+    return steps;
+  };
+  const std::string p3 = path(3), p2 = path(2);
+  SUBCASE("deleted") { fs::remove(p3 + "/meta/step.txt"); }
+  SUBCASE("truncated") { fs::resize_file(p3 + "/weights.bin", 1000); }
+  CHECK(listed_restore() == steps_t{1, 2});
+  CHECK(m.latest_step() == 2);
+  std::int64_t got = -1;
+  CHECK(m.restore([&](const std::string& d, std::int64_t st) { got = step_held(d, st); }) == 2);
+  CHECK(got == 2);
+  // the same loss in the step below leaves step 1 the newest listed
+  fs::remove(p2 + "/optimizer.bin");
+  CHECK(listed_restore() == steps_t{1});
+  CHECK(m.latest_step() == 1);
+  CHECK(m.restore() == 1);
+}
+
+TEST_CASE(
+    "listing does not read the bytes: a flipped byte stays listed and restore_step names it") {
+  holdfast_test::temp_dir dir("flip");
+  checkpoint_manager<> m(dir / "c", holdfast::directory_commit::rename, {0});
+  for (std::int64_t st : {1, 2}) m.save(st, write_files);
+  flip_byte(m.checkpoints()[1].path + "/optimizer.bin", 17);
+  CHECK(m.all_steps() == steps_t{1, 2});  // by design: listing stats, never reads
+  CHECK(m.latest_step() == 2);
+  try {
+    m.restore_step(2);
+    FAIL("restore_step of a corrupt checkpoint returned");
+  } catch (const checkpoint_corrupt& e) {
+    CHECK(std::string(e.what()).find("optimizer.bin") != std::string::npos);
+  }
+  CHECK(m.restore() == 1);  // restore() falls back past it
+}

@@ -1056,6 +1056,45 @@ TEST_CASE("threads: the restore agreement resumes every worker from the newest c
   CHECK(v->step == 20);
 }
 
+TEST_CASE("threads: the restore agreement skips a step one task holds with a file missing") {
+  // Invariant: the agreed step restores on every task. Task 1's step 30 lost its state file, so
+  // task 1 lists 10 and 20 only: every task resumes from 20, not 30.
+  job j(3);
+  const std::vector<std::vector<std::int64_t>> held = {{10, 20, 30}, {10, 20, 30}, {20, 30}};
+  std::vector<outcome> out(3);
+  for (int t = 0; t < 3; ++t)
+    for (auto s : held[static_cast<std::size_t>(t)]) {
+      out[static_cast<std::size_t>(t)].st.acc = s;
+      holdfast_test::make_checkpoints(j.ckpt_dir(t), &out[static_cast<std::size_t>(t)].st).save(s);
+    }
+  {
+    auto m = holdfast_test::make_checkpoints(j.ckpt_dir(1), &out[1].st);
+    REQUIRE(m.latest()->step == 30);
+    REQUIRE(std::remove((m.latest()->path + "/state").c_str()) == 0);
+  }
+  std::vector<std::optional<std::int64_t>> restored(3);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> th;
+  for (int t = 0; t < 3; ++t)
+    th.emplace_back([&, t] {
+      auto& o = out[static_cast<std::size_t>(t)];
+      o.st.acc = -1;
+      try {
+        handler_t h = task_handler(j, t, 3, "restore", o);
+        restored[static_cast<std::size_t>(t)] = h.restored_step();
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(t)] = e.what();
+      }
+    });
+  for (auto& x : th) x.join();
+  for (int t = 0; t < 3; ++t) {
+    INFO("task " << t << ": " << errors[static_cast<std::size_t>(t)]);
+    CHECK(errors[static_cast<std::size_t>(t)].empty());
+    CHECK(restored[static_cast<std::size_t>(t)] == 20);
+    CHECK(out[static_cast<std::size_t>(t)].st.acc == 20);  // the data of step 20
+  }
+}
+
 TEST_CASE("threads: the restore agreement with no common step starts every worker fresh") {
   job j(2);
   std::vector<outcome> out(2);

@@ -408,3 +408,37 @@ TEST_CASE("two tiers: copier_nice lowers the copier thread's priority, not the c
   CHECK(copy_nice().load() == 19);
   CHECK(log.get().find("copier's nice") == std::string::npos);
 }
+
+TEST_CASE(
+    "two tiers: a step is listed while one tier holds every file of it, and read from there") {
+  // Invariant: every step all_steps() lists restores (from the tier whose files are all there).
+  holdfast_test::temp_dir d("tiers-list");
+  log_sink log;
+  auto t = make<tiers>(d / "local", d / "durable", opts(3, 3, log));
+  for (std::int64_t s = 1; s <= 3; ++s) {
+    t.save(s);
+    REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+  }
+  holdfast::checkpoint_manager<> local(holdfast::read_only, d / "local",
+                                       holdfast::directory_commit::rename);
+  holdfast::checkpoint_manager<> durable(holdfast::read_only, d / "durable",
+                                         holdfast::directory_commit::rename);
+  std::remove((local.checkpoints().back().path + "/sub/more").c_str());
+  CHECK(t.all_steps() == steps{1, 2, 3});  // the durable copy of 3 is complete
+  std::string from;
+  t.set_reader([&](const std::string& dir, std::int64_t s) {
+    check_step(dir, s);
+    from = dir;
+  });
+  t.restore_step(3);
+  CHECK(from.rfind(d / "durable", 0) == 0);
+  CHECK(t.restore() == 3);
+  CHECK(from.rfind(d / "durable", 0) == 0);
+
+  std::remove((durable.checkpoints().back().path + "/data").c_str());  // gone in both tiers
+  CHECK(t.all_steps() == steps{1, 2});
+  CHECK(t.latest_step() == 2);
+  for (std::int64_t s : t.all_steps()) CHECK_NOTHROW(t.restore_step(s));
+  CHECK(t.restore() == 2);
+  CHECK(from.rfind(d / "local", 0) == 0);
+}

@@ -16,6 +16,9 @@
 //     with checksums or write_metadata off) is unverified, never corrupt. A metadata file that
 //     is present but not holdfast's (not JSON, another format, another step, a malformed
 //     "files", a path leaving the checkpoint) is corrupt, with the reason bad_metadata.
+//   - checkpoint_files_present (the manager's listings) checks the same records by lstat only:
+//     false exactly when a recorded file is missing, no longer a regular file, or of another
+//     size. It reads the metadata, never a file's bytes: a flipped byte passes it.
 //   - Only a mismatch is reported as corruption: a failing system call (EIO) throws
 //     holdfast::error as everywhere else.
 // Caveats:
@@ -221,9 +224,15 @@ inline std::string checkpoint_hex32(std::uint32_t v) {
   return s;
 }
 
+// How far checkpoint_verify_files looks: every byte (restores, verify_step), or only that each
+// recorded file is there with its size (listings: one stat per file, no read).
+enum class checkpoint_check_depth { sums, sizes };
+
 // Checks the checkpoint of `step` at `path` against its metadata's "files".
 template <class Io>
-checkpoint_integrity checkpoint_verify_files(const std::string& path, std::int64_t step) {
+checkpoint_integrity checkpoint_verify_files(
+    const std::string& path, std::int64_t step,
+    checkpoint_check_depth depth = checkpoint_check_depth::sums) {
   checkpoint_integrity r;
   r.step = step;
   r.path = path;
@@ -273,6 +282,7 @@ checkpoint_integrity checkpoint_verify_files(const std::string& path, std::int64
       return found(
           integrity_status::size_mismatch, rel,
           std::to_string(want.size) + " bytes recorded, " + std::to_string(size) + " found");
+    if (depth == checkpoint_check_depth::sizes) continue;
     checkpoint_file_sum got = checkpoint_sum_file<Io>(p, buf);
     if (got.size != want.size)
       return found(
@@ -284,6 +294,16 @@ checkpoint_integrity checkpoint_verify_files(const std::string& path, std::int64
           checkpoint_hex32(want.crc32c) + " recorded, " + checkpoint_hex32(got.crc32c) + " read");
   }
   return r;
+}
+
+// True unless a file the metadata of the checkpoint at `path` records is missing or of another
+// size (stat only). Unverified and bad_metadata checkpoints count as present: listing them is
+// the caller's choice as before.
+template <class Io>
+bool checkpoint_files_present(const std::string& path, std::int64_t step) {
+  integrity_status s =
+      checkpoint_verify_files<Io>(path, step, checkpoint_check_depth::sizes).status;
+  return s != integrity_status::missing && s != integrity_status::size_mismatch;
 }
 
 }  // namespace detail

@@ -34,10 +34,12 @@
 //     wait_until_finished() and by the next save(), restore() or restore_step().
 //   - Async saves: at most one in flight (the next save() waits for it); restore(),
 //     restore_step(), repair(), wait_until_finished() and destruction wait for it.
-//   - all_steps() lists a step exactly when restore_step() of it finds a complete checkpoint;
-//     latest_step() never throws. all_identities() gives the same checkpoints' identities (step
-//     and history, metadata.hpp); every save records the history begin_history() set last (the
-//     handler's restore agreement sets the launch's, so checkpoints of one step from different
+//   - all_steps() lists a step exactly when restore_step() of it finds a complete checkpoint:
+//     retained, and (checksums on) every file its metadata records there with its recorded
+//     size (one lstat per file, no byte read; a checkpoint recording no files is listed as
+//     before); latest_step() never throws. all_identities() gives the same checkpoints' identities
+//     (step and history, metadata.hpp); every save records the history begin_history() set last
+//     (the handler's restore agreement sets the launch's, so checkpoints of one step from different
 //     launches never match), or none (unknown) before it is called.
 //   - Retention (retention.hpp) never deletes the latest nor a checkpoint of the pinned step.
 //   - Every save records in its metadata the hang bounds set_hang_bounds() set last (sync and
@@ -56,7 +58,9 @@
 //     restore() logs the corrupt latest and loads the newest older step that is not corrupt,
 //     and throws checkpoint_corrupt (the latest's) when none is. A checkpoint without recorded
 //     sums (older, or checksums off) is unverified and restores. Listing (all_steps,
-//     all_identities, latest) sums nothing.
+//     all_identities, latest_step) sums nothing: it stats the recorded files (above), so a
+//     missing or resized file takes its step out of the listings and out of restore()'s
+//     choice; a flipped byte (same size) is found by restore()/restore_step() only.
 // Caveats:
 //   - flock belongs to the open file description: a child forked while a manager lives shares
 //     its writer lock (exec drops it, descriptors are O_CLOEXEC). Do not fork while an async
@@ -70,7 +74,9 @@
 //     checkpoint_locked from its saves; the checkpoint it was committing stays unnamed.
 //   - A step whose async save fails counts for should_save() until the failure is rethrown.
 //   - A corrupt checkpoint stays where it is (a read_only reader changes nothing); it still
-//     counts for should_save() and all_steps(), and retention removes it in time.
+//     counts for should_save() and for checkpoints() and latest(), for all_steps() too when
+//     only its bytes are bad (same size: listing does not read them), and retention removes it
+//     in time.
 //   - With checksums off, restores do not check recorded sums either; verify_step() always does.
 //   - An async save writes the metadata on the background thread: a writer that creates
 //     holdfast-metadata.json itself fails there (EEXIST, rethrown later), not in save().
@@ -320,7 +326,8 @@ class checkpoint_manager {
     return s_->read_latest(r);
   }
 
-  /// Steps of every complete retained checkpoint, ascending, each once.
+  /// Steps of every complete retained checkpoint, ascending, each once (checksums on: only
+  /// those whose recorded files are all there with their sizes; stat only).
   std::vector<std::int64_t> all_steps() const { return s_->all_steps(); }
 
   /// The identity (step and history, metadata.hpp) of each checkpoint all_steps() lists, in the
@@ -443,7 +450,6 @@ class checkpoint_manager<Store>::impl
   using base = detail::checkpoint_maintenance<io_type, durability_type>;
 
  public:
-  using base::all_steps;
   using base::complete_list;
   using base::dir;
   using base::find_step;
@@ -502,7 +508,7 @@ class checkpoint_manager<Store>::impl
       detail::store_sync_dir<durability_type, io_type>(created[i]);
     lock.acquire();
     sweep();
-    auto steps = all_steps();
+    auto steps = base::all_steps();  // every retained step counts for should_save()
     if (!steps.empty()) last_step = steps.back();
   }
 
@@ -561,9 +567,9 @@ class checkpoint_manager<Store>::impl
 
   // The checkpoint restore_step() loads of the newest retained step below `step`.
   std::optional<checkpoint_info> newest_below(std::int64_t step) const {
-    auto steps = all_steps();
-    for (auto s = steps.rbegin(); s != steps.rend(); ++s)
-      if (*s < step) return find_step(*s);
+    auto list = listed();
+    for (auto c = list.rbegin(); c != list.rend(); ++c)
+      if (c->step < step) return *c;
     return std::nullopt;
   }
 
@@ -619,14 +625,35 @@ class checkpoint_manager<Store>::impl
     }
   }
 
+  // Of each retained step, the checkpoint restore_step() loads (find_step's: listed last),
+  // ascending by step, left out when (checksums on) a file its metadata records is missing or
+  // of another size: one stat per recorded file, no byte read.
+  std::vector<checkpoint_info> listed() const {
+    auto list = complete_list();
+    std::vector<checkpoint_info> out;
+    for (auto c = list.rbegin(); c != list.rend(); ++c)
+      if (std::none_of(out.begin(), out.end(), [&](const auto& x) { return x.step == c->step; }))
+        out.push_back(*c);
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+    if (options.checksums)
+      out.erase(std::remove_if(out.begin(), out.end(),
+                               [](const checkpoint_info& c) {
+                                 return !detail::checkpoint_files_present<io_type>(c.path, c.step);
+                               }),
+                out.end());
+    return out;
+  }
+
+  std::vector<std::int64_t> all_steps() const {
+    std::vector<std::int64_t> out;
+    for (const auto& c : listed()) out.push_back(c.step);
+    return out;
+  }
+
   std::vector<checkpoint_identity> all_identities() const {
-    auto list = complete_list();  // of each step, the one listed last (as find_step)
     std::vector<checkpoint_identity> out;
-    for (std::int64_t st : all_steps()) {
-      auto c =
-          std::find_if(list.rbegin(), list.rend(), [&](const auto& x) { return x.step == st; });
-      out.push_back(detail::checkpoint_load_identity<io_type>(c->path, st));
-    }
+    for (const auto& c : listed())
+      out.push_back(detail::checkpoint_load_identity<io_type>(c.path, c.step));
     return out;
   }
 

@@ -34,8 +34,11 @@
 //     After set_durable_deadline(t) (the handler's, before a preemption save: the grace
 //     period's end) it waits until no later than t.
 //   - all_steps() / all_identities(): the union over both tiers of the complete checkpoints
-//     whose metadata reads (a damaged one is logged and left out of its tier's view); of a step
-//     both tiers hold, the local copy's identity.
+//     whose metadata reads (a damaged one is logged and left out of its tier's view) and that
+//     their tier's all_steps() lists (every recorded file there with its size): a step is
+//     listed while at least one tier holds it whole; of a step both tiers hold, the local
+//     copy's identity. restore_step() then reads the tier that lists it (the durable copy when
+//     only it does).
 //   - restore_step(step): the local copy; when it is missing or its load throws holdfast::error
 //     (a reader reports a corrupt copy that way, e.g. format_error), the durable copy of the
 //     same identity, with a log line. restore(): the newest step that loads from either tier;
@@ -489,12 +492,15 @@ class two_tier_checkpoints {
             "tier holds them");
     }
 
-    // A tier's readable identities by step (of each step, the copy listed last).
+    // A tier's readable identities by step (of each step, the copy listed last), of the steps
+    // its all_steps() lists (every recorded file there with its size).
     template <class Manager, class Io>
     std::map<std::int64_t, checkpoint_identity> identities(const Manager& mgr,
                                                            const char* tier) const {
       std::map<std::int64_t, checkpoint_identity> out;
+      const auto steps = mgr.all_steps();
       for (const auto& c : mgr.checkpoints()) {
+        if (!std::binary_search(steps.begin(), steps.end(), c.step)) continue;
         try {
           out[c.step] = detail::checkpoint_load_identity<Io>(c.path, c.step);
         } catch (const error& e) {
