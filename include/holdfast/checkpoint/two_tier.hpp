@@ -87,9 +87,10 @@
 #include "../error.hpp"
 #include "../io.hpp"  // basic_fd, open_file_if_exists, read_full, write_all
 #include "../log.hpp"
-#include "../store.hpp"  // store, detail::store_list_dir, store_lstat, store_join
-#include "manager.hpp"   // checkpoint_manager, read_only
-#include "metadata.hpp"  // checkpoint_load_metadata, checkpoint_load_identity
+#include "../store.hpp"   // store, detail::store_list_dir, store_lstat, store_join
+#include "integrity.hpp"  // checkpoint_verify_files: the local copy against the durable sums
+#include "manager.hpp"    // checkpoint_manager, read_only
+#include "metadata.hpp"   // checkpoint_load_metadata, checkpoint_load_identity
 
 HOLDFAST_NAMESPACE_BEGIN
 
@@ -107,6 +108,10 @@ struct two_tier_options {
   /// The copier thread's nice value (Linux: per thread), e.g. 19 so a copy yields the CPU to
   /// the training thread; 0 (the default) leaves it at the process's. Can only lower priority.
   int copier_nice = 0;
+  /// True: the local tier sums its own files (local.checksums on; each local save reads its
+  /// bytes back). False (the default): the local save sums nothing (local.checksums is ignored)
+  /// and a restore checks the local copy against its durable copy's sums.
+  bool local_sums = false;
 };
 
 namespace detail {
@@ -421,7 +426,7 @@ class two_tier_checkpoints {
   struct impl {
     impl(std::string local_dir, directory_commit local_mode, std::string durable_dir,
          directory_commit durable_mode, two_tier_options o)
-        : options(std::move(o)),
+        : options(with_local_sums(std::move(o))),
           sh(std::make_shared<shared>(std::move(durable_dir), durable_mode, options.durable,
                                       local_dir, local_mode, options.local, options.log)),
           local(std::move(local_dir), local_mode, local_options(options.local, sh.get())),
@@ -449,6 +454,12 @@ class two_tier_checkpoints {
       } else {
         copier.join();
       }
+    }
+
+    // The local tier sums its files only when asked (local_sums): see restore_step.
+    static two_tier_options with_local_sums(two_tier_options o) {
+      o.local.checksums = o.local_sums;
+      return o;
     }
 
     // The local options with the copier's steps kept on top of the user's retention.
@@ -529,7 +540,10 @@ class two_tier_checkpoints {
       auto li = l.find(step);
       if (li != l.end()) {
         try {
-          local.restore_step(step, read);
+          local.restore_step(step, [&](const std::string& d, std::int64_t st) {
+            if (!options.local_sums) check_against_durable(d, li->second);  // under LOCK_SH
+            read(d, st);
+          });
           restored_hang = local.restored_hang_bounds();
           return;
         } catch (const error& e) {
@@ -548,6 +562,41 @@ class two_tier_checkpoints {
           ", restoring it from the durable tier '" + durable_reader.directory() + "'");
       durable_reader.restore_step(step, read);
       restored_hang = durable_reader.restored_hang_bounds();
+    }
+
+    // Checks the local copy of `id` at `dir` (the caller holds LOCK_SH on it) against the sums
+    // the durable copy of the same identity recorded: the copier read these very bytes to copy
+    // them. Throws checkpoint_corrupt on a mismatch; with nothing to check against (the copier
+    // is behind, another identity, no sums recorded) logs that it restores unverified.
+    void check_against_durable(const std::string& dir, const checkpoint_identity& id) const {
+      using local_io = typename LocalStore::io_type;
+      using durable_io = typename DurableStore::io_type;
+      std::string why = "its durable copy is not there yet (the copier is behind)";
+      std::optional<checkpoint_info> copy;
+      try {
+        for (const auto& c : durable_reader.checkpoints())
+          if (c.step == id.step) copy = c;  // of each step, the one listed last
+        if (copy && !(detail::checkpoint_load_identity<durable_io>(copy->path, id.step) == id)) {
+          why = "its durable copy is of another history";
+          copy.reset();
+        }
+      } catch (const error& e) {  // the durable tier does not read: the local copy still can
+        why = std::string("its durable copy does not read: ") + e.what();
+        copy.reset();
+      }
+      if (copy) {  // a failing read of a local file throws: the caller reads the durable copy
+        checkpoint_integrity r =
+            detail::checkpoint_verify_files<local_io, durable_io>(dir, id.step, copy->path);
+        if (r.status == integrity_status::ok) return;
+        if (r.corrupt() && r.status != integrity_status::bad_metadata)
+          throw checkpoint_corrupt(
+              dir, id.step, r.file,
+              std::string(to_string(r.status)) + " against its durable copy's sums: " + r.detail);
+        why = "its durable copy records no sums to check against (" +
+              std::string(to_string(r.status)) + (r.detail.empty() ? "" : ": " + r.detail) + ")";
+      }
+      log("two-tier: the local copy of step " + std::to_string(id.step) +
+          " restores unverified: " + why);
     }
 
     two_tier_options options;
