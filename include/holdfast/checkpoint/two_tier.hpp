@@ -40,6 +40,14 @@
 //     (a reader reports a corrupt copy that way, e.g. format_error), the durable copy of the
 //     same identity, with a log line. restore(): the newest step that loads from either tier;
 //     a new node (empty local tier) restores from the durable tier.
+//   - Integrity: with local_sums off (the default) the local save sums nothing (the local
+//     manager's checksums are off: the save is the writer, the fsyncs and the rename). A restore
+//     of a local copy whose durable copy of the same identity (step and history) is listed
+//     checks every file the durable save recorded (size and CRC32C, integrity.hpp) in the local
+//     copy, under the local copy's LOCK_SH, before the reader runs: the copier read those very
+//     bytes to copy them. A mismatch throws checkpoint_corrupt inside restore_step, so the
+//     durable copy is read instead, with a log line. With local_sums on, the local tier records
+//     and checks its own sums (checkpoint_manager's checksums), as a single tier does.
 //   - copier_nice N > 0: the copier thread sets its own nice value to N when it starts (Linux
 //     nice values are per thread): the caller's threads keep theirs, so a copy yields the CPU
 //     to the training step (holdfast_two_tier_bench's step rows); a failure is logged, never
@@ -58,6 +66,10 @@
 //     mount does; saving does not.
 //   - The copier uses the durable manager alone; pin() reaches both managers (an atomic).
 //   - A checkpoint holding anything but regular files and directories fails its copy (EINVAL).
+//   - With local_sums off, a local copy with no durable copy of its identity yet (the copier is
+//     behind, the copy failed or was superseded), or whose durable copy records no sums
+//     (durable.checksums off), restores unverified, with a log line. Damage done before the
+//     copier read the bytes is in both copies and their sums agree: only the reader can tell.
 #pragma once
 
 #include <fcntl.h>         // O_CREAT, O_EXCL, O_NOFOLLOW: the copy's files
