@@ -4,7 +4,7 @@
 //   holdfast_two_tier_bench [--runs N] [--step-runs N] [--quick] [--dir D] [--shm D]
 //
 // A state is 4 shards in memory (a fixed byte pattern), written by the writer as 4 files.
-//   1. local/<size>/<dir>: two_tier_checkpoints::save() (checksums on, the default) to the local
+//   1. local/<size>/<dir>: two_tier_checkpoints::save() (local_sums off, the default) to the local
 //      tier, against a bare save of the same shards into the same directory: mkdir a temporary
 //      directory, each file written and fsynced, the directory fsynced, renamed to its name, the
 //      parent fsynced. 256 MiB and 1 GiB (--quick: 256 MiB only); local tier on the disk

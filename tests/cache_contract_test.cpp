@@ -140,7 +140,7 @@ TEST_CASE_TEMPLATE_DEFINE("cache contract: freeze and the size limit (index + da
 }
 
 TEST_CASE_TEMPLATE_DEFINE(
-    "cache contract: attach shares the live file; only the creator removes it", Cache,
+    "cache contract: attach shares the live file, and only the creator removes it", Cache,
     contract_attach) {
   holdfast_test::temp_dir dir("cache");
   std::string path;

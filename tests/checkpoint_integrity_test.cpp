@@ -377,7 +377,8 @@ TEST_CASE("summing starts each file's writeback before the save syncs it, only w
   for (const auto& e : none) CHECK_FALSE(e.writeback);
 }
 
-TEST_CASE("a deleted or truncated file takes its step out of the listings; the older is latest") {
+TEST_CASE(
+    "a deleted or truncated file takes its step out of the listings, and the older is latest") {
   // Invariant: every step all_steps()/all_identities() list (and latest_step()) restores with
   // restore_step(); a checkpoint whose recorded file is gone or has another size is not listed.
   holdfast_test::temp_dir dir("list");

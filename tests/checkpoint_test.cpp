@@ -205,7 +205,7 @@ TEST_CASE_TEMPLATE("retention keeps max_to_keep checkpoints and never the latest
 }
 
 TEST_CASE(
-    "max_to_keep 0 keeps all; re-saving a step supersedes it; a throwing writer leaves no trace") {
+    "max_to_keep 0 keeps all, re-saving a step supersedes it, a throwing writer leaves no trace") {
   holdfast_test::temp_dir dir("misc");
   auto s = holdfast::store::create(dir.path());
   checkpoint_manager<> m(s, "r", {0});

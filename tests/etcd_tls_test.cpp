@@ -409,7 +409,7 @@ TEST_CASE("etcd over TLS: tokens that expire between requests and during a watch
 }
 
 TEST_CASE(
-    "etcd auth: a refused token means one new authentication and one retry; no secret leaks") {
+    "etcd auth: a refused token means one new authentication and one retry, and no secret leaks") {
   // A fake etcd that hands out a known token, then refuses it as it pleases.
   const std::string token = "TOKEN-d41d8cd98f";
   std::atomic<int> mode{0};

@@ -442,3 +442,96 @@ TEST_CASE(
   CHECK(t.restore() == 2);
   CHECK(from.rfind(d / "local", 0) == 0);
 }
+
+namespace {
+
+// Flips one byte of `path` in place (the size stays).
+void flip_byte(const std::string& path) {
+  std::string bytes = slurp(path);
+  REQUIRE(bytes.size() > 2);
+  bytes[2] = static_cast<char>(bytes[2] ^ 1);
+  std::ofstream(path, std::ios::trunc | std::ios::binary) << bytes;
+}
+
+// A reader that checks nothing: only an integrity check can tell a flipped byte.
+struct recording_reader {
+  std::shared_ptr<std::string> from = std::make_shared<std::string>();
+  void operator()(const std::string& dir, std::int64_t) const { *from = dir; }
+};
+
+}  // namespace
+
+// Invariant: a restore never loads a local copy whose bytes differ from what its durable copy
+// of the same identity recorded; the local save sums nothing by default (local_sums off).
+TEST_CASE("two tiers: a flipped local byte is caught by the durable copy's sums (local sums off)") {
+  holdfast_test::temp_dir d("tiers");
+  log_sink log;
+  auto t = make<tiers>(d / "local", d / "durable", opts(2, 3, log));
+  t.begin_history("launch-1");
+  for (std::int64_t s = 1; s <= 3; ++s) t.save(s);
+  REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+  holdfast::checkpoint_manager<> local(holdfast::read_only, d / "local",
+                                       holdfast::directory_commit::rename);
+  CHECK(local.verify_step(3).status == holdfast::integrity_status::unverified);  // no local sums
+  flip_byte(local.latest()->path + "/sub/more");
+  recording_reader r;
+  t.set_reader(r);
+  CHECK(t.restore() == 3);
+  CHECK(r.from->rfind(d / "durable", 0) == 0);
+  CHECK(log.get().find("the local copy of step 3 did not load") != std::string::npos);
+  CHECK(log.get().find("its durable copy's sums") != std::string::npos);
+}
+
+TEST_CASE("two tiers: a local copy not copied yet restores unverified, and says so") {
+  holdfast_test::temp_dir d("tiers");
+  log_sink log;
+  auto o = opts(2, 3, log);
+  o.durable_wait = 300ms;
+  stuck_calls() = 0;
+  hung_tiers t(d / "local", holdfast::directory_commit::rename, d / "durable",
+               holdfast::directory_commit::rename, o);
+  t.set_writer(write_step);
+  stalled() = true;  // the copier is behind: its copy of step 1 hangs in fsync
+  t.save(1);
+  for (int i = 0; i < 20000 && stuck_calls().load() == 0; ++i) std::this_thread::sleep_for(1ms);
+  if (stuck_calls().load() == 0) stalled() = false;
+  REQUIRE(stuck_calls().load() > 0);
+  holdfast::checkpoint_manager<> local(holdfast::read_only, d / "local",
+                                       holdfast::directory_commit::rename);
+  flip_byte(local.latest()->path + "/data");
+  recording_reader r;
+  t.set_reader(r);
+  std::optional<std::int64_t> got;
+  try {
+    got = t.restore();
+  } catch (...) {
+    stalled() = false;
+    throw;
+  }
+  stalled() = false;
+  CHECK(got == 1);
+  CHECK(r.from->rfind(d / "local", 0) == 0);
+  CHECK(log.get().find("step 1 restores unverified") != std::string::npos);
+  CHECK(t.wait_for_durable(in(20s)) == steps{});
+}
+
+TEST_CASE("two tiers: with local_sums on, the local copy is checked by its own sums") {
+  holdfast_test::temp_dir d("tiers");
+  log_sink log;
+  auto o = opts(2, 3, log);
+  o.local_sums = true;
+  auto t = make<tiers>(d / "local", d / "durable", o);
+  for (std::int64_t s = 1; s <= 3; ++s) t.save(s);
+  REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+  holdfast::checkpoint_manager<> local(holdfast::read_only, d / "local",
+                                       holdfast::directory_commit::rename);
+  CHECK(local.verify_step(3).status == holdfast::integrity_status::ok);
+  flip_byte(local.latest()->path + "/data");
+  CHECK(local.verify_step(3).status == holdfast::integrity_status::crc_mismatch);
+  recording_reader r;
+  t.set_reader(r);
+  CHECK(t.restore() == 3);
+  CHECK(r.from->rfind(d / "durable", 0) == 0);
+  CHECK(log.get().find("the local copy of step 3 did not load") != std::string::npos);
+  CHECK(log.get().find("its durable copy's sums") == std::string::npos);  // its own
+}

@@ -11,7 +11,8 @@
 //     (Io::start_writeback where the policy has it: a hint whose failure changes nothing).
 //   - checkpoint_verify_files checks the recorded files in that order and reports the first one
 //     missing (or no longer a regular file), of another size, or of another CRC32C. Files the
-//     save did not record (commit_success.txt, a file added later) are not checked.
+//     save did not record (commit_success.txt, a file added later) are not checked. The record
+//     may be another copy's of the same checkpoint (a durable copy's, for its local copy).
 //   - A checkpoint whose metadata records no "files" (saved before holdfast recorded them, or
 //     with checksums or write_metadata off) is unverified, never corrupt. A metadata file that
 //     is present but not holdfast's (not JSON, another format, another step, a malformed
@@ -228,11 +229,14 @@ inline std::string checkpoint_hex32(std::uint32_t v) {
 // recorded file is there with its size (listings: one stat per file, no read).
 enum class checkpoint_check_depth { sums, sizes };
 
-// Checks the checkpoint of `step` at `path` against its metadata's "files".
-template <class Io>
+// Checks the checkpoint of `step` at `path` against the "files" of the metadata in
+// `recorded_in` (read through MetaIo; empty: `path`'s own): another copy of the same checkpoint
+// (two_tier.hpp checks a local copy against its durable copy's sums).
+template <class Io, class MetaIo = Io>
 checkpoint_integrity checkpoint_verify_files(
     const std::string& path, std::int64_t step,
-    checkpoint_check_depth depth = checkpoint_check_depth::sums) {
+    checkpoint_check_depth depth = checkpoint_check_depth::sums,
+    const std::string& recorded_in = {}) {
   checkpoint_integrity r;
   r.step = step;
   r.path = path;
@@ -243,8 +247,8 @@ checkpoint_integrity checkpoint_verify_files(
     return r;
   };
   const std::string meta_name(checkpoint_metadata_file_name);
-  const std::string meta = store_join(path, meta_name);
-  auto fd = open_file_if_exists<Io>(meta, O_RDONLY | O_NOFOLLOW);
+  const std::string meta = store_join(recorded_in.empty() ? path : recorded_in, meta_name);
+  auto fd = open_file_if_exists<MetaIo>(meta, O_RDONLY | O_NOFOLLOW);
   if (!fd) return found(integrity_status::unverified, "", "no metadata file");
   std::string text = read_all(fd);
   fd.close();

@@ -35,7 +35,9 @@
 //     period's end) it waits until no later than t.
 //   - all_steps() / all_identities(): the union over both tiers of the complete checkpoints
 //     whose metadata reads (a damaged one is logged and left out of its tier's view) and that
-//     their tier's all_steps() lists (every recorded file there with its size): a step is
+//     their tier's all_steps() lists (every recorded file there with its size; a local copy
+//     without sums of its own, against the sizes its durable copy of the same identity
+//     recorded, when there is one): a step is
 //     listed while at least one tier holds it whole; of a step both tiers hold, the local
 //     copy's identity. restore_step() then reads the tier that lists it (the durable copy when
 //     only it does).
@@ -43,6 +45,14 @@
 //     (a reader reports a corrupt copy that way, e.g. format_error), the durable copy of the
 //     same identity, with a log line. restore(): the newest step that loads from either tier;
 //     a new node (empty local tier) restores from the durable tier.
+//   - Integrity: with local_sums off (the default) the local save sums nothing (the local
+//     manager's checksums are off: the save is the writer, the fsyncs and the rename). A restore
+//     of a local copy whose durable copy of the same identity (step and history) is listed
+//     checks every file the durable save recorded (size and CRC32C, integrity.hpp) in the local
+//     copy, under the local copy's LOCK_SH, before the reader runs: the copier read those very
+//     bytes to copy them. A mismatch throws checkpoint_corrupt inside restore_step, so the
+//     durable copy is read instead, with a log line. With local_sums on, the local tier records
+//     and checks its own sums (checkpoint_manager's checksums), as a single tier does.
 //   - copier_nice N > 0: the copier thread sets its own nice value to N when it starts (Linux
 //     nice values are per thread): the caller's threads keep theirs, so a copy yields the CPU
 //     to the training step (holdfast_two_tier_bench's step rows); a failure is logged, never
@@ -61,6 +71,10 @@
 //     mount does; saving does not.
 //   - The copier uses the durable manager alone; pin() reaches both managers (an atomic).
 //   - A checkpoint holding anything but regular files and directories fails its copy (EINVAL).
+//   - With local_sums off, a local copy with no durable copy of its identity yet (the copier is
+//     behind, the copy failed or was superseded), or whose durable copy records no sums
+//     (durable.checksums off), restores unverified, with a log line. Damage done before the
+//     copier read the bytes is in both copies and their sums agree: only the reader can tell.
 #pragma once
 
 #include <fcntl.h>         // O_CREAT, O_EXCL, O_NOFOLLOW: the copy's files
@@ -90,9 +104,10 @@
 #include "../error.hpp"
 #include "../io.hpp"  // basic_fd, open_file_if_exists, read_full, write_all
 #include "../log.hpp"
-#include "../store.hpp"  // store, detail::store_list_dir, store_lstat, store_join
-#include "manager.hpp"   // checkpoint_manager, read_only
-#include "metadata.hpp"  // checkpoint_load_metadata, checkpoint_load_identity
+#include "../store.hpp"   // store, detail::store_list_dir, store_lstat, store_join
+#include "integrity.hpp"  // checkpoint_verify_files: the local copy against the durable sums
+#include "manager.hpp"    // checkpoint_manager, read_only
+#include "metadata.hpp"   // checkpoint_load_metadata, checkpoint_load_identity
 
 HOLDFAST_NAMESPACE_BEGIN
 
@@ -110,6 +125,10 @@ struct two_tier_options {
   /// The copier thread's nice value (Linux: per thread), e.g. 19 so a copy yields the CPU to
   /// the training thread; 0 (the default) leaves it at the process's. Can only lower priority.
   int copier_nice = 0;
+  /// True: the local tier sums its own files (local.checksums on; each local save reads its
+  /// bytes back). False (the default): the local save sums nothing (local.checksums is ignored)
+  /// and a restore checks the local copy against its durable copy's sums.
+  bool local_sums = false;
 };
 
 namespace detail {
@@ -424,7 +443,7 @@ class two_tier_checkpoints {
   struct impl {
     impl(std::string local_dir, directory_commit local_mode, std::string durable_dir,
          directory_commit durable_mode, two_tier_options o)
-        : options(std::move(o)),
+        : options(with_local_sums(std::move(o))),
           sh(std::make_shared<shared>(std::move(durable_dir), durable_mode, options.durable,
                                       local_dir, local_mode, options.local, options.log)),
           local(std::move(local_dir), local_mode, local_options(options.local, sh.get())),
@@ -452,6 +471,12 @@ class two_tier_checkpoints {
       } else {
         copier.join();
       }
+    }
+
+    // The local tier sums its files only when asked (local_sums): see restore_step.
+    static two_tier_options with_local_sums(two_tier_options o) {
+      o.local.checksums = o.local_sums;
+      return o;
     }
 
     // The local options with the copier's steps kept on top of the user's retention.
@@ -513,7 +538,37 @@ class two_tier_checkpoints {
     }
 
     std::map<std::int64_t, checkpoint_identity> local_ids() const {
-      return identities<local_manager_type, typename LocalStore::io_type>(local, "local");
+      auto out = identities<local_manager_type, typename LocalStore::io_type>(local, "local");
+      if (options.local_sums || out.empty()) return out;
+      // Without sums of its own, a local copy is whole when every file its durable copy of the
+      // same identity recorded is there with its size (a stat each, no read, as a tier's own
+      // listing): a copy that lost a file is not listed here, the durable one is read instead.
+      using local_io = typename LocalStore::io_type;
+      using durable_io = typename DurableStore::io_type;
+      std::map<std::int64_t, std::string> durable_paths;
+      try {
+        for (const auto& c : durable_reader.checkpoints()) durable_paths[c.step] = c.path;
+      } catch (const error&) {  // the durable tier does not list: nothing to check against
+        return out;
+      }
+      for (const auto& c : local.checkpoints()) {
+        auto it = out.find(c.step);
+        auto d = durable_paths.find(c.step);
+        if (it == out.end() || d == durable_paths.end()) continue;
+        try {
+          if (!(detail::checkpoint_load_identity<durable_io>(d->second, c.step) == it->second))
+            continue;
+          checkpoint_integrity r = detail::checkpoint_verify_files<local_io, durable_io>(
+              c.path, c.step, detail::checkpoint_check_depth::sizes, d->second);
+          if (r.corrupt() && r.status != integrity_status::bad_metadata) {
+            log("two-tier: the local copy of step " + std::to_string(c.step) + " is left out: " +
+                to_string(r.status) + " of '" + r.file + "' against its durable copy's sums");
+            out.erase(it);
+          }
+        } catch (const error&) {  // unreadable durable metadata: the local copy stays listed
+        }
+      }
+      return out;
     }
     std::map<std::int64_t, checkpoint_identity> durable_ids() const {
       return identities<durable_manager_type, typename DurableStore::io_type>(durable_reader,
@@ -535,7 +590,10 @@ class two_tier_checkpoints {
       auto li = l.find(step);
       if (li != l.end()) {
         try {
-          local.restore_step(step, read);
+          local.restore_step(step, [&](const std::string& d, std::int64_t st) {
+            if (!options.local_sums) check_against_durable(d, li->second);  // under LOCK_SH
+            read(d, st);
+          });
           restored_hang = local.restored_hang_bounds();
           return;
         } catch (const error& e) {
@@ -554,6 +612,41 @@ class two_tier_checkpoints {
           ", restoring it from the durable tier '" + durable_reader.directory() + "'");
       durable_reader.restore_step(step, read);
       restored_hang = durable_reader.restored_hang_bounds();
+    }
+
+    // Checks the local copy of `id` at `dir` (the caller holds LOCK_SH on it) against the sums
+    // the durable copy of the same identity recorded: the copier read these very bytes to copy
+    // them. Throws checkpoint_corrupt on a mismatch; with nothing to check against (the copier
+    // is behind, another identity, no sums recorded) logs that it restores unverified.
+    void check_against_durable(const std::string& dir, const checkpoint_identity& id) const {
+      using local_io = typename LocalStore::io_type;
+      using durable_io = typename DurableStore::io_type;
+      std::string why = "its durable copy is not there yet (the copier is behind)";
+      std::optional<checkpoint_info> copy;
+      try {
+        for (const auto& c : durable_reader.checkpoints())
+          if (c.step == id.step) copy = c;  // of each step, the one listed last
+        if (copy && !(detail::checkpoint_load_identity<durable_io>(copy->path, id.step) == id)) {
+          why = "its durable copy is of another history";
+          copy.reset();
+        }
+      } catch (const error& e) {  // the durable tier does not read: the local copy still can
+        why = std::string("its durable copy does not read: ") + e.what();
+        copy.reset();
+      }
+      if (copy) {  // a failing read of a local file throws: the caller reads the durable copy
+        checkpoint_integrity r = detail::checkpoint_verify_files<local_io, durable_io>(
+            dir, id.step, detail::checkpoint_check_depth::sums, copy->path);
+        if (r.status == integrity_status::ok) return;
+        if (r.corrupt() && r.status != integrity_status::bad_metadata)
+          throw checkpoint_corrupt(
+              dir, id.step, r.file,
+              std::string(to_string(r.status)) + " against its durable copy's sums: " + r.detail);
+        why = "its durable copy records no sums to check against (" +
+              std::string(to_string(r.status)) + (r.detail.empty() ? "" : ": " + r.detail) + ")";
+      }
+      log("two-tier: the local copy of step " + std::to_string(id.step) +
+          " restores unverified: " + why);
     }
 
     two_tier_options options;
