@@ -2155,7 +2155,7 @@ TEST_CASE("values: one grammar, written and read back — anything else is refus
 }
 
 TEST_CASE(
-    "values: a periodic save's decision and its reports round-trip, and malformed ones are refused") {
+    "values: a periodic save's decision and its reports round-trip, malformed ones refused") {
   using holdfast::agreement_value;
   using kind = agreement_value::kind;
   auto round_trip = [](const agreement_value& v) {
