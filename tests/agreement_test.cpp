@@ -2154,8 +2154,7 @@ TEST_CASE("values: one grammar, written and read back — anything else is refus
                   std::invalid_argument);
 }
 
-TEST_CASE(
-    "values: a periodic save's decision and its reports round-trip, malformed ones refused") {
+TEST_CASE("values: a periodic save's decision and its reports round-trip, malformed ones refused") {
   using holdfast::agreement_value;
   using kind = agreement_value::kind;
   auto round_trip = [](const agreement_value& v) {
