@@ -438,7 +438,7 @@ class basic_save_interval_policy {
   }
   /// C until a save is measured (an earlier incarnation's), unless one was measured already.
   void seed_save_cost(save_seconds cost) {
-    if (!save_cost_) save_cost_ = cost;
+    if (!save_cost_.known) save_cost_ = {cost, true};
   }
 
   /// A save that blocked the training for `cost` finished at `finished`.
@@ -450,9 +450,13 @@ class basic_save_interval_policy {
   void record_copy(save_seconds cost) { copy_cost_ = mean(copy_cost_, cost); }
 
   /// C: the running mean of the blocking costs (initial_save_cost before any).
-  save_seconds save_cost() const noexcept { return save_cost_.value_or(o_.initial_save_cost); }
+  save_seconds save_cost() const noexcept {
+    return save_cost_.known ? save_cost_.value : o_.initial_save_cost;
+  }
   /// The running mean of the copies' costs (0 before any).
-  save_seconds copy_cost() const noexcept { return copy_cost_.value_or(save_seconds(0)); }
+  save_seconds copy_cost() const noexcept {
+    return copy_cost_.known ? copy_cost_.value : save_seconds(0);
+  }
 
   /// M at `now`: (prior_weight x mtbi_prior + exposure) / (prior_weight + unnoticed), the
   /// exposure counting the current incarnation's run time since start().
@@ -480,14 +484,21 @@ class basic_save_interval_policy {
   std::optional<time_point> last_save() const noexcept { return last_save_; }
 
  private:
-  std::optional<save_seconds> mean(std::optional<save_seconds> m, save_seconds sample) const {
-    if (!m) return sample;
-    return *m + o_.cost_smoothing * (sample - *m);
+  // A measured mean: a plain value and a flag rather than a std::optional, which GCC's -O3
+  // takes for read uninitialized (-Wmaybe-uninitialized) through value_or.
+  struct measured {
+    save_seconds value{0};
+    bool known = false;
+  };
+
+  measured mean(measured m, save_seconds sample) const {
+    if (!m.known) return {sample, true};
+    return {m.value + o_.cost_smoothing * (sample - m.value), true};
   }
 
   save_interval_options o_;
-  std::optional<save_seconds> save_cost_;
-  std::optional<save_seconds> copy_cost_;
+  measured save_cost_;
+  measured copy_cost_;
   save_seconds past_exposure_{0};
   std::int64_t unnoticed_ = 0;
   std::optional<time_point> run_start_;
