@@ -146,6 +146,17 @@ holdfast_test::memory_checkpoints make_ckpt(job&, int, outcome& out, memory_hand
   return {&out.st};
 }
 
+// Once the test set a task's flag, its poller has latched it before the task's next step: a
+// notice is the moment it was set, never first seen after the save that served it (on a loaded
+// machine a poller starved past that save would latch a new notice and open round 1).
+template <class Handler>
+void wait_latched(job& j, int task, Handler& h) {
+  if (!j.flags[static_cast<std::size_t>(task)]->load()) return;
+  const auto end = std::chrono::steady_clock::now() + 10s;
+  while (!h.config().notice().noticed() && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+}
+
 template <class Handler = handler_t>
 void worker(job& j, int task, const scenario& sc, outcome& out) {
   try {
@@ -172,6 +183,7 @@ void worker(job& j, int task, const scenario& sc, outcome& out) {
         throw;
       }
       j.b.set(task, h.total_run_calls());
+      wait_latched(j, task, h);
       if (out.last == run_status::stopped) {
         out.stopped_at = std::chrono::steady_clock::now();
         break;
