@@ -58,6 +58,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>  // conditional_t, is_copy_constructible: what a store must be
 #include <utility>
 
 #include "../detail/waker.hpp"  // waker: stops the thread's poll
@@ -83,6 +84,13 @@ inline std::string liveness_leased_prefix(const std::string& run_id) {
 inline std::string liveness_key(const std::string& scope, int task) {
   return scope + "live/" + std::to_string(task) + "/beat";
 }
+
+/// True when a store of type Kv may lease liveness keys at all: it can be watched, says which
+/// keys carry a lease (has_kv_leases_v) and can be copied into the monitor. Over any other store
+/// the handler compiles no monitor in.
+template <class Kv>
+inline constexpr bool can_carry_liveness_v =
+    has_kv_watch_v<Kv>&& has_kv_leases_v<Kv>&& std::is_copy_constructible_v<Kv>;
 
 /// Keeps this worker's liveness key alive (through the store's lease) and names its successor
 /// when the successor's key expires (see the header). Owns one thread; not copyable.
@@ -325,5 +333,12 @@ class liveness_monitor {
   bool stopping_ = false;
   std::thread thread_;
 };
+
+/// What the handler holds: a monitor (once started) where Kv can carry liveness keys, an empty
+/// struct elsewhere, so no monitor is compiled for a store without leases.
+struct no_liveness_monitor {};
+template <class Kv>
+using liveness_slot = std::conditional_t<can_carry_liveness_v<Kv>,
+                                         std::optional<liveness_monitor<Kv>>, no_liveness_monitor>;
 
 HOLDFAST_NAMESPACE_END
