@@ -189,7 +189,6 @@
 #include <optional>
 #include <stdexcept>  // logic_error: step_abandoned with nothing failed
 #include <string>
-#include <type_traits>  // is_copy_constructible: the liveness monitor holds a copy of the store
 #include <utility>
 #include <vector>
 
@@ -586,21 +585,36 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     return saved;
   }
 
-  // A periodic save at `step`: timed (its blocking part: an async or two-tier Checkpointer's
-  // background work is not waited for), reported under saved/<task>, and on task 0 recorded with
-  // the longest cost the other tasks reported.
-  void periodic_save(std::int64_t step) {
-    const auto t0 = steady::now();
-    enter_phase(hang_phase::save, t0);
-    struct unwatched_after {  // a save that throws is no hang either
-      preemption_handler& w;
-      ~unwatched_after() { w.enter_phase(hang_phase::none, std::chrono::steady_clock::now()); }
-    } after{*this};
-    record_bounds();
+  // A save, as the hang detector sees it: its phase from construction (the learned bounds handed
+  // to the Checkpointer first, so the save carries them) to destruction, a save that throws
+  // included (no hang either).
+  struct save_phase {
+    explicit save_phase(preemption_handler& handler) : h(handler) {
+      h.enter_phase(hang_phase::save, start);
+      h.record_bounds();
+    }
+    save_phase(const save_phase&) = delete;
+    save_phase& operator=(const save_phase&) = delete;
+    ~save_phase() { h.enter_phase(hang_phase::none, std::chrono::steady_clock::now()); }
+    preemption_handler& h;
+    const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  };
+
+  // The save override where the config has one, else the Checkpointer's save.
+  void save_checkpoint(std::int64_t step) {
     if (config_.has_save_override())
       config_.save_override()(step);
     else
       checkpointer_.save(step);
+  }
+
+  // A periodic save at `step`: timed (its blocking part: an async or two-tier Checkpointer's
+  // background work is not waited for), reported under saved/<task>, and on task 0 recorded with
+  // the longest cost the other tasks reported.
+  void periodic_save(std::int64_t step) {
+    const save_phase phase(*this);
+    const auto t0 = phase.start;
+    save_checkpoint(step);
     const auto end = steady::now();
     if constexpr (detects_hangs) learner_.add_save(end - t0);
     const auto cost_us = std::chrono::duration_cast<std::chrono::microseconds>(end - t0).count();
@@ -649,22 +663,14 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   // So the time measured here (the grace path's reserve, exit_context::save_duration) is the
   // save's whole cost, not the part before the commit.
   void save(std::int64_t step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    enter_phase(hang_phase::save, t0);
-    struct unwatched_after {  // a save that throws is no hang either
-      preemption_handler& w;
-      ~unwatched_after() { w.enter_phase(hang_phase::none, std::chrono::steady_clock::now()); }
-    } after{*this};
-    record_bounds();
+    const save_phase phase(*this);
+    const auto t0 = phase.start;
     // A Checkpointer told the grace's end (set_durable_deadline: two_tier_checkpoints) has a
     // background part that never races a save (its copier copies published checkpoints): it is
     // not waited for first, and the wait after is bounded by that end. Others: an async periodic
     // save in flight never races the preemption save.
     if (!tell_durable_deadline()) finish_saves();
-    if (config_.has_save_override())
-      config_.save_override()(step);
-    else
-      checkpointer_.save(step);
+    save_checkpoint(step);
     finish_saves();  // to the durable end
     last_save_duration_ = std::chrono::steady_clock::now() - t0;
     if constexpr (detects_hangs) learner_.add_save(last_save_duration_);
@@ -674,7 +680,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   // a monitor keeps this worker's alive and names its successor when that one's expires; the
   // watcher records the frozen verdict. Elsewhere nothing starts.
   void start_liveness() {
-    if constexpr (detects_hangs && std::is_copy_constructible_v<Kv>) {
+    if constexpr (detects_hangs && can_carry_liveness_v<Kv>) {
       if (!liveness_monitor<Kv>::available(kv_, scope_, cluster_.task)) return;
       liveness_.emplace(
           kv_, scope_, cluster_.task, cluster_.num_tasks,
@@ -686,7 +692,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   }
   // Ends the liveness signal cleanly ("done": no verdict for this worker). Idempotent.
   void finish_liveness() noexcept {
-    if constexpr (detects_hangs && std::is_copy_constructible_v<Kv>) {
+    if constexpr (detects_hangs && can_carry_liveness_v<Kv>) {
       if (liveness_) liveness_->finish();
     }
   }
@@ -776,7 +782,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   }
 
   Checkpointer checkpointer_;
-  std::optional<liveness_monitor<Kv>> liveness_;  // where the store leases liveness keys
+  liveness_slot<Kv> liveness_;  // where the store leases liveness keys
   std::optional<std::int64_t> restored_;
   bool notice_started_ = false;
 
