@@ -3,11 +3,12 @@
 // and loads it with torch.utils.cpp_extension.load and adds the Python-side defaults).
 //
 //   Handler            preemption_handler<Config, any_kv, py_checkpointer, steady_clock, Hang>:
-//                      one Config per notice source (SIGTERM; SIGUSR1+SIGTERM; GCE; AWS), whose
-//                      Exit policy throws instead of exiting, so Python sees holdfast.Preempted
-//                      (a SystemExit carrying the preset's exit code) and runs its finally
-//                      blocks; one Hang per hang_policy ("report": hang_report, "restart":
-//                      hang_restart, "none": hang_none), chosen at construction like the Config.
+//                      one Config (py_config) whose notice is any preset's sources behind
+//                      any_notice (SIGTERM; SIGUSR1+SIGTERM; GCE; AWS; or a notice file) and
+//                      whose Exit policy throws instead of exiting, so Python sees
+//                      holdfast.Preempted (a SystemExit carrying the preset's exit code) and runs
+//                      its finally blocks; one Hang per hang_policy ("report": hang_report,
+//                      "restart": hang_restart, "none": hang_none), chosen at construction.
 //   torch_kv           a holdfast coordination store over c10d::Store (the job's own TCPStore
 //                      or PrefixStore), waited on without polling: its watch is a helper
 //                      thread blocked in c10d's wait on a clone of the store (an idle worker
@@ -568,10 +569,68 @@ struct throw_preempted {
   }
 };
 
-/// A preset's notices, grace and save override, with the throwing Exit.
+/// Any waking notice source behind one type: every preset (with or without a notice file) is
+/// then one Config, so the extension compiles one handler per hang policy instead of one per
+/// preset, notice file and policy (30 handler types took ~3 minutes to build). The cost is a
+/// virtual call per look at the notice, on the watcher thread.
+class any_notice {
+ public:
+  template <class Notice>
+  explicit any_notice(Notice n) : p_(std::make_unique<holder<Notice>>(std::move(n))) {
+    static_assert(holdfast::has_notice_waker_v<Notice>,
+                  "any_notice declares wakes_on_notice: every source it holds must wake");
+  }
+  /// Every source it holds wakes the watcher (the constructor checks it).
+  static constexpr bool wakes_on_notice = true;
+  void start() { p_->start(); }
+  void stop() noexcept { p_->stop(); }
+  bool noticed() const noexcept { return p_->noticed(); }
+  std::optional<std::chrono::steady_clock::time_point> noticed_at() const noexcept {
+    return p_->noticed_at();
+  }
+  std::optional<std::chrono::system_clock::time_point> deadline() const noexcept {
+    return p_->deadline();
+  }
+  void set_waker(const holdfast::detail::waker* w) noexcept { p_->set_waker(w); }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual void start() = 0;
+    virtual void stop() noexcept = 0;
+    virtual bool noticed() const noexcept = 0;
+    virtual std::optional<std::chrono::steady_clock::time_point> noticed_at() const noexcept = 0;
+    virtual std::optional<std::chrono::system_clock::time_point> deadline() const noexcept = 0;
+    virtual void set_waker(const holdfast::detail::waker* w) noexcept = 0;
+  };
+  template <class Notice>
+  struct holder final : base {
+    explicit holder(Notice notice) : n(std::move(notice)) {}
+    void start() override { n.start(); }
+    void stop() noexcept override { n.stop(); }
+    bool noticed() const noexcept override { return n.noticed(); }
+    std::optional<std::chrono::steady_clock::time_point> noticed_at() const noexcept override {
+      return n.noticed_at();
+    }
+    std::optional<std::chrono::system_clock::time_point> deadline() const noexcept override {
+      return n.deadline();
+    }
+    void set_waker(const holdfast::detail::waker* w) noexcept override { n.set_waker(w); }
+    Notice n;
+  };
+  std::unique_ptr<base> p_;
+};
+
+/// The one Config of every Python handler: a preset's notices (any_notice), grace and save
+/// override, with the throwing Exit.
+using py_config = holdfast::termination_config<any_notice, throw_preempted>;
+
+/// `preset` as a py_config, its exit code kept for holdfast.Preempted.
 template <class Preset>
-auto python_config(Preset preset) {
-  return holdfast::with_exit(std::move(preset), throw_preempted{holdfast::exit_code_v<Preset>});
+py_config python_config(Preset preset) {
+  auto c = holdfast::with_exit(std::move(preset), throw_preempted{holdfast::exit_code_v<Preset>});
+  return py_config(any_notice(std::move(c.notice())), c.exit_policy(), c.grace_period(),
+                   c.save_override());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -898,15 +957,14 @@ inline hang_choice parse_hang_choice(const std::string& s) {
   throw std::invalid_argument("holdfast: unknown hang_policy '" + s + "' (none, report, restart)");
 }
 
-// The handler of Config with the hang policy `hang` (one instantiation per policy).
-template <class Config>
-std::unique_ptr<handler_iface> make_hang_handler(hang_choice hang, Config config,
-                                                 holdfast::any_kv kv,
-                                                 holdfast::cluster_info cluster,
-                                                 py_checkpointer ckpt,
-                                                 holdfast::handler_options o) {
+// The handler with the hang policy `hang`: the extension's three handler types.
+inline std::unique_ptr<handler_iface> make_hang_handler(hang_choice hang, py_config config,
+                                                        holdfast::any_kv kv,
+                                                        holdfast::cluster_info cluster,
+                                                        py_checkpointer ckpt,
+                                                        holdfast::handler_options o) {
   auto make = [&](auto policy) -> std::unique_ptr<handler_iface> {
-    return std::make_unique<handler_impl<Config, decltype(policy)>>(
+    return std::make_unique<handler_impl<py_config, decltype(policy)>>(
         std::move(config), std::move(kv), std::move(cluster), std::move(ckpt), std::move(o));
   };
   switch (hang) {
@@ -920,43 +978,32 @@ std::unique_ptr<handler_iface> make_hang_handler(hang_choice hang, Config config
   return make(holdfast::hang_report{});
 }
 
-template <class Config>
-std::unique_ptr<handler_iface> make_handler(Config config, std::optional<double> grace,
-                                            const std::string& notice_file, hang_choice hang,
-                                            holdfast::any_kv kv, holdfast::cluster_info cluster,
-                                            py_checkpointer ckpt, holdfast::handler_options o) {
-  if (grace)
-    config.set_grace_period(std::chrono::milliseconds(static_cast<std::int64_t>(*grace * 1000)));
-  if (!notice_file.empty()) {  // the preset's notices, or the file appearing (a Slurm trap)
-    using notice = holdfast::any_of<typename Config::notice_type, holdfast::file_notice>;
-    using with_file = holdfast::termination_config<notice, typename Config::exit_type>;
-    with_file c(notice(std::move(config.notice()),
-                       holdfast::file_notice(notice_file, notice_file_interval)),
-                config.exit_policy(), config.grace_period());
-    return make_hang_handler(hang, std::move(c), std::move(kv), std::move(cluster), std::move(ckpt),
-                             std::move(o));
-  }
-  return make_hang_handler(hang, std::move(config), std::move(kv), std::move(cluster),
-                           std::move(ckpt), std::move(o));
-}
-
 inline std::unique_ptr<handler_iface> make_handler(
     const std::string& preset, std::optional<double> grace, const std::string& notice_file,
     hang_choice hang, holdfast::any_kv kv, holdfast::cluster_info cluster, py_checkpointer ckpt,
     holdfast::handler_options o) {
   namespace p = holdfast::presets;
-  auto build = [&](auto config) {
-    return make_handler(std::move(config), grace, notice_file, hang, kv, cluster, ckpt, o);
-  };
-  std::string name = preset;
-  if (name == "detect") name = holdfast::to_string(holdfast::detect_platform());
-  if (name == "generic") return build(python_config(p::generic()));
-  if (name == "k8s" || name == "kubernetes") return build(python_config(p::kubernetes()));
-  if (name == "slurm") return build(python_config(p::slurm()));
-  if (name == "gce") return build(python_config(p::gce_cpu()));
-  if (name == "aws") return build(python_config(p::aws_spot()));
-  throw std::invalid_argument("holdfast: unknown preset '" + preset +
-                              "' (generic, k8s, kubernetes, slurm, gce, aws, detect)");
+  auto config = [&]() -> py_config {
+    std::string name = preset;
+    if (name == "detect") name = holdfast::to_string(holdfast::detect_platform());
+    if (name == "generic") return python_config(p::generic());
+    if (name == "k8s" || name == "kubernetes") return python_config(p::kubernetes());
+    if (name == "slurm") return python_config(p::slurm());
+    if (name == "gce") return python_config(p::gce_cpu());
+    if (name == "aws") return python_config(p::aws_spot());
+    throw std::invalid_argument("holdfast: unknown preset '" + preset +
+                                "' (generic, k8s, kubernetes, slurm, gce, aws, detect)");
+  }();
+  if (grace)
+    config.set_grace_period(std::chrono::milliseconds(static_cast<std::int64_t>(*grace * 1000)));
+  if (!notice_file.empty()) {  // the preset's notices, or the file appearing (a Slurm trap)
+    using either = holdfast::any_of<any_notice, holdfast::file_notice>;
+    config = py_config(any_notice(either(std::move(config.notice()),
+                                         holdfast::file_notice(notice_file, notice_file_interval))),
+                       config.exit_policy(), config.grace_period(), config.save_override());
+  }
+  return make_hang_handler(hang, std::move(config), std::move(kv), std::move(cluster),
+                           std::move(ckpt), std::move(o));
 }
 
 const char* state_name(holdfast::agreement_state s) {

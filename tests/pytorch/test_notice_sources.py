@@ -1,0 +1,143 @@
+"""The PyTorch extension's notice sources (examples/pytorch/holdfast_torch.cpp): every preset's
+notices and the notice file reach the one Config the extension compiles (any_notice), wake the
+handler, and end run() with holdfast.Preempted carrying the preset's exit code after one save at
+the agreed step. One task over a file:// store, in this process; the signal presets only (gce and
+aws poll a metadata server, which a test must not reach).
+
+    /path/to/venv/bin/python tests/pytorch/test_notice_sources.py [name ...]
+
+Exits non-zero when a case fails; the last line is "N passed, M failed".
+"""
+
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_store_support as sup  # noqa: E402
+
+hf = sup.load_holdfast()
+
+CASES = []
+NOTICE_AT = 5      # the step after which the notice comes
+MAX_STEPS = 2000   # 2 ms each: a notice must end the loop long before
+
+
+def case(fn):
+    CASES.append(fn)
+    return fn
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+_launches = iter(range(1 << 30))  # a fresh incarnation for every handler
+
+
+def preempted_by(preset, notify, notice_file=None):
+    """Runs steps until Preempted; `notify(directory)` after NOTICE_AT steps. Returns the exit
+    code, the steps run and the steps saved."""
+    with tempfile.TemporaryDirectory() as d:
+        saved = []
+        ckpt = hf.CheckpointManager(os.path.join(d, "ckpt"),
+                                    save=lambda path, step: saved.append(step),
+                                    restore=lambda path, step: None)
+        with hf.Handler(preset=preset, store="file://" + os.path.join(d, "kv"), checkpoints=ckpt,
+                        task=0, num_tasks=1, run_id="notice", restart=next(_launches), grace=0,
+                        notice_file=notice_file and os.path.join(d, notice_file)) as h:
+            steps = 0
+            try:
+                while steps < MAX_STEPS:
+                    h.run(time.sleep, 0.002)
+                    steps += 1
+                    if steps == NOTICE_AT:
+                        notify(d)
+            except hf.Preempted as e:
+                return e.code, steps, saved
+        return None, steps, saved
+
+
+def signal_self(signum):
+    return lambda d: os.kill(os.getpid(), signum)
+
+
+def create(name):
+    def notify(d):
+        with open(os.path.join(d, name), "w") as f:
+            f.write("preempted\n")
+    return notify
+
+
+def expect(result, code):
+    got, steps, saved = result
+    check(got == code, f"Preempted({got}) after {steps} steps, expected Preempted({code})")
+    check(NOTICE_AT <= steps < MAX_STEPS, f"{steps} steps")
+    check(saved == [steps], f"saved {saved}, expected one save at the last step ({steps})")
+
+
+@case
+def generic_sigterm_exits_42():
+    expect(preempted_by("generic", signal_self(signal.SIGTERM)), 42)
+
+
+@case
+def kubernetes_sigterm_exits_143():
+    expect(preempted_by("k8s", signal_self(signal.SIGTERM)), 143)
+
+
+@case
+def slurm_sigusr1_exits_143():
+    expect(preempted_by("slurm", signal_self(signal.SIGUSR1)), 143)
+
+
+@case
+def a_notice_file_is_a_notice_beside_the_generic_signals():
+    expect(preempted_by("generic", create("notice"), notice_file="notice"), 42)
+
+
+@case
+def a_notice_file_is_a_notice_beside_the_slurm_signals():
+    expect(preempted_by("slurm", create("notice"), notice_file="notice"), 143)
+
+
+@case
+def an_unknown_preset_is_named():
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = hf.CheckpointManager(os.path.join(d, "ckpt"), save=lambda p, s: None,
+                                    restore=lambda p, s: None)
+        try:
+            hf.Handler(preset="azure", store="file://" + os.path.join(d, "kv"), checkpoints=ckpt,
+                       task=0, num_tasks=1, run_id="notice", restart=next(_launches))
+        except ValueError as e:
+            check("azure" in str(e), f"the error does not name the preset: {e}")
+            return
+        raise AssertionError("preset='azure' was accepted")
+
+
+def main(argv):
+    chosen = [c for c in CASES if not argv or c.__name__ in argv]
+    passed = failed = 0
+    for c in chosen:
+        t0 = time.monotonic()
+        try:
+            c()
+            passed += 1
+            print(f"PASS {c.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {c.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
+            traceback.print_exc()
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
