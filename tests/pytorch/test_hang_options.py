@@ -16,7 +16,6 @@ import tempfile
 import textwrap
 import threading
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_store_support as sup  # noqa: E402
@@ -34,9 +33,7 @@ def case(fn):
     return fn
 
 
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
+check = sup.check
 
 
 _launches = iter(range(1 << 30))  # a fresh incarnation for every handler
@@ -175,25 +172,5 @@ def restart_exits_while_the_step_holds_the_gil():
               "on_hang ran although the step held the GIL")
 
 
-def main(argv):
-    chosen = [c for c in CASES if not argv or c.__name__ in argv]
-    passed = failed = 0
-    for c in chosen:
-        t0 = time.monotonic()
-        try:
-            c()
-            passed += 1
-            print(f"PASS {c.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {c.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
-            traceback.print_exc()
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
-
-
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    sup.exit_now(sup.run_cases(CASES, sys.argv[1:]))

@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_store_support as sup  # noqa: E402
@@ -35,9 +34,7 @@ def case(fn):
     return fn
 
 
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
+check = sup.check
 
 
 def readable(fd, timeout):
@@ -447,28 +444,5 @@ def a_worker_that_never_starts_is_named_at_the_restore_agreement():
             check(took <= ack_timeout + 3.0, f"task {w.task}: {took:.2f} s after the start")
 
 
-def main(argv):
-    chosen = [c for c in CASES if not argv or c.__name__ in argv]
-    passed = failed = 0
-    for c in chosen:
-        t0 = time.monotonic()
-        try:
-            c()
-            passed += 1
-            print(f"PASS {c.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {c.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
-            traceback.print_exc()
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
-
-
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Without the interpreter's teardown: the watch threads of the cases above may still be in
-    # a wait on the servers this process hosts, and c10d would log each one's broken connection
-    # after the summary line.
-    os._exit(code)
+    sup.exit_now(sup.run_cases(CASES, sys.argv[1:]))

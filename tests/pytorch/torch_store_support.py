@@ -1,6 +1,6 @@
-"""Shared by tests/pytorch/test_torch_store.py and benchmarks/torch_store_bench.py: a TCPStore
-server, a counting TCP proxy in front of it, and worker processes that run the extension's
-Handler over that store (store="torch").
+"""Shared by tests/pytorch/test_*.py and benchmarks/torch_store_bench.py: the tests' case runner
+(check, run_cases, exit_now), a TCPStore server, a counting TCP proxy in front of it, and worker
+processes that run the extension's Handler over that store (store="torch").
 
 Run as a script, this file is a worker: `python torch_store_support.py worker '<json config>'`.
 A worker reports on stdout, one JSON object a line ({"ev": ...}); the parent steers it with
@@ -19,9 +19,43 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def check(cond, what):
+    """A test's assertion: AssertionError(what) unless cond."""
+    if not cond:
+        raise AssertionError(what)
+
+
+def run_cases(cases, argv):
+    """Runs the cases named in argv (all when none), printing PASS/FAIL with each one's time and
+    a traceback for each failure; the last line is "N passed, M failed". Returns the exit code."""
+    chosen = [c for c in cases if not argv or c.__name__ in argv]
+    passed = failed = 0
+    for c in chosen:
+        t0 = time.monotonic()
+        try:
+            c()
+            passed += 1
+            print(f"PASS {c.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {c.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
+            traceback.print_exc()
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+def exit_now(code):
+    """Flushes and exits without the interpreter's teardown: threads the cases left (watches in a
+    wait on servers this process hosts, a handler's helpers) would log after the summary line."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 _extension_file = None
