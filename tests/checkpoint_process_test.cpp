@@ -14,10 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdio>   // rename: quick_signal_file
-#include <cstdlib>  // _Exit
 #include <filesystem>
-#include <fstream>
 #include <holdfast/checkpoint.hpp>
 #include <holdfast/wait.hpp>
 #include <optional>
@@ -51,17 +48,6 @@ using holdfast_test::write_plain;
 // A flag file another process waits for (published whole).
 void signal_file(const std::string& path, const std::string& content = "1") {
   holdfast::publisher().publish(path, content);
-}
-
-// A flag another process sees at once, not a durable one: written beside and renamed into
-// place, no fsync (a crash may lose it; the tests that use it never crash the machine).
-void quick_signal_file(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << content;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) std::_Exit(3);  // the parent's wait names it
 }
 
 std::string payload(std::int64_t step, const std::string& f, std::size_t size) {
@@ -580,10 +566,10 @@ void async_kill_trials(const std::string& d, directory_commit mode, int trials, 
       m.save(k, [](const std::string& p, std::int64_t st) { write_files(p, st, big_files); });
       m.wait_until_finished();  // K is committed
       m.save(k + 1, [](const std::string& p, std::int64_t st) { write_files(p, st, big_files); });
-      // save() returned: the commit runs in background. The flag is a plain rename, not a
-      // durable publish, whose fsyncs put time between save() returning and the parent's wake
-      // (in one asan CI run all 16 kills landed after the commit).
-      quick_signal_file(flag, std::to_string(k));
+      // save() returned: the commit runs in background. The flag is an atomic publish without
+      // syncs (no_sync), not a durable one, whose fsyncs put time between save() returning and the
+      // parent's wake (in one asan CI run all 16 kills landed after the commit).
+      holdfast::basic_publisher<holdfast::no_sync>().publish(flag, std::to_string(k));
       volatile double x = 0;
       for (;;) x = x + 1.0;  // training goes on
     });
