@@ -8,7 +8,7 @@
 // valid key, the directory is absolute); a store URL's full_path(path) parses back to the same
 // scheme and path, and localized_path undoes full_path; no error of parse_kv_url shows a password
 // of the URL (user info's password, user info without ':', or a query value other than ca, cert,
-// key, server_name, user, password_file, password_env).
+// key, server_name, user, password_file, password_env, lease_ttl, leased_prefix).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -71,8 +71,8 @@ std::vector<std::string> secrets_of(std::string_view url) {
     const std::size_t eq = item.find('=');
     const std::string_view key = item.substr(0, eq);
     bool safe = false;
-    for (std::string_view k :
-         {"ca", "cert", "key", "server_name", "user", "password_file", "password_env"})
+    for (std::string_view k : {"ca", "cert", "key", "server_name", "user", "password_file",
+                               "password_env", "lease_ttl", "leased_prefix"})
       safe = safe || key == k;
     if (eq != std::string_view::npos && !safe) unique(item.substr(eq + 1));
     if (amp == std::string_view::npos) break;
