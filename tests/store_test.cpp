@@ -189,6 +189,12 @@ TEST_CASE("parse_store_url dispatches by scheme and rejects unknown ones, naming
   CHECK(f.path == "/data/exp");
   CHECK(f.full_path("/data/exp/runs") == "file:///data/exp/runs");
   CHECK(holdfast::parse_store_url("file://localhost/data/exp").path == "/data/exp");
+  // file://localhost/dbfs/x names file:///dbfs/x, which is DBFS: its full_path parses back to
+  // DBFS too (url_fuzz found the local reading, whose full_path changed scheme).
+  auto d = holdfast::parse_store_url("file://localhost/dbfs//tmp/store");
+  CHECK(d.scheme == store_scheme::dbfs);
+  CHECK(d.path == "/dbfs//tmp/store");
+  CHECK(holdfast::parse_store_url(d.full_path(d.path)).scheme == store_scheme::dbfs);
   auto p = holdfast::parse_store_url("/data/exp");
   CHECK(p.scheme == store_scheme::local);
   CHECK(p.path == "/data/exp");
