@@ -135,9 +135,8 @@ inline store_url parse_hdfs_url(std::string_view url) {
 
 /// Parses any store prefix and says what it names: hdfs:// (see parse_hdfs_url), the DBFS
 /// spellings (normalized to /dbfs/...; file://localhost/dbfs/... too), file:// (absolute paths,
-/// or file://localhost/...), or a
-/// plain path. Throws holdfast::error (EINVAL) naming the URL for an unknown scheme, a file://
-/// URL with a remote host, an empty prefix, or NUL.
+/// or file://localhost/...), or a plain path. Throws holdfast::error (EINVAL) naming the URL for an
+/// unknown scheme, a file:// URL with a remote host, an empty prefix, or NUL.
 inline store_url parse_store_url(std::string_view url) {
   if (url.empty()) detail::store_bad_url(url, "empty store prefix");
   if (url.find('\0') != std::string_view::npos) detail::store_bad_url(url, "contains NUL");
@@ -154,12 +153,7 @@ inline store_url parse_store_url(std::string_view url) {
     if (detail::store_starts_with(rest, "localhost/")) rest.remove_prefix(9);
     if (rest.empty() || rest[0] != '/')
       detail::store_bad_url(url, "a file:// URL must name an absolute local path");
-    if (is_dbfs_path(rest)) {  // file://localhost/dbfs/x is file:///dbfs/x: DBFS
-      store_url u;
-      u.scheme = store_scheme::dbfs;
-      u.path = std::string(rest);
-      return u;
-    }
+    if (is_dbfs_path(rest)) return parse_store_url(rest);  // file://localhost/dbfs/x: DBFS
     store_url u;
     u.path = std::string(rest);
     u.url_prefix = "file://";
