@@ -1,5 +1,6 @@
 // save_interval_policy and run_history (checkpoint/save_policy.hpp, issue 35 item 4): Young's and
-// Daly's intervals against hand-computed values, the bounds and the copy's cost, determinism (a
+// Daly's intervals against hand-computed values, the bounds and the copy's cost (fed from another
+// thread, as the two-tier copier does; a bad sample ignored), determinism (a
 // clock that throws when read), M learned from the prior and the job's history (noticed
 // interruptions are exposure, unnoticed ones are interruptions), the history file's round
 // trip, a missing, corrupt or unwritable file, real processes (a SIGKILLed incarnation and one
@@ -7,7 +8,9 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>  // std::nan: a bad sample
 #include <csignal>
 #include <cstdint>
 #include <filesystem>
@@ -17,6 +20,7 @@
 #include <holdfast/holdfast.hpp>  // the handler loop of docs/save-policy.md
 #include <stdexcept>
 #include <string>
+#include <thread>  // record_copy from another thread (the two-tier copier's)
 #include <vector>
 
 #include "support/child.hpp"
@@ -124,12 +128,49 @@ TEST_CASE("save interval: the policy's interval from C and M, the bounds, the co
   CHECK(copy.copy_cost().count() == 900);
   CHECK(copy.interval(t0).count() == 900);
 
+  // The copy is averaged as C is, and the bounds apply to it too (max_interval caps it).
+  copy.record_copy(100s);  // 900 + 0.3 * (100 - 900) = 660 s
+  CHECK(copy.copy_cost().count() == doctest::Approx(660));
+  CHECK(copy.interval(t0).count() == doctest::Approx(660));
+  save_interval_options capped = unbounded(1h);
+  capped.max_interval = 600s;
+  policy_t cap(capped);
+  cap.start(t0);
+  cap.record_save(5s, t0);
+  cap.record_copy(900s);
+  CHECK(cap.interval(t0).count() == 600);
+  policy_t copied = copy;  // a copy of the policy keeps the copies' mean
+  CHECK(copied.copy_cost().count() == doctest::Approx(660));
+
   CHECK_THROWS_AS(policy_t([] {
                     save_interval_options b;
                     b.prior_weight = 0;
                     return b;
                   }()),
                   holdfast::error);
+}
+
+TEST_CASE("save interval: a copy's cost from another thread, a bad sample ignored") {
+  // The two-tier copier calls record_copy on its own thread while the training thread asks the
+  // policy (ThreadSanitizer checks the two); a negative or NaN sample is no cost.
+  policy_t p(unbounded(1h));
+  p.start(t0);
+  p.record_save(1s, t0);  // Daly: ~84 s
+  const double daly = p.interval(t0).count();
+  p.record_copy(-5s);
+  p.record_copy(save_seconds(std::nan("")));
+  CHECK(p.copy_cost().count() == 0);
+  CHECK(p.interval(t0).count() == daly);
+  std::thread copier([&] {
+    for (int i = 0; i < 2000; ++i) p.record_copy(save_seconds(200 + i % 3));
+  });
+  double longest = 0;
+  for (int i = 0; i < 2000; ++i) longest = std::max(longest, p.interval(t0 + 1s).count());
+  copier.join();
+  CHECK(longest <= 202);
+  CHECK(p.copy_cost().count() >= 200);
+  CHECK(p.copy_cost().count() <= 202);
+  CHECK(p.interval(t0).count() == doctest::Approx(p.copy_cost().count()));
 }
 
 TEST_CASE("save interval: deterministic given its inputs (no clock read, same answers)") {

@@ -27,13 +27,15 @@
 //     of cost C with exponential interruptions of mean M: T = sqrt(2CM) (1 + sqrt(C/2M)/3 +
 //     C/18M) - C for C < 2M, else T = M; it tends to Young's sqrt(2CM) for C << M. The
 //     policy's interval is max(that, the background copy's cost) clamped to [min_interval,
-//     max_interval] (min_interval wins when the bounds cross).
+//     max_interval] (min_interval wins when the bounds cross): never shorter than a durable
+//     copy takes unless max_interval is (two_tier_checkpoints::feed_copy_costs feeds the copies).
 //   - C is an exponentially weighted mean of the measured blocking costs (record_save): the
 //     first sample sets it, each next one moves it by cost_smoothing of the difference, so it
 //     follows a state that grows or a filesystem that slows down with O(1) state. Until a cost
 //     is measured, C is the history's last recorded cost (observe), else initial_save_cost (0
 //     by default: the first save comes at min_interval and measures C). The background copy's cost
-//     (record_copy) is averaged the same way.
+//     (record_copy) is averaged the same way, in an atomic: record_copy may run on another
+//     thread (the two-tier copier's) while the training thread asks the policy.
 //   - M = (prior_weight x mtbi_prior + exposure) / (prior_weight + unnoticed), exposure being
 //     the run time of every earlier incarnation plus the current one's so far, unnoticed the
 //     incarnations that ended killed (without a notice noted). This is 1 / E[rate] of a
@@ -42,7 +44,8 @@
 //     mtbi_prior of run time, and the job's own history outweighs it as it accumulates.
 //     Incarnations that ended with a notice (a preemption save) or cleanly count as exposure,
 //     not as interruptions: a noticed preemption loses next to nothing.
-//   - save_interval_policy reads no clock and does no I/O: should_save(now), interval(now)
+//   - save_interval_policy reads no clock and does no I/O, and is for one thread, record_copy
+//     excepted (above): should_save(now), interval(now)
 //     and mtbi(now) are functions of the options, the recorded costs, the observed counters and
 //     the times passed in, so two policies fed the same inputs answer the same. save_when_due
 //     is the one that reads Clock::now(), around the save it times.
@@ -68,12 +71,14 @@
 //   - An Exit policy that exits the process must call note_notice() itself (a callable Exit
 //     policy): an incarnation that exits without it reads as killed.
 //   - Tasks of one job measure different costs: where every task must save the same steps,
-//     decide on one task and share the decision (handler_options::periodic_saves does).
+//     decide on one task and share the decision (handler_options::periodic_saves does). The
+//     copy cost is the deciding task's own copier's: the other tasks' copies are not reported.
 #pragma once
 
 #include <fcntl.h>  // O_RDONLY: the history file
 
 #include <algorithm>
+#include <atomic>  // the copies' mean: record_copy from the copier's thread
 #include <chrono>
 #include <cmath>  // std::sqrt: the interval
 #include <cstdint>
@@ -446,17 +451,16 @@ class basic_save_interval_policy {
     save_cost_ = mean(save_cost_, cost);
     last_save_ = finished;
   }
-  /// The background copy of a save to the durable tier took `cost`.
-  void record_copy(save_seconds cost) { copy_cost_ = mean(copy_cost_, cost); }
+  /// The background copy of a save to the durable tier took `cost` (a negative or NaN one is
+  /// ignored). May be called from another thread (the copier's) while this one asks the policy.
+  void record_copy(save_seconds cost) noexcept { copy_cost_.add(cost.count(), o_.cost_smoothing); }
 
   /// C: the running mean of the blocking costs (initial_save_cost before any).
   save_seconds save_cost() const noexcept {
     return save_cost_.known ? save_cost_.value : o_.initial_save_cost;
   }
   /// The running mean of the copies' costs (0 before any).
-  save_seconds copy_cost() const noexcept {
-    return copy_cost_.known ? copy_cost_.value : save_seconds(0);
-  }
+  save_seconds copy_cost() const noexcept { return save_seconds(copy_cost_.get()); }
 
   /// M at `now`: (prior_weight x mtbi_prior + exposure) / (prior_weight + unnoticed), the
   /// exposure counting the current incarnation's run time since start().
@@ -496,9 +500,32 @@ class basic_save_interval_policy {
     return {m.value + o_.cost_smoothing * (sample - m.value), true};
   }
 
+  // The copies' running mean in seconds, negative before the first: one atomic, so the copier's
+  // thread can add a sample while the training thread reads it. Copied as its value.
+  class shared_mean {
+   public:
+    shared_mean() = default;
+    shared_mean(const shared_mean& o) noexcept : v_(o.v_.load(std::memory_order_relaxed)) {}
+    shared_mean& operator=(const shared_mean& o) noexcept {
+      v_.store(o.v_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      return *this;
+    }
+    double get() const noexcept { return std::max(v_.load(std::memory_order_relaxed), 0.0); }
+    void add(double sample, double smoothing) noexcept {
+      if (!(sample >= 0)) return;  // negative or NaN: not a cost
+      double old = v_.load(std::memory_order_relaxed);
+      while (!v_.compare_exchange_weak(old, old < 0 ? sample : old + smoothing * (sample - old),
+                                       std::memory_order_relaxed)) {
+      }
+    }
+
+   private:
+    std::atomic<double> v_{-1};
+  };
+
   save_interval_options o_;
   measured save_cost_;
-  measured copy_cost_;
+  shared_mean copy_cost_;
   save_seconds past_exposure_{0};
   std::int64_t unnoticed_ = 0;
   std::optional<time_point> run_start_;
