@@ -27,6 +27,7 @@
 #include "support/handler_harness.hpp"
 #include "support/own_write_kv.hpp"
 #include "support/temp_dir.hpp"
+#include "support/thread_state.hpp"
 
 using namespace std::chrono_literals;
 using holdfast::run_status;
@@ -687,22 +688,26 @@ TEST_CASE("threads: a dead worker gives agreement_timeout naming it, within the 
 }
 
 TEST_CASE("threads: destruction in every state leaves no thread") {
-  const int before = holdfast_test::thread_count();
-  auto check_state = [&](const char* name, auto drive) {
+  // The threads of each handler are those not running before it (ids, not counts: a thread
+  // joined a moment ago, an earlier case's or the restore guard the constructor joins, is listed
+  // until the kernel releases it), each count waited for with a deadline.
+  auto check_state = [&](const char* name, auto drive, milliseconds ack_timeout = 200ms) {
     INFO(name);
     job j(2);
     outcome o;
     scenario sc;
     sc.n = 2;
-    sc.ack_timeout = 200ms;
+    sc.ack_timeout = ack_timeout;
     sc.agree_on_restore = false;  // task 1 is played by the test: no restore agreement with it
+    const auto before = holdfast_test::thread_ids();
     {
       handler_t h(make_config(j, 0, sc, &o), j.kv, {0, 2, "d"},
                   holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
-      CHECK(holdfast_test::thread_count() == before + 2);  // the watcher and the flag poller
+      // the watcher and the flag poller
+      CHECK(holdfast_test::settled_new_threads(before, 2).size() == 2);
       drive(h, j);
     }
-    CHECK(holdfast_test::settled_thread_count(before) == before);
+    CHECK(holdfast_test::settled_new_threads(before, 0).size() == 0);
   };
   auto step = [](handler_t& h) {
     try {
@@ -729,16 +734,24 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
     CHECK(reach(
         h, [](as s) { return s != as::idle; }, false));
   });
-  check_state("claim seen by the watcher", [&](handler_t& h, job& j) {
-    j.kv.insert("holdfast/d/ctl/r0/claim", "claim by 1/peer");
-    // without a run() call: the peer's claim is seen (and perhaps acked) by the watcher
-    CHECK(reach(
-        h, [](as s) { return s == as::claimed || s == as::acked; }, false));
-  });
+  check_state(
+      "claim seen by the watcher",
+      [&](handler_t& h, job& j) {
+        j.kv.insert("holdfast/d/ctl/r0/claim", "claim by 1/peer");
+        // without a run() call: the peer's claim is seen (and perhaps acked) by the watcher,
+        // which then waits for task 1's ack until the ack_timeout: a minute, far past the look
+        CHECK(reach(
+            h, [](as s) { return s == as::claimed || s == as::acked; }, false));
+      },
+      60s);
   check_state("step published", [&](handler_t& h, job& j) {
     j.kv.put("holdfast/d/ack/r0/1", "100");
     j.kv.insert("holdfast/d/ctl/r0/claim", "claim by 1/peer");
-    CHECK(reach(h, is(as::step_published), true));
+    // the watcher alone acks (counter 0) and publishes step 101; only a run() at that counter
+    // leaves step_published, so it is observed without one, and a step then stays in it
+    CHECK(reach(h, is(as::step_published), false));
+    step(h);
+    CHECK(h.state() == as::step_published);
   });
   check_state("failed: agreement timeout", [&](handler_t& h, job& j) {
     j.flags[0]->store(true);
@@ -771,25 +784,40 @@ TEST_CASE("threads: destruction in every state leaves no thread") {
 }
 
 TEST_CASE("threads: destruction in the grace countdown and after the final agreement") {
-  const int before = holdfast_test::thread_count();
-  for (auto until :
-       {holdfast::agreement_state::grace, holdfast::agreement_state::final_published}) {
+  using as = holdfast::agreement_state;
+  for (auto until : {as::grace, as::final_published}) {
+    INFO("destroyed in state " << static_cast<int>(until));
     job j(1);
     outcome o;
     scenario sc;
     sc.n = 1;
     sc.grace = 300ms;
+    const auto before = holdfast_test::thread_ids();  // see "destruction in every state"
     {
       handler_t h(make_config(j, 0, sc, &o), j.kv, {0, 1, "g"},
                   holdfast_test::make_checkpoints(j.ckpt_dir(0), &o.st), opts(sc));
       j.flags[0]->store(true);
-      auto deadline = std::chrono::steady_clock::now() + 5s;
-      while (h.state() != until && std::chrono::steady_clock::now() < deadline) {
-        h.run([] { busy(1000); });
+      const auto deadline = std::chrono::steady_clock::now() + 30s;
+      auto step = [] { busy(1000); };
+      // The grace countdown starts inside the run() that makes the first save: that save (the
+      // Checkpointer's writer counts it) is what the loop waits for, not a state between calls.
+      // Nothing but the next run() leaves grace (one task: no peer's final claim).
+      while (o.st.saves == 0 && std::chrono::steady_clock::now() < deadline) h.run(step);
+      REQUIRE(o.st.saves == 1);
+      CHECK(h.state() == as::grace);
+      if (until == as::final_published) {
+        // The countdown's end is decided inside a run() (final_noticed), which then returns at
+        // once; the watcher alone claims, acks this task's counter and publishes the final step,
+        // one past it. With no run() from here, nothing takes the machine past final_published
+        // (a run() at the final step would save and re-arm within one call): waited for as is.
+        while (h.state() == as::grace && std::chrono::steady_clock::now() < deadline) h.run(step);
+        CHECK(h.state() != as::grace);
+        while (h.state() != until && std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(1ms);
       }
       CHECK(h.state() == until);
     }
-    CHECK(holdfast_test::settled_thread_count(before) == before);
+    CHECK(holdfast_test::settled_new_threads(before, 0).size() == 0);
     CHECK(o.st.saves == 1);  // the first save only: destroyed before the final one
   }
 }

@@ -8,6 +8,13 @@
 // of calls (wait_syscalls(): poll and a condition variable's futex), also for a child process's
 // thread. The wait is a bounded look every millisecond at an observed state, not a pause that
 // hopes the state was reached.
+//
+// A test that means "this object starts n threads and leaves none" compares thread ids, not
+// counts: it takes thread_ids() before the object exists and waits (settled_new_threads()) until
+// exactly n threads that are not in that set run, then none. A thread joined a moment ago (an
+// earlier case's, or one the constructor started and joined) is still listed until the kernel
+// releases it, after join() returned: in the set it skews no count, and a count taken once right
+// after a join would read it.
 #pragma once
 
 #include <dirent.h>
@@ -22,10 +29,14 @@
 #include <thread>
 #include <vector>
 
+#include "sanitizers.hpp"  // start_runtime_threads
+
 namespace holdfast_test {
 
-/// This process's thread ids (entries of /proc/self/task), sorted.
+/// This process's thread ids (entries of /proc/self/task), sorted. A sanitizer's runtime thread
+/// started at the first pthread_create already runs (start_runtime_threads), so it is never new.
 inline std::vector<pid_t> thread_ids() {
+  start_runtime_threads();
   std::vector<pid_t> out;
   if (DIR* d = ::opendir("/proc/self/task")) {
     while (dirent* e = ::readdir(d))
@@ -42,6 +53,21 @@ inline std::vector<pid_t> new_threads(const std::vector<pid_t>& before) {
   for (pid_t t : thread_ids())
     if (!std::binary_search(before.begin(), before.end(), t)) out.push_back(t);
   return out;
+}
+
+/// The threads not in `before` once exactly `n` of them run, or those of the last look after
+/// `timeout`: a thread started is listed from its creation, one joined until the kernel releases
+/// it a moment after join() returned. A bounded look every millisecond.
+inline std::vector<pid_t> settled_new_threads(
+    const std::vector<pid_t>& before, std::size_t n,
+    std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  auto now = new_threads(before);
+  while (now.size() != n && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a bounded look, not an order
+    now = new_threads(before);
+  }
+  return now;
 }
 
 /// The system call thread `tid` of process `pid` (0: this one) sleeps in (its state S), or -1
