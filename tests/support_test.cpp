@@ -1,6 +1,7 @@
 // The test support itself: kill_io reaches every file call of the Io policy, an etcd started by a
 // test does not outlive the test process (CTest's TIMEOUT ends a test with SIGTERM, then SIGKILL;
-// a crash ends it with SIGKILL), and thread_state sees which thread sleeps in poll().
+// a crash ends it with SIGKILL), and thread_state sees which thread sleeps in poll() and which
+// threads run since a baseline of ids.
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -133,6 +134,27 @@ TEST_CASE("an etcd started by a test process dies with it when that process is S
   ::close(pidfd);
   if (!data.empty()) remove_scratch(data.parent_path());
   if (!log.empty()) remove_scratch(log.parent_path());
+}
+
+TEST_CASE("thread_state counts the threads started since a set of ids, each count waited for") {
+  using std::chrono::milliseconds;
+  const auto before = holdfast_test::thread_ids();
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> started;
+  for (int i = 0; i < 2; ++i)
+    started.emplace_back([&] {
+      while (!stop.load()) std::this_thread::sleep_for(milliseconds(1));
+    });
+  CHECK(holdfast_test::settled_new_threads(before, 2).size() == 2);
+  // a count that never comes: what the last look saw, after the deadline
+  CHECK(holdfast_test::settled_new_threads(before, 3, milliseconds(50)).size() == 2);
+  CHECK(holdfast_test::settled_new_threads(before, 0, milliseconds(50)).size() == 2);
+  const auto with_both = holdfast_test::thread_ids();
+  stop.store(true);
+  for (auto& t : started) t.join();
+  CHECK(holdfast_test::settled_new_threads(before, 0).size() == 0);
+  // threads of a baseline that go (however late the kernel releases them) are never new
+  CHECK(holdfast_test::new_threads(with_both).size() == 0);
 }
 
 TEST_CASE("thread_state tells a thread asleep in poll() from one asleep elsewhere") {

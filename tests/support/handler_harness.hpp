@@ -34,7 +34,9 @@ struct flag_poll {
 /// A notice per thread: the real polled_notice polling a flag every millisecond.
 using flag_notice = holdfast::polled_notice<flag_poll>;
 
-/// Threads of this process (entries of /proc/self/task).
+/// Threads of this process (entries of /proc/self/task). A count taken as a baseline includes a
+/// thread joined a moment ago until the kernel releases it; to check which threads an object
+/// starts and leaves, compare ids (thread_state.hpp: thread_ids(), settled_new_threads()).
 inline int thread_count() {
   start_runtime_threads();
   int n = 0;
