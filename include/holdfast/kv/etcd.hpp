@@ -5,9 +5,12 @@
 //                        TLS, user),
 //                        etcd_stats (the client's counters)
 //   kv/etcd/gateway.hpp  the JSON gateway's wire format: stream lines, prefix ranges, int64s,
-//                        gRPC codes as errno, token problems, a kv object's decoded value
+//                        gRPC codes as errno, token problems, a kv object's decoded value,
+//                        request bodies
+//   kv/etcd/lease.hpp    detail::etcd_lease: the lease, its keep-alives (bounded per endpoint),
+//                        its re-grant and the leased keys put back
 //   kv/etcd/client.hpp   detail::etcd_client: endpoint failover, connection reuse,
-//                        authentication, the lease and its keep-alives
+//                        authentication, the writes (leased ones through the lease)
 //   kv/etcd/watch.hpp    the long-lived watch (basic_etcd_kv::watcher): snapshot, one stream,
 //                        resume, health probe
 //   kv/etcd/kv.hpp       basic_etcd_kv<Io, Transport> (insert, put, try_get, get, list, erase,
@@ -28,12 +31,14 @@
 // another endpoint, writes that were sent never do (their outcome is unknown: a transient
 // error); failures throw holdfast::error naming the operation and the key (EAGAIN, ETIMEDOUT,
 // ECONNRESET... transient); with a lease, a process's keys below leased_prefix (liveness keys,
-// no other) vanish a TTL after it dies. Without a TLS transport the traffic and a password cross
-// the network in clear text; the lease is not revoked on destruction.
+// no other) vanish a TTL after it dies, and live while a quorum answers its keep-alives (a lease
+// lost to a pause is granted again and the keys put back). Without a TLS transport the traffic and
+// a password cross the network in clear text; the lease is not revoked on destruction.
 #pragma once
 
 #include "etcd/client.hpp"
 #include "etcd/gateway.hpp"
 #include "etcd/kv.hpp"
+#include "etcd/lease.hpp"
 #include "etcd/options.hpp"
 #include "etcd/watch.hpp"

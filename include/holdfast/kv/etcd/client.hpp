@@ -1,5 +1,6 @@
 // holdfast/kv/etcd/client.hpp — the connection to an etcd cluster that every etcd_kv handle and
-// watch shares: endpoint failover, connection reuse, authentication and the lease.
+// watch shares: endpoint failover, connection reuse, authentication, and the writes that go
+// through the lease (kv/etcd/lease.hpp).
 //
 // Each operation is one HTTP POST to one of the configured endpoints (detail/http.hpp). Every
 // connection is made through the client's Transport (detail/http/transport.hpp;
@@ -41,13 +42,15 @@
 //     text, shows in a message as its first 200 bytes and its length (http_body_excerpt), never
 //     whole (a reply may be 64 MiB).
 //   - With `lease_ttl` > 0 (and a `leased_prefix`), the client grants a lease and keeps it alive
-//     from one background thread (a keep-alive every ttl/3); etcd_kv attaches it to the keys
-//     below leased_prefix only (lease_for(key); leases(key) says so from the options alone),
-//     never to another key. When the process dies the
-//     keep-alives stop and etcd deletes its leased keys after the TTL; what it wrote elsewhere
-//     (a recorded outcome) stays. The thread is stopped and joined when the client is destroyed
-//     (with its last handle), within ~20 ms even with a keep-alive in flight to a hung server
-//     (the request is cancelled).
+//     from one background thread (kv/etcd/lease.hpp: a round every TTL / 3, each endpoint tried
+//     for at most TTL / 6 and the next at once, so a member that never answers does not cost
+//     the lease; a lease etcd lost anyway is granted again and the leased keys put back); the
+//     puts and inserts of keys below leased_prefix carry it (lease_for(key); leases(key) says so
+//     from the options alone), no other key does. When the process dies the keep-alives stop
+//     and etcd deletes its leased keys after the TTL; what it wrote elsewhere (a recorded
+//     outcome) stays. The thread is stopped and joined when the client is destroyed (with its
+//     last handle), within ~20 ms even with a keep-alive in flight to a hung server (the
+//     request is cancelled).
 //   - Connections are reused (HTTP/1.1 keep-alive, detail/http/pool.hpp): up to
 //     `idle_connections` idle ones per client, so a TLS handshake is paid per connection, not
 //     per request. A suspect endpoint's idle connections are closed; streams (a get's watch, each
@@ -77,14 +80,14 @@
 //   - The lease is not revoked on destruction (other workers may still need the keys); call
 //     revoke_lease() to delete this client's leased keys at once.
 //   - Once the lease expired (the process was paused, or cut off, longer than the TTL), writes
-//     of leased keys fail with EIO ("requested lease not found"); no new lease is granted.
-//     Other keys are written as before.
+//     of leased keys fail with EIO ("requested lease not found") until the keep-alive thread
+//     has granted a new lease (its next round, at once after such a write) and put the leased
+//     keys back; lease_id() then changes. Other keys are written as before.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>  // getenv: etcd_options::password_env
@@ -93,25 +96,22 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "../../detail/http.hpp"  // http_pool, http_open_stream, parse_endpoint_url, transports
+#include "../../detail/base64.hpp"  // a key in an erase body
+#include "../../detail/http.hpp"    // http_pool, http_open_stream, parse_endpoint_url, transports
 #include "../../detail/json.hpp"
 #include "../../error.hpp"
 #include "../../io.hpp"          // open_file, read_all: the password file
 #include "../../kv.hpp"          // is_transient_kv_error
 #include "../call_deadline.hpp"  // kv_call_deadline: the caller's bound on a call
-#include "gateway.hpp"           // etcd_errno, etcd_int, etcd_unauthenticated, etcd_take_lines
-#include "options.hpp"           // etcd_options, etcd_stats
+#include "gateway.hpp"  // etcd_request, etcd_errno, etcd_int, etcd_unauthenticated, request bodies
+#include "lease.hpp"    // etcd_lease: the lease, its keep-alives and the leased writes
+#include "options.hpp"  // etcd_options, etcd_stats
 
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
-
-/// Whether a request may go to another endpoint, or again on a fresh connection, after it was
-/// sent: reads may, writes (whose outcome is then unknown) may not.
-enum class etcd_request { read, write };
 
 /// The connection to an etcd cluster, shared by every handle: endpoints, failover, connections,
 /// the token, the lease.
@@ -126,49 +126,56 @@ class etcd_client {
       : opts_(checked(std::move(opts))),
         endpoints_(parse_endpoints(opts_)),
         password_(read_password(opts_)),
-        pool_(Transport(opts_.tls), opts_.idle_connections) {
+        pool_(Transport(opts_.tls), opts_.idle_connections),
+        lease_(*this, opts_.lease_ttl) {
     suspect_until_ = std::make_unique<std::atomic<clock::rep>[]>(endpoints_.size());
     answered_at_ = std::make_unique<std::atomic<clock::rep>[]>(endpoints_.size());
     for (std::size_t k = 0; k < endpoints_.size(); ++k) {
       suspect_until_[k].store(0);
       answered_at_[k].store(0);
     }
-    if (opts_.lease_ttl.count() > 0) start_lease();
+    if (opts_.lease_ttl.count() > 0) lease_.start();
   }
   etcd_client(const etcd_client&) = delete;
   etcd_client& operator=(const etcd_client&) = delete;
-  ~etcd_client() { stop_keepalive(); }
+  ~etcd_client() { lease_.stop(); }
 
   /// The options it was made with.
   const etcd_options& options() const noexcept { return opts_; }
-  /// The lease attached to writes of leased keys (lease_for()), or 0.
-  std::int64_t lease_id() const noexcept { return lease_id_.load(); }
+  /// The lease attached to writes of leased keys (lease_for()), or 0; a new one after a
+  /// re-grant.
+  std::int64_t lease_id() const noexcept { return lease_.id(); }
   /// The lease a write of `key` (relative to a handle's namespace) carries: lease_id() when
   /// `key` is strictly below `leased_prefix + "/"`, else 0 (no lease).
   std::int64_t lease_for(std::string_view key) const noexcept {
-    return leases(key) ? lease_id_.load() : 0;
+    return leases(key) ? lease_.id() : 0;
   }
-  /// False once the lease expired or was revoked.
-  bool lease_alive() const noexcept { return lease_alive_.load(); }
+  /// True only while etcd holds the lease as far as the client knows: false from a keep-alive
+  /// that found it gone, or once a TTL passed without a renewal, until a new one is granted;
+  /// false once revoked.
+  bool lease_alive() const noexcept { return lease_.alive(); }
   /// True when writes of `key` (relative to a handle's namespace) are configured to carry the
   /// lease: a lease_ttl is set and `key` is strictly below `leased_prefix + "/"`, whether or
-  /// not the lease is still alive (lease_for() is 0 once it expired).
+  /// not the lease is still alive.
   bool leases(std::string_view key) const noexcept {
     const std::string& p = opts_.leased_prefix;
     return opts_.lease_ttl.count() > 0 && !p.empty() && key.size() > p.size() &&
            key.compare(0, p.size(), p) == 0 && key[p.size()] == '/';
   }
 
-  /// POSTs `body` to `target` and returns the parsed JSON reply, failing over as `kind` allows;
-  /// `op` and `key` name the operation in errors.
+  /// POSTs `body` to `target` and returns the parsed JSON reply, failing over as `kind` allows.
+  /// `op` and `key` name the operation in errors; `cancel` cuts a request in flight; a non-zero
+  /// `attempt` bounds each endpoint's try (connecting and the answer) below the options'
+  /// timeouts (the lease's keep-alives: TTL / 6).
   json_value call(etcd_request kind, const char* target, const std::string& body,
                   const std::string& op, const std::string& key,
-                  const std::atomic<bool>* cancel = nullptr) const {
+                  const std::atomic<bool>* cancel = nullptr,
+                  std::chrono::milliseconds attempt = std::chrono::milliseconds(0)) const {
     json_value out;
     with_endpoint(kind, op, key, [&](const http_endpoint& ep) {
-      authorized(ep, op, key, cancel, [&](http_headers headers) {
+      authorized(ep, op, key, cancel, attempt, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
-        http_response resp = pool_.call(ep, req, timeouts(), resend_for(kind), cancel);
+        http_response resp = pool_.call(ep, req, timeouts(attempt), resend_for(kind), cancel);
         bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
         out = reply(resp.status, resp.body, ep.url() + target, op, key);
       });
@@ -183,7 +190,7 @@ class etcd_client {
               const std::string& key, std::chrono::steady_clock::time_point deadline,
               OnLine on_line) const {
     with_endpoint(etcd_request::read, op, key, [&](const http_endpoint& ep) {
-      authorized(ep, op, key, nullptr, [&](http_headers headers) {
+      authorized(ep, op, key, nullptr, {}, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
         const std::string url = ep.url() + target;
         std::string pending;
@@ -212,6 +219,36 @@ class etcd_client {
     });
   }
 
+  /// Puts `value` under the etcd key `full`, written for `key` of a handle's namespace (it names
+  /// the key in errors, and leases(key) says whether the lease goes on it: then through the
+  /// lease, which puts it back under a new one).
+  void put(const std::string& full, const std::string& key, std::string_view value) const {
+    if (leases(key)) return lease_.put(full, key, value);
+    call(etcd_request::write, "/v3/kv/put", etcd_put_json(full, value, 0), "etcd put", key);
+  }
+  /// Puts `value` under `full` unless the key exists (a txn on create_revision 0), as put();
+  /// true when it did.
+  bool insert(const std::string& full, const std::string& key, std::string_view value) const {
+    if (leases(key)) return lease_.insert(full, key, value);
+    return etcd_txn_succeeded(call(etcd_request::write, "/v3/kv/txn",
+                                   etcd_insert_json(full, value, 0), "etcd insert", key));
+  }
+  /// Deletes the etcd key `full` (with `prefix`: every key starting with it) for `key` of a
+  /// handle's namespace, as operation `op`; how many keys it deleted. A leased key deleted is
+  /// not put back under a new lease.
+  std::int64_t erase(const std::string& full, const std::string& key, bool prefix,
+                     const char* op) const {
+    const std::string body =
+        prefix ? etcd_range_json(full) : "{\"key\":" + json_quote(base64_encode(full)) + "}";
+    auto send = [&] {
+      return etcd_int(
+          call(etcd_request::write, "/v3/kv/deleterange", body, op, key).find("deleted"));
+    };
+    if (prefix ? opts_.lease_ttl.count() > 0 : leases(key))
+      return lease_.erasing(full, prefix, send);
+    return send();
+  }
+
   /// Counters of requests, connections, watch opens and probes (see etcd_stats).
   etcd_stats stats() const noexcept {
     etcd_stats s;
@@ -236,11 +273,9 @@ class etcd_client {
     return c::time_point(c::duration(answered_at_[k].load(std::memory_order_relaxed)));
   }
   /// The lease keep-alive period (TTL / 3), or zero without a lease.
-  std::chrono::milliseconds keepalive_period() const noexcept {
-    if (opts_.lease_ttl.count() <= 0) return std::chrono::milliseconds(0);
-    return std::max<std::chrono::milliseconds>(std::chrono::milliseconds(100),
-                                               std::chrono::milliseconds(opts_.lease_ttl) / 3);
-  }
+  std::chrono::milliseconds keepalive_period() const noexcept { return lease_.period(); }
+  /// The longest one endpoint's try in a keep-alive round may take (TTL / 6), or zero.
+  std::chrono::milliseconds keepalive_timeout() const noexcept { return lease_.timeout(); }
   /// Marks endpoint `k` suspect (a watch lost its stream there) and closes its idle connections.
   void suspect(std::size_t k) const { mark_suspect(k); }
   /// True when `e` means the endpoint may be down or busy (another one may do better).
@@ -253,7 +288,7 @@ class etcd_client {
                      const std::string& op, const std::string& key, bool probe = false) const {
     json_value out;
     at_endpoint(k, op, key, [&](const http_endpoint& ep) {
-      authorized(ep, op, key, nullptr, [&](http_headers headers) {
+      authorized(ep, op, key, nullptr, {}, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
         if (probe) probes_.fetch_add(1, std::memory_order_relaxed);
         http_response resp = pool_.call(ep, req, timeouts(), http_resend::on_stale, nullptr);
@@ -275,7 +310,7 @@ class etcd_client {
                                                  OnMessage&& on_message) const {
     http_open_stream<Io, Transport> out;
     at_endpoint(k, op, key, [&](const http_endpoint& ep) {
-      authorized(ep, op, key, nullptr, [&](http_headers headers) {
+      authorized(ep, op, key, nullptr, {}, [&](http_headers headers) {
         const http_request req{"POST", target, std::move(headers), body};
         const std::string url = ep.url() + target;
         const auto window = kv_call_deadline::cap(opts_.request_timeout);
@@ -343,15 +378,7 @@ class etcd_client {
   /// Revokes the lease now (etcd deletes every key attached to it: the leased keys) and stops
   /// the keep-alives; later writes carry no lease. Does nothing without a lease or when already
   /// revoked.
-  void revoke_lease() {
-    const std::int64_t id = lease_id_.load();
-    if (id == 0) return;
-    stop_keepalive();
-    call(etcd_request::write, "/v3/lease/revoke", "{\"ID\":\"" + std::to_string(id) + "\"}",
-         "etcd lease revoke", "");
-    lease_alive_ = false;
-    lease_id_ = 0;
-  }
+  void revoke_lease() { lease_.revoke(); }
 
  private:
   using clock = std::chrono::steady_clock;
@@ -363,10 +390,18 @@ class etcd_client {
   }
 
   // The options' timeouts, cut to the time left before the caller's kv_call_deadline.
-  // The whole call (connect, then the exchange) ends by that deadline: `until`.
-  http_timeouts timeouts() const {
-    return http_timeouts{kv_call_deadline::cap(opts_.connect_timeout),
-                         kv_call_deadline::cap(opts_.request_timeout), kv_call_deadline::current()};
+  // The whole call (connect, then the exchange) ends by that deadline: `until`. A non-zero
+  // `attempt` cuts both, and the whole try on this endpoint, to that much from now.
+  http_timeouts timeouts(std::chrono::milliseconds attempt = std::chrono::milliseconds(0)) const {
+    auto connect = opts_.connect_timeout, request = opts_.request_timeout;
+    std::optional<clock::time_point> until = kv_call_deadline::current();
+    if (attempt.count() > 0) {
+      connect = std::min(connect, attempt);
+      request = std::min(request, attempt);
+      const auto end = clock::now() + attempt;
+      if (!until || end < *until) until = end;
+    }
+    return http_timeouts{kv_call_deadline::cap(connect), kv_call_deadline::cap(request), until};
   }
 
   // Throws ETIMEDOUT (transient) once the caller's kv_call_deadline has passed: no endpoint is
@@ -456,16 +491,18 @@ class etcd_client {
 
   // Runs `fn(headers)` with the current token (authenticating first when there is none); when
   // etcd refuses the token, authenticates again and runs it once more.
+  // `attempt` bounds an authentication as timeouts(attempt) does.
   template <class Fn>
   void authorized(const http_endpoint& ep, const std::string& op, const std::string& key,
-                  const std::atomic<bool>* cancel, Fn&& fn) const {
+                  const std::atomic<bool>* cancel, std::chrono::milliseconds attempt,
+                  Fn&& fn) const {
     if (opts_.user.empty()) return fn(headers_with(nullptr));
-    for (int attempt = 0;; ++attempt) {
-      const std::string tok = token(ep, op, key, cancel);
+    for (int round = 0;; ++round) {
+      const std::string tok = token(ep, op, key, cancel, attempt);
       try {
         return fn(headers_with(&tok));
       } catch (const etcd_unauthenticated&) {
-        if (attempt > 0) throw;
+        if (round > 0) throw;
         std::lock_guard<std::mutex> lock(auth_mutex_);
         if (token_ && *token_ == tok) token_.reset();
       } catch (const error& e) {
@@ -487,12 +524,12 @@ class etcd_client {
   // The token to send ("" when the cluster has authentication off), authenticating on `ep`
   // when the client has none yet.
   std::string token(const http_endpoint& ep, const std::string& op, const std::string& key,
-                    const std::atomic<bool>* cancel) const {
+                    const std::atomic<bool>* cancel, std::chrono::milliseconds attempt) const {
     {
       std::lock_guard<std::mutex> lock(auth_mutex_);
       if (token_) return *token_;
     }
-    std::string fresh = authenticate(ep, op, key, cancel);
+    std::string fresh = authenticate(ep, op, key, cancel, attempt);
     std::lock_guard<std::mutex> lock(auth_mutex_);
     token_ = fresh;
     return fresh;
@@ -500,14 +537,15 @@ class etcd_client {
 
   // POST /v3/auth/authenticate; never puts the password or the token in an error.
   std::string authenticate(const http_endpoint& ep, const std::string& op, const std::string& key,
-                           const std::atomic<bool>* cancel) const {
+                           const std::atomic<bool>* cancel,
+                           std::chrono::milliseconds attempt) const {
     const std::string target = "/v3/auth/authenticate";
     const std::string url = ep.url() + target;
     const http_request req{
         "POST", target, headers_with(nullptr),
         "{\"name\":" + json_quote(opts_.user) + ",\"password\":" + json_quote(password_) + "}"};
     // a token request changes nothing etcd keeps: safe to send again
-    http_response resp = pool_.call(ep, req, timeouts(), http_resend::on_stale, cancel);
+    http_response resp = pool_.call(ep, req, timeouts(attempt), http_resend::on_stale, cancel);
     bytes_read_.fetch_add(resp.body.size(), std::memory_order_relaxed);
     const std::string who = "authenticating as user '" + opts_.user + "' at " + url;
     json_value v;
@@ -666,47 +704,6 @@ class etcd_client {
     throw error(etcd_errno(c, text), op, key, detail);
   }
 
-  void start_lease() {
-    json_value r =
-        call(etcd_request::write, "/v3/lease/grant",
-             "{\"TTL\":" + std::to_string(opts_.lease_ttl.count()) + "}", "etcd lease grant", "");
-    lease_id_ = etcd_int(r.find("ID"));
-    if (lease_id_.load() == 0)
-      throw error(EPROTO, "etcd lease grant", "", "reply without a lease ID");
-    lease_alive_ = true;
-    keepalive_ = std::thread([this] { keepalive_loop(); });
-  }
-
-  void keepalive_loop() {
-    const auto period = keepalive_period();
-    const std::string body = "{\"ID\":\"" + std::to_string(lease_id_.load()) + "\"}";
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      if (stop_cv_.wait_for(lock, period, [this] { return stopping_; })) return;
-      lock.unlock();
-      try {
-        json_value r = call(etcd_request::read, "/v3/lease/keepalive", body, "etcd lease keepalive",
-                            "", &cancel_);
-        const json_value* result = r.find("result");
-        // TTL 0 (or absent) in the answer: etcd no longer knows the lease; it expired.
-        if (result && etcd_int(result->find("TTL")) <= 0) lease_alive_ = false;
-      } catch (const error&) {
-        // Unreachable for now: try again next period; the lease lives until its TTL runs out.
-      }
-      lock.lock();
-    }
-  }
-
-  void stop_keepalive() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    cancel_ = true;  // cuts a keep-alive in flight within ~20 ms
-    stop_cv_.notify_all();
-    if (keepalive_.joinable()) keepalive_.join();
-  }
-
   etcd_options opts_;
   std::vector<http_endpoint> endpoints_;
   std::string password_;                   // never in a message
@@ -720,13 +717,8 @@ class etcd_client {
   mutable std::atomic<std::uint64_t> watch_opens_{0};
   mutable std::atomic<std::uint64_t> bytes_read_{0};
   mutable std::atomic<std::uint64_t> probes_{0};
-  std::atomic<std::int64_t> lease_id_{0};
-  std::atomic<bool> lease_alive_{false};
-  std::mutex mutex_;
-  std::condition_variable stop_cv_;
-  bool stopping_ = false;
-  std::atomic<bool> cancel_{false};
-  std::thread keepalive_;
+  // declared last: its thread uses everything above, and is stopped before any of it goes
+  mutable etcd_lease<etcd_client> lease_;
 };
 
 }  // namespace detail

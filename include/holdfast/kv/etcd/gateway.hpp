@@ -1,6 +1,7 @@
 // holdfast/kv/etcd/gateway.hpp — etcd's JSON gateway as the client and the watch read it: the
 // lines of a stream, the range_end of a prefix, int64s sent as strings, gRPC error codes and
-// what they mean (errno, a token to renew), and the fields of a kv object.
+// what they mean (errno, a token to renew, a lease etcd no longer holds), the fields of a kv
+// object, and the bodies of a put and an insert.
 //
 // Keys and values travel base64-encoded in JSON, as the gateway requires (detail/base64.hpp).
 //
@@ -16,6 +17,9 @@
 //     etcd_decoded_value treats an absent value as the empty one (the gateway omits empty
 //     fields) and throws holdfast::format_error for bad base64.
 //   - etcd_take_lines hands on complete, non-blank lines only; a partial line stays pending.
+//   - etcd_put_json, etcd_insert_json (a txn: put only while the key has create_revision 0) and
+//     etcd_range_json spell each request body once, for etcd_kv's writes and the lease's re-puts
+//     of leased keys under a new lease (kv/etcd/lease.hpp).
 // Caveats:
 //   - No I/O here, and no limit on a pending line: the client caps a watch message
 //     (etcd_options::max_message).
@@ -26,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <system_error>  // errc
 
 #include "../../detail/base64.hpp"
@@ -34,6 +39,10 @@
 
 HOLDFAST_NAMESPACE_BEGIN
 namespace detail {
+
+/// Whether a request may go to another endpoint, or again on a fresh connection, after it was
+/// sent: reads may, writes (whose outcome is then unknown) may not (kv/etcd/client.hpp).
+enum class etcd_request { read, write };
 
 /// Cuts the complete lines (LF-terminated) off the front of `pending` and passes each one that
 /// is not blank to `on_line(const std::string&) -> bool` until it returns false; returns false
@@ -117,6 +126,41 @@ inline std::string etcd_string_field(const json_value& kv, const char* field,
   if (!v || !v->is_string())
     throw error(EPROTO, "etcd", key, std::string("reply without a string '") + field + "'");
   return v->as_string();
+}
+
+/// True for etcd's answer to a write or keep-alive naming a lease it no longer holds (expired or
+/// revoked): "requested lease not found" (gRPC code 5).
+inline bool etcd_lease_not_found(const error& e) noexcept {
+  return std::string_view(e.what()).find("requested lease not found") != std::string_view::npos;
+}
+
+/// The body of a put of `key` (a full etcd key) = `value`, carrying `lease` unless it is 0.
+inline std::string etcd_put_json(std::string_view key, std::string_view value, std::int64_t lease) {
+  std::string body = "{\"key\":" + json_quote(base64_encode(key)) +
+                     ",\"value\":" + json_quote(base64_encode(value));
+  if (lease != 0) body += ",\"lease\":\"" + std::to_string(lease) + "\"";
+  return body + "}";
+}
+
+/// The body of a txn that puts `key` = `value` (with `lease` unless 0) only while the key does
+/// not exist (create_revision 0): exactly one of several inserters succeeds.
+inline std::string etcd_insert_json(std::string_view key, std::string_view value,
+                                    std::int64_t lease) {
+  return "{\"compare\":[{\"target\":\"CREATE\",\"key\":" + json_quote(base64_encode(key)) +
+         ",\"createRevision\":\"0\"}],\"success\":[{\"requestPut\":" +
+         etcd_put_json(key, value, lease) + "}]}";
+}
+
+/// The body of a range (or deleterange) of every key starting with `start`.
+inline std::string etcd_range_json(const std::string& start) {
+  return "{\"key\":" + json_quote(base64_encode(start)) +
+         ",\"range_end\":" + json_quote(base64_encode(etcd_prefix_end(start))) + "}";
+}
+
+/// Whether the reply to an etcd_insert_json txn says it put the key.
+inline bool etcd_txn_succeeded(const json_value& reply) {
+  const json_value* ok = reply.find("succeeded");
+  return ok && ok->is_bool() && ok->as_bool();
 }
 
 }  // namespace detail

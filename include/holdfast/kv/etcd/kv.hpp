@@ -16,7 +16,8 @@
 //   - list and erase_prefix cover the keys strictly below `prefix + "/"` (all keys for ""), one
 //     range or deleterange each; list is sorted.
 //   - Failover, errors, the lease, connection reuse and authentication are the client's
-//     (kv/etcd/client.hpp): reads move on to another endpoint, sent writes never do.
+//     (kv/etcd/client.hpp, kv/etcd/lease.hpp): reads move on to another endpoint, sent writes
+//     never do; a lease etcd lost is granted again and the leased keys put back.
 //   - The lease goes on the puts and inserts of keys below etcd_options::leased_prefix only
 //     (liveness keys); every other key stays until erased, whoever wrote it and whenever its
 //     writer dies, so a value that records a decision is never deleted by a lease expiry.
@@ -50,7 +51,7 @@
 #include "../../io.hpp"  // posix_io
 #include "../../kv.hpp"  // kv_namespace, kv_pairs, validate_key, normalize_prefix
 #include "client.hpp"    // etcd_client, plain_transport
-#include "gateway.hpp"   // etcd_decoded_value, etcd_string_field, etcd_prefix_end, etcd_int
+#include "gateway.hpp"   // etcd_decoded_value, etcd_string_field, etcd_range_json, etcd_int
 #include "options.hpp"   // etcd_options, etcd_stats
 #include "watch.hpp"     // etcd_watcher: basic_etcd_kv::watcher
 
@@ -75,9 +76,11 @@ class basic_etcd_kv {
   basic_etcd_kv with_namespace(kv_namespace ns) const { return basic_etcd_kv(client_, ns); }
   /// This handle's namespace.
   const kv_namespace& ns() const noexcept { return ns_; }
-  /// The lease attached to writes of keys below leased_prefix, or 0 without one.
+  /// The lease attached to writes of keys below leased_prefix, or 0 without one; a new ID once
+  /// a lost lease was granted again.
   std::int64_t lease_id() const noexcept { return client_->lease_id(); }
-  /// False once etcd reported the lease gone (expired); true while kept alive.
+  /// True only while etcd holds the lease as far as the client knows (a keep-alive found it, a
+  /// TTL has not passed since); false while a lost lease is granted again, and once revoked.
   bool lease_alive() const noexcept { return client_->lease_alive(); }
   /// True when puts and inserts of `key` carry the lease (a lease_ttl is set and `key` lies
   /// strictly below leased_prefix + "/"), alive or not: what liveness keys need
@@ -86,7 +89,7 @@ class basic_etcd_kv {
   /// The lease's time-to-live (etcd_options::lease_ttl); 0 without a lease.
   std::chrono::seconds lease_ttl() const noexcept { return client_->options().lease_ttl; }
   /// Revokes the lease: etcd deletes every leased key (below leased_prefix) this client wrote,
-  /// at once; later writes carry no lease. Idempotent.
+  /// at once; later writes carry no lease and nothing is granted again. Idempotent.
   void revoke_lease() { client_->revoke_lease(); }
   /// How many times the client authenticated (fetched a token) so far; 0 without a user.
   std::size_t authentications() const noexcept { return client_->authentications(); }
@@ -101,22 +104,13 @@ class basic_etcd_kv {
   /// Stores `value` under `key` unless the key exists (a txn on create_revision == 0).
   bool insert(const std::string& key, std::string_view value) {
     validate_key(key, "kv insert");
-    const std::string k = detail::json_quote(detail::base64_encode(root_ + key));
-    const std::string body =
-        "{\"compare\":[{\"target\":\"CREATE\",\"key\":" + k +
-        ",\"createRevision\":\"0\"}],\"success\":[{\"requestPut\":" + put_body(key, k, value) +
-        "}]}";
-    auto r = client_->call(detail::etcd_request::write, "/v3/kv/txn", body, "etcd insert", key);
-    const detail::json_value* ok = r.find("succeeded");
-    return ok && ok->is_bool() && ok->as_bool();
+    return client_->insert(root_ + key, key, value);
   }
 
   /// Stores `value` under `key`, replacing any previous value.
   void put(const std::string& key, std::string_view value) {
     validate_key(key, "kv put");
-    client_->call(detail::etcd_request::write, "/v3/kv/put",
-                  put_body(key, detail::json_quote(detail::base64_encode(root_ + key)), value),
-                  "etcd put", key);
+    client_->put(root_ + key, key, value);
   }
 
   /// The value of `key`, or std::nullopt.
@@ -142,8 +136,8 @@ class basic_etcd_kv {
   /// Every key strictly below `prefix + "/"` (all keys for ""), sorted, with its value.
   kv_pairs list(const std::string& prefix) const {
     const std::string start = scope(prefix, "kv list");
-    auto r = client_->call(detail::etcd_request::read, "/v3/kv/range", range_body(start),
-                           "etcd list", prefix);
+    auto r = client_->call(detail::etcd_request::read, "/v3/kv/range",
+                           detail::etcd_range_json(start), "etcd list", prefix);
     kv_pairs out;
     if (const auto* kvs = r.find("kvs"))
       for (const auto& kv : kvs->as_array()) {
@@ -170,19 +164,13 @@ class basic_etcd_kv {
   /// Removes `key`; true when it existed.
   bool erase(const std::string& key) {
     validate_key(key, "kv erase");
-    auto r =
-        client_->call(detail::etcd_request::write, "/v3/kv/deleterange",
-                      "{\"key\":" + detail::json_quote(detail::base64_encode(root_ + key)) + "}",
-                      "etcd erase", key);
-    return detail::etcd_int(r.find("deleted")) > 0;
+    return client_->erase(root_ + key, key, false, "etcd erase") > 0;
   }
 
   /// Removes every key strictly below `prefix + "/"` (all keys for ""); returns how many.
   std::size_t erase_prefix(const std::string& prefix) {
     const std::string start = scope(prefix, "kv erase_prefix");
-    auto r = client_->call(detail::etcd_request::write, "/v3/kv/deleterange", range_body(start),
-                           "etcd erase_prefix", prefix);
-    return static_cast<std::size_t>(detail::etcd_int(r.find("deleted")));
+    return static_cast<std::size_t>(client_->erase(start, prefix, true, "etcd erase_prefix"));
   }
 
  private:
@@ -200,22 +188,6 @@ class basic_etcd_kv {
     std::string why = detail::key_problem(o.prefix);
     if (!why.empty()) throw error(EINVAL, "etcd prefix", o.prefix, "invalid prefix: " + why);
     return o;
-  }
-
-  // The put of `key` (quoted: its full etcd key, base64, JSON-quoted), with the lease only when
-  // the key is a leased one.
-  std::string put_body(const std::string& key, const std::string& quoted_key,
-                       std::string_view value) const {
-    std::string body =
-        "{\"key\":" + quoted_key + ",\"value\":" + detail::json_quote(detail::base64_encode(value));
-    if (const std::int64_t lease = client_->lease_for(key); lease != 0)
-      body += ",\"lease\":\"" + std::to_string(lease) + "\"";
-    return body + "}";
-  }
-
-  static std::string range_body(const std::string& start) {
-    return "{\"key\":" + detail::json_quote(detail::base64_encode(start)) + ",\"range_end\":" +
-           detail::json_quote(detail::base64_encode(detail::etcd_prefix_end(start))) + "}";
   }
 
   std::string scope(const std::string& prefix, const char* op) const {
