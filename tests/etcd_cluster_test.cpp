@@ -5,13 +5,17 @@
 // two request timeouts without missing the put; killing the leader under a stream of operations
 // (retried on transient errors, inserts recognised by reading back) delays none past 3 s.
 #include <doctest/doctest.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <holdfast/handler/liveness.hpp>
 #include <holdfast/kv/etcd.hpp>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -309,4 +313,81 @@ TEST_CASE("etcd_kv on a cluster: killing the leader delays no operation past 3 s
   CHECK_MESSAGE(problems.empty(), (problems.empty() ? std::string() : problems.front()));
   CHECK(after_kill > 0);
   CHECK(slowest < 3000);
+}
+
+// Liveness over a cluster whose member the workers prefer (first in their endpoint lists)
+// hangs: it accepts connections and never answers (SIGSTOP) while the other two keep quorum.
+// Two workers' monitors (a ring of two, each on a client and lease of its own) with TTL 2 s and
+// the default 5 s request timeout (a keep-alive that waited it out would lose the lease): for
+// 2 x TTL no liveness key is deleted (an observer on the healthy members watches them) and each
+// lease is the same one, alive. Once the member resumes, both keys say "alive" (a leader that
+// resumes may revoke the leases the new leader kept, etcd-io/etcd#15247 in the etcd 3.4.23 the
+// tests run: the leases are granted again and the keys put back) and nobody is named frozen.
+TEST_CASE("liveness on a cluster: the preferred member hanging for 2 x TTL names nobody") {
+  auto& c = shared_cluster();
+  constexpr auto ttl = 2s;
+  for (const std::string which : {"a follower", "the leader"}) {
+    CAPTURE(which);
+    c.wait_healthy(30s);
+    const int leader = c.leader();
+    const int member = which == "the leader" ? leader : (leader + 1) % c.size();
+    const kv_namespace ns = fresh_ns();
+    const std::string run = "keepalive-" + ns.incarnation();
+    const std::string scope = "holdfast/" + run + "/";
+    const auto urls = urls_from(member);
+    etcd_options o = holdfast_test::etcd_client_options(urls, 5000ms);  // the default request
+    o.lease_ttl = ttl;
+    o.leased_prefix = holdfast::liveness_leased_prefix(run);
+    etcd_kv observer(options_for({urls[1], urls[2]}), ns);
+    auto w = observer.watch(scope + "live");
+    std::mutex mu;
+    std::condition_variable named;
+    int verdicts = 0;
+    std::vector<etcd_kv> kvs{etcd_kv(o, ns), etcd_kv(o, ns)};
+    std::vector<std::unique_ptr<holdfast::liveness_monitor<etcd_kv>>> monitors;
+    for (int t = 0; t < 2; ++t)
+      monitors.push_back(std::make_unique<holdfast::liveness_monitor<etcd_kv>>(
+          kvs[static_cast<std::size_t>(t)], scope, t, 2, [&](int, milliseconds) {
+            std::lock_guard<std::mutex> lock(mu);
+            ++verdicts;
+            named.notify_all();
+          }));
+    for (auto& m : monitors) REQUIRE(m->wait_successor_seen(10s));
+    const std::int64_t leases[2] = {kvs[0].lease_id(), kvs[1].lease_id()};
+    std::vector<std::string> deleted;  // liveness keys deleted while the member hangs
+    (void)w.take();                    // the snapshot
+    {
+      frozen_member f(member);
+      const auto until = clk::now() + 2 * ttl;
+      while (clk::now() < until) {
+        pollfd p{w.fd(), POLLIN, 0};
+        ::poll(&p, 1, 100);
+        for (const auto& e : w.take().events)
+          if (!e.value) deleted.push_back(e.key);
+      }
+      for (int t = 0; t < 2; ++t) {
+        CAPTURE(t);
+        CHECK(kvs[static_cast<std::size_t>(t)].lease_alive());
+        CHECK(kvs[static_cast<std::size_t>(t)].lease_id() == leases[t]);  // kept all along
+      }
+    }
+    CHECK_MESSAGE(deleted.empty(), "deleted while the member hung: "
+                                       << (deleted.empty() ? std::string() : deleted.front()));
+    // Resumed: both keys alive (kept, or put back under a new lease), then no verdict within
+    // the monitors' grace (TTL / 2) and a margin.
+    auto both_alive = [&] {
+      for (int t = 0; t < 2; ++t) {
+        auto v = observer.try_get(holdfast::liveness_key(scope, t));
+        if (!v || v->rfind("alive", 0) != 0 || !kvs[static_cast<std::size_t>(t)].lease_alive())
+          return false;
+      }
+      return true;
+    };
+    const auto back = clk::now() + 2 * ttl;
+    while (!both_alive() && clk::now() < back)
+      std::this_thread::sleep_for(50ms);  // a bounded look at a condition, with a deadline
+    CHECK(both_alive());
+    std::unique_lock<std::mutex> lock(mu);
+    CHECK_FALSE(named.wait_for(lock, ttl / 2 + 500ms, [&] { return verdicts > 0; }));
+  }
 }

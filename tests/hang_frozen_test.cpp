@@ -11,6 +11,7 @@
 //     pass their bound: the verdict is the liveness signal's).
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>  // PR_SET_PDEATHSIG: a worker never outlives the test
 #include <unistd.h>
@@ -21,8 +22,10 @@
 #include <holdfast/handler.hpp>
 #include <holdfast/kv/etcd.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "support/child.hpp"
@@ -153,4 +156,108 @@ TEST_CASE("a worker frozen mid-step is named by its predecessor and every live w
 
 TEST_CASE("a worker frozen mid-save is named by its predecessor and every live worker restarts") {
   frozen_run("frozen-save-" + std::to_string(serial()), 2, where::save);
+}
+
+namespace {
+
+using report_handler_t = holdfast::preemption_handler<config_t, holdfast::etcd_kv, slow_saves,
+                                                      steady, holdfast::hang_report>;
+
+// The next "<worker> <named>\n" line on `fd` (a worker's on_hang: `worker` learned a verdict
+// naming `named`), or {-1, -1} at `deadline`.
+std::pair<int, int> next_report(int fd, std::string& buffer, steady::time_point deadline) {
+  for (;;) {
+    if (auto nl = buffer.find('\n'); nl != std::string::npos) {
+      std::pair<int, int> r{-1, -1};
+      std::sscanf(buffer.substr(0, nl).c_str(), "%d %d", &r.first, &r.second);
+      buffer.erase(0, nl + 1);
+      return r;
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - steady::now());
+    if (left.count() <= 0) return {-1, -1};
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char buf[256];
+    const ssize_t got = ::read(fd, buf, sizeof buf);
+    if (got > 0) buffer.append(buf, static_cast<std::size_t>(got));
+  }
+}
+
+}  // namespace
+
+// Under hang_report (the job goes on), a worker frozen past the TTL is named by its predecessor
+// and every live worker reports it; once it resumes, its lease is granted again and its
+// liveness key put back, and it learns the verdict that names it (its own on_hang runs): it
+// never rejoins silently.
+TEST_CASE("a frozen worker that resumes learns the verdict naming it and gets its key back") {
+  constexpr int n = 3, victim = 1;
+  const std::string run = "frozen-resume-" + std::to_string(serial());
+  const std::string url = holdfast_test::shared_etcd().url();
+  int running[2], reports[2];
+  REQUIRE(::pipe2(running, O_CLOEXEC) == 0);
+  REQUIRE(::pipe2(reports, O_CLOEXEC) == 0);
+  std::vector<std::unique_ptr<holdfast_test::child>> workers;
+  for (int t = 0; t < n; ++t)
+    workers.push_back(std::make_unique<holdfast_test::child>([&, t] {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      holdfast::etcd_options eo;
+      eo.endpoints = {url};
+      eo.lease_ttl = ttl;
+      eo.leased_prefix = holdfast::liveness_leased_prefix(run);
+      holdfast::etcd_kv kv(eo, {run, "0"});
+      std::atomic<std::int64_t> notice_ns{0};
+      holdfast::handler_options o;
+      o.ack_timeout = 10s;
+      o.agree_on_restore = false;
+      o.hang.step_floor = 60s;  // only the liveness signal gives a verdict here
+      o.hang.on_hang = [&](const holdfast::hang_verdict& v) {
+        const std::string line = std::to_string(t) + " " + std::to_string(v.task) + "\n";
+        (void)!::write(reports[1], line.data(), line.size());
+      };
+      report_handler_t h(config_t(holdfast_test::repeat_notice{&notice_ns}), kv, {t, n, run},
+                         slow_saves{}, o);
+      for (int i = 0;; ++i) {
+        h.run([] { std::this_thread::sleep_for(2ms); });
+        if (t == victim && i == 30) (void)!::write(running[1], "R", 1);
+      }
+    }));
+  ::close(running[1]);
+  ::close(reports[1]);
+  char c = 0;
+  REQUIRE(::read(running[0], &c, 1) == 1);
+  ::close(running[0]);
+  auto& v = *workers[victim];
+  v.kill(SIGSTOP);
+  const auto stopped = steady::now();
+  std::string buffer;
+  int peers = 0;
+  while (peers < n - 1) {
+    const auto r = next_report(reports[0], buffer, stopped + 2 * ttl + 1s + slack);
+    REQUIRE_MESSAGE(r.first >= 0, "the live workers did not all report the verdict");
+    CHECK(r.first != victim);
+    CHECK(r.second == victim);
+    ++peers;
+  }
+  v.kill(SIGCONT);
+  const auto resumed = steady::now();
+  const auto mine = next_report(reports[0], buffer, resumed + 10s);
+  CHECK(mine.first == victim);
+  CHECK(mine.second == victim);
+  std::fprintf(
+      stderr, "hang-timing frozen-resume learned %lld ms after SIGCONT\n",
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - resumed).count()));
+  holdfast::etcd_options eo;
+  eo.endpoints = {url};
+  holdfast::etcd_kv observer(eo, {run, "0"});
+  const std::string key = holdfast::liveness_key("holdfast/" + run + "/", victim);
+  std::optional<std::string> back;
+  for (const auto until = steady::now() + 5s; steady::now() < until;) {
+    if ((back = observer.try_get(key)) && back->rfind("alive", 0) == 0) break;
+    std::this_thread::sleep_for(50ms);  // a bounded look at a condition, with a deadline
+  }
+  CHECK((back && back->rfind("alive", 0) == 0));
+  for (auto& w : workers) w->kill(SIGKILL);
+  for (auto& w : workers) (void)w->wait(10s);
+  ::close(reports[0]);
 }

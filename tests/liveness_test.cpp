@@ -14,7 +14,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdio>
+#include <holdfast/detail/http.hpp>  // the gateway: a lease revoked from outside
 #include <holdfast/handler/liveness.hpp>
 #include <holdfast/kv.hpp>
 #include <holdfast/kv/any.hpp>
@@ -22,9 +25,11 @@
 #include <holdfast/kv/in_process.hpp>
 #include <holdfast/kv/url.hpp>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/child.hpp"
@@ -333,4 +338,122 @@ TEST_CASE("liveness: available only where the store leases the liveness keys") {
                   holdfast::error);
   CHECK_THROWS_AS(liveness_monitor<holdfast::in_process_kv>(mem, scope, 2, 2, nullptr),
                   holdfast::error);
+}
+
+namespace {
+
+// Revokes lease `id` from outside the client that holds it (etcd's gateway, as etcdctl lease
+// revoke does): etcd deletes the keys attached to it at once.
+void revoke_from_outside(std::int64_t id) {
+  namespace hd = holdfast::detail;
+  const auto r = hd::http_call(
+      hd::parse_http_url(holdfast_test::shared_etcd().url()),
+      hd::http_request{"POST", "/v3/lease/revoke", {}, "{\"ID\":\"" + std::to_string(id) + "\"}"},
+      hd::http_timeouts{1000ms, 5000ms});
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+}
+
+// Waits up to `timeout` until `done()` (a bounded look every 20 ms); its last answer.
+template <class Done>
+bool wait_until(Done done, std::chrono::milliseconds timeout) {
+  const auto deadline = clk::now() + timeout;
+  while (!done() && clk::now() < deadline) std::this_thread::sleep_for(20ms);
+  return done();
+}
+
+}  // namespace
+
+// A live worker whose lease etcd no longer holds (revoked from outside: etcd deletes its key at
+// once) gets a new lease and its key back within a keep-alive period (a leased key it erased
+// stays erased), and its predecessor, whose grace (TTL / 2) the key is back within, names nobody.
+// Both monitors run in this process, each on a client and lease of its own.
+TEST_CASE("liveness: a lease etcd lost is granted again, the key put back, and nobody named") {
+  const std::string run = "regrant-" + std::to_string(clk::now().time_since_epoch().count());
+  const std::string scope = "holdfast/" + run + "/";
+  holdfast::etcd_options o;
+  o.endpoints = {holdfast_test::shared_etcd().url()};
+  holdfast::etcd_kv observer(o, {run, "0"});
+  o.lease_ttl = ttl;
+  o.leased_prefix = holdfast::liveness_leased_prefix(run);
+  std::vector<holdfast::etcd_kv> kvs{holdfast::etcd_kv(o, {run, "0"}),
+                                     holdfast::etcd_kv(o, {run, "0"})};
+  std::mutex mu;
+  std::condition_variable named;
+  int verdicts = 0;
+  std::vector<std::unique_ptr<holdfast::liveness_monitor<holdfast::etcd_kv>>> monitors;
+  for (int t = 0; t < 2; ++t)
+    monitors.push_back(std::make_unique<holdfast::liveness_monitor<holdfast::etcd_kv>>(
+        kvs[static_cast<std::size_t>(t)], scope, t, 2, [&](int, std::chrono::milliseconds) {
+          std::lock_guard<std::mutex> lock(mu);
+          ++verdicts;
+          named.notify_all();
+        }));
+  for (auto& m : monitors) REQUIRE(m->wait_successor_seen(10s));
+  const std::string key1 = holdfast::liveness_key(scope, 1);
+  const auto alive = observer.try_get(key1);
+  REQUIRE(alive);
+  // A leased key written and erased again is not put back with the others.
+  const std::string erased = scope + "live/1/erased";
+  kvs[1].put(erased, "x");
+  CHECK(kvs[1].erase(erased));
+  auto w = observer.watch(scope + "live/1");
+  (void)w.take();  // the snapshot
+  const std::int64_t old = kvs[1].lease_id();
+  const auto t0 = clk::now();
+  revoke_from_outside(old);
+  // The key: deleted, then put back with the value it had (a bounded wait on the watch).
+  bool deleted = false, back = false;
+  for (const auto deadline = t0 + 10s; !back && clk::now() < deadline;) {
+    pollfd p{w.fd(), POLLIN, 0};
+    ::poll(&p, 1, 100);
+    for (const auto& e : w.take().events) {
+      if (e.key != key1) continue;
+      deleted = deleted || !e.value;
+      back = deleted && e.value == alive;
+    }
+  }
+  const long long took = holdfast_test::ms_since(t0);
+  CHECK(deleted);
+  REQUIRE_MESSAGE(back, "the key never came back");
+  MESSAGE("lease revoked -> key back after " << took << " ms");
+  CHECK(took < 2000 / 2);  // within the grace: a keep-alive period (667 ms) and the re-put
+  CHECK(kvs[1].lease_id() != old);
+  CHECK(kvs[1].lease_alive());
+  CHECK(kvs[0].lease_id() != old);  // the other worker's lease was never touched
+  CHECK_FALSE(observer.try_get(erased).has_value());
+  std::unique_lock<std::mutex> lock(mu);
+  CHECK_FALSE(named.wait_for(lock, 1500ms, [&] { return verdicts > 0; }));
+}
+
+// A client cut off from etcd (the server frozen) past its TTL: lease_alive() turns false once a
+// TTL has passed since the last renewal was sent; once etcd answers again (it expired the lease
+// meanwhile) a new lease is granted, lease_alive() is true again and the liveness key is back.
+TEST_CASE("liveness: lease_alive() is false while the lease may be gone, true once granted again") {
+  const std::string run = "cutoff-" + std::to_string(clk::now().time_since_epoch().count());
+  const std::string scope = "holdfast/" + run + "/";
+  holdfast::etcd_options o;
+  o.endpoints = {holdfast_test::shared_etcd().url()};
+  holdfast::etcd_kv observer(o, {run, "0"});
+  o.lease_ttl = ttl;
+  o.leased_prefix = holdfast::liveness_leased_prefix(run);
+  holdfast::etcd_kv kv(o, {run, "0"});
+  holdfast::liveness_monitor<holdfast::etcd_kv> mon(kv, scope, 0, 1, nullptr);  // no successor
+  const std::string key = holdfast::liveness_key(scope, 0);
+  REQUIRE(wait_until([&] { return observer.try_get(key).has_value(); }, 10s));
+  const std::int64_t old = kv.lease_id();
+  CHECK(kv.lease_alive());
+  bool was_false = false;
+  {
+    holdfast_test::shared_etcd().freeze();
+    struct thaw_at_exit {
+      ~thaw_at_exit() { holdfast_test::shared_etcd().thaw(); }
+    } thaw;
+    const auto t0 = clk::now();
+    was_false = wait_until([&] { return !kv.lease_alive(); }, ttl + 1500ms);
+    MESSAGE("cut off -> lease_alive() false after " << holdfast_test::ms_since(t0) << " ms");
+  }
+  CHECK(was_false);
+  CHECK(wait_until([&] { return kv.lease_alive(); }, 10s));
+  CHECK(kv.lease_id() != old);  // granted again: etcd expired the old one while frozen
+  CHECK(wait_until([&] { return observer.try_get(key).value_or("").rfind("alive", 0) == 0; }, 5s));
 }
