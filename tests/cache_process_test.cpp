@@ -14,7 +14,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <holdfast/cache.hpp>
+#include <holdfast/termination/exit.hpp>  // exit_with, wait_then_exit: the exits a worker takes
 #include <holdfast/testing/fault_io.hpp>
 #include <map>
 #include <optional>
@@ -316,6 +318,46 @@ TEST_CASE("only the creating process's object removes the temp file") {
   CHECK(cache->owns_file());
   cache.reset();
   CHECK_FALSE(exists(path));
+}
+
+TEST_CASE(
+    "a created cache file goes with its process however it ends: exit_with, wait_then_exit, "
+    "exit(), remove_temp_files before _exit; never with a forked child") {
+  // Invariant: once the creating process has ended, its temp cache file is gone, whichever way
+  // it ended but SIGKILL; a child forked from it never removes it.
+  holdfast_test::temp_dir dir("cache-exit");
+  auto left = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+      out.push_back(e.path().filename().string());
+    return out;
+  };
+  const std::pair<const char*, int> ends[] = {
+      {"exit_with", 42}, {"wait_then_exit", 43}, {"exit", 44}, {"remove_temp_files", 45}};
+  for (const auto& [how, code] : ends) {
+    CAPTURE(how);
+    const std::string end = how;
+    const int status = code;
+    holdfast_test::child worker([&] {
+      hf::multiprocess_file_cache cache(hf::create_cache, 8, in(dir));  // alive at the exit
+      CHILD_REQUIRE(cache.put(0, "sample"));
+      {  // a forked grandchild ending by exit() leaves the file to its creator
+        holdfast_test::child grandchild([] { std::exit(0); });
+        CHILD_REQUIRE(grandchild.wait(std::chrono::seconds(20)).exit_code == 0);
+      }
+      CHILD_REQUIRE(exists(cache.path()));
+      if (end == "exit_with") hf::exit_with<42>{}();
+      if (end == "wait_then_exit") hf::wait_then_exit<43, 0>{}();
+      if (end == "exit") std::exit(44);
+      hf::remove_temp_files();  // what a callable Exit policy of the user's does
+      CHILD_REQUIRE(!exists(cache.path()));
+      ::_exit(45);
+    });
+    auto r = worker.wait(std::chrono::seconds(30));
+    INFO(r.failures);
+    CHECK(r.exit_code == status);
+    CHECK(left() == std::vector<std::string>{});
+  }
 }
 
 TEST_CASE("ENOSPC freezes the cache without an exception, and the lock is released") {

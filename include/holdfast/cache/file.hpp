@@ -6,7 +6,9 @@
 // Guarantees:
 //   - A created file gets a fresh name (O_EXCL, retried on a collision), its header, and every
 //     entry written explicitly as empty (0, -1); the object that created it, in the creating
-//     process only, removes it when it dies (never a forked child's copy).
+//     process only, removes it when it dies (never a forked child's copy), and so does the end
+//     of that process however it ends without the object's destructor (detail/temp_files.hpp:
+//     exit(), holdfast's exit policies and hang restart).
 //   - read_layout refuses, with corrupt_cache naming the file and the slot, a file shorter than
 //     its header or index, a bad header, a stored length other than the one passed, and a length
 //     whose index could not fit in 64 bits; a pfio_format file opened without a length is a
@@ -36,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/temp_files.hpp"  // temp_file_add: the created file goes with its process
 #include "../error.hpp"
 #include "../io.hpp"
 #include "format.hpp"  // detail::get_le64, put_le64: entries
@@ -79,7 +82,10 @@ struct cache_file {
     if (map) Io::munmap(map, map_size);
     for (auto& m : retired) Io::munmap(m.first, m.second);
     fd.reset();
-    if (owner && Io::getpid() == creator_pid) Io::unlink(path.c_str());
+    if (owner && Io::getpid() == creator_pid) {
+      Io::unlink(path.c_str());
+      temp_file_forget(path);
+    }
   }
 
   static constexpr std::uint64_t default_reserve = std::uint64_t{64} << 30;
@@ -123,6 +129,7 @@ struct cache_file {
     path = fd.path();
     owner = true;
     creator_pid = Io::getpid();
+    temp_file_add(path);  // removed however this process ends (temp_files.hpp)
     write_empty_index();
     known_size = index_end;
   }

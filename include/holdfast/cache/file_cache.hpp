@@ -50,7 +50,11 @@
 //     the two) reads as empty. A preloaded cache shows the items inside the file as it was at
 //     open: items a writer appends later (one fstat shows the file grew) read as empty.
 //   - The temp file is removed by the destructor of the object that created it, in the creating
-//     process only (never by a forked child's copy).
+//     process only (never by a forked child's copy), and when that process ends without running
+//     it: exit() or a return from main, holdfast's Exit policies (exit_with, wait_then_exit) and
+//     hang_restart's _exit, or remove_temp_files() in an exit of your own (detail/temp_files.hpp).
+//     Only SIGKILL or a crash leaves it: cache_options::dir can put it in a directory the job
+//     removes.
 // Caveats:
 //   - pfio_format stores no length: the reader must be told it (as with pfio).
 //   - Sharing a live file with pfio writers is unsafe for holdfast's lock-free readers: pfio

@@ -23,7 +23,8 @@ HOLDFAST_NAMESPACE_BEGIN
 // ---------------------------------------------------------------------------------------------
 // Tags: how a cache object gets its file.
 
-/// Tag: create a new temp cache file in a directory (removed when the creating object dies).
+/// Tag: create a new temp cache file in a directory (removed when the creating object dies, or
+/// its process ends).
 struct create_cache_t {
   explicit create_cache_t() = default;
 };

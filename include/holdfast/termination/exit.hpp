@@ -2,13 +2,15 @@
 // no_exit, wait_then_exit<Code, WindowMs> or any callable, told what happened by exit_context.
 //
 // Guarantees:
-//   - exit_with and wait_then_exit flush stdio, then call _Exit: no static destructor runs while
-//     the program's other threads (data loaders, collectives, pollers) still use what they
-//     destroy; the checkpoint is already durable.
+//   - exit_with and wait_then_exit flush stdio and remove the temp files holdfast made in this
+//     process (remove_temp_files: the cache files of create_cache), then call _Exit: no static
+//     destructor runs while the program's other threads (data loaders, collectives, pollers)
+//     still use what they destroy; the checkpoint is already durable.
 //   - exit_code_of<Exit> and exit_returns<Exit> read what a policy announces (`code`,
 //     `returns`); a plain callable announces -1 and may return.
 // Caveats:
-//   - A callable exit policy that wants cleanup must do it itself before exiting.
+//   - A callable exit policy that wants cleanup must do it itself before exiting (call
+//     remove_temp_files() when it ends the process without destructors).
 #pragma once
 
 #include <chrono>
@@ -18,6 +20,7 @@
 #include <thread>  // sleep_until: wait_then_exit
 #include <type_traits>
 
+#include "../detail/temp_files.hpp"  // remove_temp_files: the cache files go with the process
 #include "../version.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -28,7 +31,8 @@ struct exit_context {
   std::chrono::nanoseconds checkpoint_duration{0};
 };
 
-/// Exits the process with `Code` after flushing stdio. It calls _Exit, not exit: static
+/// Exits the process with `Code` after flushing stdio and removing holdfast's temp files
+/// (remove_temp_files). It calls _Exit, not exit: static
 /// destructors would run while the program's other threads (data loaders, collectives, our own
 /// pollers) still use what they destroy, and the checkpoint is already durable. Use a callable
 /// exit policy to run cleanup first.
@@ -41,6 +45,7 @@ struct exit_with {
   static constexpr bool returns = false;
   [[noreturn]] void operator()(const exit_context& = {}) const noexcept {
     std::fflush(nullptr);
+    remove_temp_files();
     std::_Exit(Code);
   }
 };
@@ -69,6 +74,7 @@ struct wait_then_exit {
     if (ctx.noticed_at && *ctx.noticed_at + window < until) until = *ctx.noticed_at + window;
     std::this_thread::sleep_until(until);
     std::fflush(nullptr);
+    remove_temp_files();
     std::_Exit(Code);
   }
 };
