@@ -51,7 +51,9 @@ struct etcd_options {
   /// The longest watch message (one JSON line of the stream) accepted; a longer one is an
   /// EMSGSIZE error naming the endpoint.
   std::size_t max_message = std::size_t{64} << 20;
-  /// Lease time-to-live; 0 means no lease (keys stay until erased). Needs leased_prefix.
+  /// Lease time-to-live; 0 means no lease (keys stay until erased). Needs leased_prefix. The
+  /// lease is renewed every TTL / 3, each member tried for at most TTL / 6 (not
+  /// request_timeout), and granted again when etcd lost it (kv/etcd/lease.hpp).
   std::chrono::seconds lease_ttl{0};
   /// The keys the lease goes on: those strictly below `leased_prefix + "/"` in a handle's
   /// namespace (liveness keys, such as "live" for "live/<task>"), as list() scopes a prefix;
