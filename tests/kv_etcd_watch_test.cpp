@@ -182,7 +182,7 @@ TEST_CASE("etcd_kv watch: through an any_kv (make_kv) a snapshot, then a put wak
   auto first = holdfast_test::follow_watch(w, 5000ms, until_key("ctl/before"));
   REQUIRE(first.size() == 1);
   CHECK(first[0].value == "old");
-  w.follow("ctl/k");  // etcd watches the whole prefix: ignored
+  w.follow({"ctl/k"});  // etcd watches the whole prefix: ignored
   const auto before = kv.stats_as<holdfast::etcd_stats>();
   REQUIRE(before);
   CHECK(before->watch_opens == 1);  // the erased watch is the client's own

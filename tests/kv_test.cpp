@@ -843,7 +843,7 @@ TEST_CASE("get_many: the store's own where it has one, single gets elsewhere") {
         std::vector<std::optional<std::string>>{"v", std::nullopt});
 }
 
-TEST_CASE("a watch that follows one key: wakes once it exists, take() asks for a re-read") {
+TEST_CASE("a watch that follows named keys: wakes once one exists, take() asks for a re-read") {
   holdfast_test::key_wait_kv kv{holdfast::in_process_kv(ns0)};
   auto w = kv.watch("ctl");
   static_assert(holdfast::has_kv_watch_v<holdfast_test::key_wait_kv>);
@@ -852,7 +852,7 @@ TEST_CASE("a watch that follows one key: wakes once it exists, take() asks for a
   CHECK(w.buffered());
   CHECK(w.take().resync);  // the first take
   CHECK(w.take().empty());
-  w.follow("ctl/claim");
+  w.follow({"ctl/claim"});
   auto readable = [&](int ms) {
     pollfd p{w.fd(), POLLIN, 0};
     return ::poll(&p, 1, ms) == 1;
@@ -871,7 +871,17 @@ TEST_CASE("a watch that follows one key: wakes once it exists, take() asks for a
   CHECK(blocked);
   CHECK(w.take().resync);
   CHECK_FALSE(readable(0));  // one wake-up per follow
-  w.follow("ctl/claim");     // exists already: at once
+  w.follow({"ctl/claim"});   // exists already: at once
   CHECK(readable(0));
   CHECK(w.take().resync);
+  // Several keys: a write of any of them wakes it (the handler's idle watcher follows the claim,
+  // the next periodic decision and the hang verdict at once).
+  w.follow({"ctl/final", "ctl/save/1", "ctl/hang"});
+  CHECK_FALSE(readable(50));
+  kv.insert("ctl/save/1", "s");
+  CHECK(readable(10000));
+  CHECK(w.take().resync);
+  CHECK_FALSE(readable(0));
+  w.follow({"ctl/final", "ctl/save/1"});  // one of them exists already: at once
+  CHECK(readable(0));
 }

@@ -320,7 +320,7 @@ TEST_CASE("any_kv: watch, get_many and stats only where the held store has them"
   CHECK(counted.counts().get_many == 1);  // the store's own, through any_kv and counting_kv
   holdfast::any_kv_watch w = any.watch("ctl");
   CHECK(w.take().resync);
-  w.follow("ctl/claim");  // forwarded: the store wakes fd() once the key exists
+  w.follow({"ctl/claim"});  // forwarded: the store wakes fd() once the key exists
   holdfast::any_kv_watch moved = std::move(w);
   std::thread writer([any]() mutable { any.insert("ctl/claim", "c"); });
   pollfd p{moved.fd(), POLLIN, 0};

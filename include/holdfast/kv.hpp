@@ -191,15 +191,17 @@ class kv_namespace {
 //   kv_changes take();           what changed since the last take(); never blocks on the
 //                                store's data, only on its own probe or reconnect, each bounded
 //                                by the store's request timeout
-//   void follow(const std::string& key);  OPTIONAL (has_kv_watch_follow_v): the key whose
-//                                appearance matters to the caller now. A store that can only
-//                                wait on named keys (PyTorch's c10d store: wait(keys, timeout))
-//                                wakes fd() once that key exists (at once when it exists
-//                                already); a later follow() replaces it, and after that one
-//                                wake-up the watch stays quiet until the next follow(). Its
-//                                take() reports resync (the caller re-reads with try_get).
-//                                Stores that watch the whole prefix need not have it: a
-//                                caller calls it where it exists, before every blocking wait.
+//   void follow(const std::vector<std::string>& keys);  OPTIONAL (has_kv_watch_follow_v): the
+//                                keys whose appearance matters to the caller now (one to a
+//                                few: the handler names at most three). A store that can only
+//                                wait on named keys (PyTorch's c10d store: wait(keys, timeout)
+//                                waits for all of them) wakes fd() once ANY of them exists (at
+//                                once when one exists already); a later follow() replaces them,
+//                                and after that one wake-up the watch stays quiet until the
+//                                next follow(). Its take() reports resync (the caller re-reads
+//                                with try_get). Stores that watch the whole prefix need not
+//                                have it: a caller calls it where it exists, before every
+//                                blocking wait.
 // A store may also have `W watch(const std::string& prefix, kv_watch_events events)`
 // (OPTIONAL, has_kv_watch_events_v): with kv_watch_events::writes the watch need not wake for a
 // key erased or renamed away (etcd's NODELETE filter): a caller whose keys are erased only once
@@ -317,7 +319,8 @@ struct has_kv_watch_events<T, std::enable_if_t<has_kv_watch<T>::value &&
                                                std::is_same_v<kv_watch_events_t<T>, kv_watch_t<T>>>>
     : std::true_type {};
 template <class W>
-using kv_watch_follow = decltype(std::declval<W&>().follow(std::declval<const std::string&>()));
+using kv_watch_follow =
+    decltype(std::declval<W&>().follow(std::declval<const std::vector<std::string>&>()));
 template <class T>
 using kv_get_many =
     std::enable_if_t<std::is_convertible_v<decltype(std::declval<T&>().get_many(
@@ -359,7 +362,7 @@ inline constexpr bool has_kv_watch_v = detail::has_kv_watch<T>::value;
 template <class T>
 inline constexpr bool has_kv_watch_events_v = detail::has_kv_watch_events<T>::value;
 
-/// True when watch object W may be told which key matters now (`follow(key)`, see "Waiting on
+/// True when watch object W may be told which keys matter now (`follow(keys)`, see "Waiting on
 /// a store"): a store that waits on named keys only.
 template <class W>
 inline constexpr bool has_kv_watch_follow_v = detail::detect<detail::kv_watch_follow, W>::value;

@@ -1,6 +1,6 @@
 // tests/support/key_wait_kv.hpp — a store that can wait only for named keys to exist, as
-// PyTorch's c10d store can (wait(keys, timeout)): its watch cannot follow a prefix, only the one
-// key its caller names with follow(key) (kv.hpp, "Waiting on a store"). It may also read many
+// PyTorch's c10d store can (wait(keys, timeout)): its watch cannot follow a prefix, only the
+// keys its caller names with follow(keys) (kv.hpp, "Waiting on a store"). It may also read many
 // keys in one wait (get_many), which supports(kv_op::get_many) turns on or off at run time.
 #pragma once
 
@@ -20,14 +20,14 @@
 namespace holdfast_test {
 
 /// in_process_kv seen as a key-wait store: the seven operations; watch(prefix), whose watch wakes
-/// its eventfd once the key named by its last follow() exists and whose take() then reports
+/// its eventfd once any key named by its last follow() exists and whose take() then reports
 /// resync; and get_many, which supports() reports only when `batched`. Copies share the store
 /// and its watches: a write through any copy wakes every watch following that key (writes made
 /// through `inner()` directly wake none).
 class key_wait_kv {
   struct follower {
     holdfast::detail::waker waker;
-    std::string key;  // followed, not seen yet ("": none)
+    std::set<std::string> keys;  // followed, none seen yet (empty: none)
   };
   struct hub {
     std::mutex mutex;
@@ -35,7 +35,7 @@ class key_wait_kv {
   };
 
  public:
-  /// A watch that follows one named key (see the top of this file).
+  /// A watch that follows named keys (see the top of this file).
   class watcher {
    public:
     watcher(watcher&&) noexcept = default;
@@ -45,7 +45,7 @@ class key_wait_kv {
       std::lock_guard<std::mutex> lock(hub_->mutex);
       hub_->followers.erase(me_.get());
     }
-    /// The eventfd, readable once the followed key exists.
+    /// The eventfd, readable once a followed key exists.
     int fd() const noexcept { return me_->waker.fd(); }
     /// True until the first take() (its resync is known already).
     bool buffered() const noexcept { return first_; }
@@ -60,11 +60,13 @@ class key_wait_kv {
       if (me_->waker.drain()) c.resync = true;
       return c;
     }
-    /// Wakes fd() once `key` exists (at once when it exists already); replaces the key before.
-    void follow(const std::string& key) {
+    /// Wakes fd() once one of `keys` exists (at once when one exists already); replaces the
+    /// keys before.
+    void follow(const std::vector<std::string>& keys) {
       std::lock_guard<std::mutex> lock(hub_->mutex);
-      me_->key = key;
-      if (kv_.try_get(key)) wake(*me_);
+      me_->keys = std::set<std::string>(keys.begin(), keys.end());
+      for (const auto& k : keys)
+        if (kv_.try_get(k)) return wake(*me_);
     }
 
    private:
@@ -132,14 +134,14 @@ class key_wait_kv {
 
  private:
   static void wake(follower& f) {
-    f.key.clear();
+    f.keys.clear();
     f.waker.notify();
   }
   // Wakes the watches following `key` (it exists now).
   void written(const std::string& key) {
     std::lock_guard<std::mutex> lock(hub_->mutex);
     for (follower* f : hub_->followers)
-      if (f->key == key) wake(*f);
+      if (f->keys.count(key)) wake(*f);
   }
 
   holdfast::in_process_kv inner_;

@@ -15,8 +15,8 @@
 //     its round's step, a round's control keys after the next round's step; a worker that
 //     lists the acks later reads the store, not a cache), so an erase is no news to a watcher;
 //     a key erased since may still be answered as last seen, until the next resync.
-//   - follow(key) tells a watch that waits on named keys (a c10d-like store's wait) which key
-//     matters now; other watches ignore it.
+//   - follow(keys) tells a watch that waits on named keys (a c10d-like store's wait) which keys
+//     matter now; other watches ignore it.
 // Caveats:
 //   - Not thread-safe: one thread (the watcher) owns each cache.
 //   - For a Kv without a watch (has_kv_watch_v false) the watch type is a placeholder and open()
@@ -28,6 +28,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../kv.hpp"  // has_kv_watch_v, kv_changes, the watch's follow(): the store contract
 #include "../version.hpp"
@@ -71,12 +72,12 @@ struct watch_cache {
     watch.reset();
     forget(false);
   }
-  // The key whose appearance matters now: a watch that waits on named keys wakes on it.
-  void follow(const std::string& key) {
+  // The keys whose appearance matters now: a watch that waits on named keys wakes on any.
+  void follow(const std::vector<std::string>& keys) {
     if constexpr (has_kv_watch_follow_v<watch_type>) {
-      if (watch) watch->follow(key);
+      if (watch) watch->follow(keys);
     } else {
-      static_cast<void>(key);
+      static_cast<void>(keys);
     }
   }
   void forget(bool now_complete) {

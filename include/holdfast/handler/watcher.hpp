@@ -41,6 +41,9 @@
 //     reported; every watcher learns each decision in order, from the control watch (or one
 //     try_get per wake-up over a store without one), queues its step for the training thread and
 //     raises its attention.
+//   - Decisions beside the rounds over a watch that follows named keys (the torch store): an
+//     idle watcher follows the next decision (ctl/save/<k>) and the verdict key (ctl/hang)
+//     beside its trigger (idle_keys), so they wake it as a watch of the whole prefix would.
 //   - Stopping (request_watcher_stop, stop_watcher) wakes the watcher wherever it sleeps;
 //     stop_watcher joins it, and the destructor does too.
 // Caveats:
@@ -523,8 +526,8 @@ class agreement_watcher {
       if (!first) {
         if (Clock::now() >= deadline)  // the last word is the store's, not the watch's
           return key_look{retrying([&] { return kv_.try_get(key); }, wait_retry_until_), true};
-        cache.follow(key);
-        if (!also_watched.empty()) control_cache_.follow(also_watched);
+        cache.follow({key});
+        if (!also_watched.empty()) control_cache_.follow({also_watched});
         retrying([&] { await_watches(deadline); }, wait_retry_until_);
       }
       first = false;
@@ -709,6 +712,20 @@ class agreement_watcher {
     return seen;
   }
 
+  // What an idle watcher waits for: `trigger` (the claim, final claim or error key), and the
+  // decisions beside the rounds: the next periodic save (ctl/save/<k>) and a hang verdict
+  // (ctl/hang) while none was acted on. A watch that waits on named keys (the torch store) wakes
+  // on any of them; a watch of the whole prefix sees them anyway.
+  std::vector<std::string> idle_keys(const std::string& trigger) const {
+    std::vector<std::string> keys;
+    if (!trigger.empty()) keys.push_back(trigger);
+    if (options_.periodic_saves.enabled)
+      keys.push_back(periodic_save_key_name(scope_, periodic_next_k_));
+    if constexpr (detects_hangs)
+      if (!hang_acted_.load() && !hang_key_taken_) keys.push_back(hang_key_);
+    return keys;
+  }
+
   // The trigger wait over a store without a watch: one blocking get of one watch_interval.
   trigger_seen get_trigger(const std::string& key, bool trigger) {
     return classify_trigger(kv_.get(key, options_.watch_interval), trigger,
@@ -730,15 +747,18 @@ class agreement_watcher {
       };
       if (!read_cached_trigger()) {
         open_control();
-        if (!key.empty()) control_cache_.follow(key);
+        control_cache_.follow(idle_keys(key));
         await_watches(time_point::max());
         read_cached_trigger();
       }
       std::optional<std::string> reported;
       if constexpr (detects_hangs) {  // a verdict beside the rounds (ctl/hang)
-        if (!hang_acted_.load()) {
+        if (!hang_acted_.load() && !hang_key_taken_) {
           reported = control_cache_.lookup(kv_, hang_key_);
-          if (reported && !is_hang(*reported)) reported.reset();
+          if (reported && !is_hang(*reported)) {  // not a verdict: no reason to follow it
+            hang_key_taken_ = true;
+            reported.reset();
+          }
         }
       }
       trigger_seen seen;
@@ -1066,6 +1086,7 @@ class agreement_watcher {
   std::optional<hang_verdict> frozen_;        // a frozen peer, from the liveness monitor
   steady::time_point hang_next_{};            // the watcher's next look (watcher thread only)
   steady::time_point hang_read_next_{};       // its next read of ctl/hang (no watch; same)
+  bool hang_key_taken_ = false;  // ctl/hang holds a value that is no verdict (watcher only)
   // periodic saves
   std::deque<std::int64_t> periodic_steps_;  // decided, not acted on yet (guarded by mutex_)
   std::int64_t periodic_publish_ = -1;       // task 0's request to publish (guarded by mutex_)

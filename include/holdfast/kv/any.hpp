@@ -19,7 +19,7 @@
 //     (kv_supports) and falls back: it reads each task's key instead of listing, and waits in
 //     blocking gets where there is no watch.
 //   - watch(prefix) returns an any_kv_watch that forwards fd(), buffered(), due() and take() to
-//     the held store's watch, and follow(key) where that watch has it (ignored otherwise);
+//     the held store's watch, and follow(keys) where that watch has it (ignored otherwise);
 //     watch(prefix, kv_watch_events::writes) asks the held store for a writes-only watch where
 //     it has one (filesystem_kv), else for its plain watch.
 //   - leases(key) and lease_ttl() answer for the held store (has_kv_leases_v: etcd_kv), false
@@ -63,7 +63,7 @@ using kv_stats = decltype(std::declval<const T&>().stats());
 }  // namespace detail
 
 /// A watch of any store's type (kv.hpp, "Waiting on a store"), as any_kv::watch returns it.
-/// Move-only; follow(key) reaches the held watch where it has follow (has_kv_watch_follow_v).
+/// Move-only; follow(keys) reaches the held watch where it has follow (has_kv_watch_follow_v).
 class any_kv_watch {
  public:
   /// Holds `w` (moved in): a watch object with fd(), buffered(), due() and take().
@@ -81,8 +81,8 @@ class any_kv_watch {
   std::chrono::steady_clock::time_point due() const noexcept { return impl_->due(); }
   /// What changed since the last take().
   kv_changes take() { return impl_->take(); }
-  /// Forwards follow(key) where the held watch waits on named keys; otherwise nothing to do.
-  void follow(const std::string& key) { impl_->follow(key); }
+  /// Forwards follow(keys) where the held watch waits on named keys; otherwise nothing to do.
+  void follow(const std::vector<std::string>& keys) { impl_->follow(keys); }
 
  private:
   struct concept_t {
@@ -91,7 +91,7 @@ class any_kv_watch {
     virtual bool buffered() const noexcept = 0;
     virtual std::chrono::steady_clock::time_point due() const noexcept = 0;
     virtual kv_changes take() = 0;
-    virtual void follow(const std::string&) = 0;
+    virtual void follow(const std::vector<std::string>&) = 0;
   };
 
   template <class W>
@@ -101,11 +101,11 @@ class any_kv_watch {
     bool buffered() const noexcept override { return w.buffered(); }
     std::chrono::steady_clock::time_point due() const noexcept override { return w.due(); }
     kv_changes take() override { return w.take(); }
-    void follow(const std::string& key) override {
+    void follow(const std::vector<std::string>& keys) override {
       if constexpr (has_kv_watch_follow_v<W>)
-        w.follow(key);
+        w.follow(keys);
       else
-        static_cast<void>(key);
+        static_cast<void>(keys);
     }
     W w;
   };
