@@ -12,7 +12,13 @@
 //     hang_detected;
 //   - with hang_restart every worker's process ends with hang_options::exit_code, and a save
 //     that hung never becomes the latest checkpoint;
-//   - no false verdict: steps inside their bound, hang_none, and pause_hang_detection().
+//   - no false verdict: steps inside their bound, hang_none, and pause_hang_detection(); a
+//     relaunch's set-up before its first step boundary (held to the warm-up floor, not the
+//     learned step bound) and its restore (held to the restore bound its checkpoint recorded);
+//   - no unwatched step: the step after a pause or after a no_exit save is watched from run()'s
+//     entry;
+//   - a verdict beside the rounds reaches every worker over a store whose watch follows named
+//     keys (the torch store's kind) as over the others.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -33,6 +39,7 @@
 
 #include "support/child.hpp"
 #include "support/handler_harness.hpp"
+#include "support/key_wait_kv.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -523,4 +530,178 @@ TEST_CASE("the learned bounds go into the checkpoint and cover the first steps a
         std::chrono::nanoseconds(static_cast<std::int64_t>(
             o.hang.multiplier * static_cast<double>(saved.step.count()))));
   CHECK(again.learned_hang_bounds().restore > std::chrono::nanoseconds(0));
+}
+
+namespace {
+
+// A Checkpointer restored from a predecessor's checkpoint (step 100) that recorded `bounds`:
+// what checkpoint_manager answers after a relaunch. Its restore takes `restore_time`.
+struct relaunched_checkpoints {
+  holdfast::hang_bounds bounds;
+  milliseconds restore_time{0};
+  int* saves = nullptr;
+  void save(std::int64_t) {
+    if (saves) ++*saves;
+  }
+  std::optional<std::int64_t> restore() {
+    std::this_thread::sleep_for(restore_time);
+    return 100;
+  }
+  std::optional<holdfast::hang_bounds> restored_hang_bounds() const { return bounds; }
+  std::optional<holdfast::hang_bounds> newest_hang_bounds() const { return bounds; }
+};
+
+// Bounds a predecessor learned from 1,000 steps of 20 ms (warm-up long over).
+holdfast::hang_bounds learned_20ms_steps() {
+  holdfast::hang_bounds b;
+  b.step = 20ms;
+  b.steps = 1000;
+  return b;
+}
+
+template <class Hang>
+using relaunch_handler = holdfast::preemption_handler<config_t, holdfast::in_process_kv,
+                                                      relaunched_checkpoints, steady, Hang>;
+
+}  // namespace
+
+TEST_CASE("a relaunch's set-up before its first step is held to the warm-up floor") {
+  // Restored bounds of a 20 ms step (5 x 20 ms = 100 ms, floor 200 ms: a step's bound is
+  // 200 ms), then 600 ms of set-up (model build, compile) before the first run(): no verdict,
+  // under hang_report or hang_restart (a restart loop otherwise). Once the first step boundary
+  // passed, the learned bound applies again.
+  auto o = fast_options(nullptr);
+  o.hang.step_floor = 200ms;
+  {
+    reports r;
+    auto ro = fast_options(&r);
+    ro.hang.step_floor = 200ms;
+    holdfast::in_process_kv kv(holdfast::kv_namespace("hang", "0"));
+    std::atomic<bool> flag{false};
+    relaunch_handler<holdfast::hang_report> h(
+        config_t(flag_notice(flag_poll{&flag}, 1ms), holdfast::no_exit{}), kv, {0, 1, "setup"},
+        relaunched_checkpoints{learned_20ms_steps(), 0ms, nullptr}, ro);
+    CHECK(h.restored_step() == std::optional<std::int64_t>(100));
+    CHECK(h.hang_bound(hang_phase::step) == std::chrono::nanoseconds(200ms));  // no warm-up
+    CHECK(h.hang_bound(hang_phase::start) == std::chrono::nanoseconds(ro.hang.warmup_floor));
+    std::this_thread::sleep_for(600ms);  // the set-up
+    for (int i = 0; i < 20; ++i) h.run([] { std::this_thread::sleep_for(2ms); });
+    CHECK(r.size() == 0);
+    CHECK(recorded_verdicts(kv, "setup").empty());
+    // past the first boundary: a stuck step is found at the learned bound
+    gate stuck;
+    std::thread release([&] {
+      r.wait(1, 20s);
+      stuck.release();
+    });
+    h.run([&] { stuck.wait(); });
+    release.join();
+    REQUIRE(r.size() == 1);
+    CHECK(r.seen[0].phase == hang_phase::step);
+    CHECK(r.seen[0].bound == 200ms);
+  }
+  holdfast_test::child restart([&] {  // hang_restart would _exit(75) on a false verdict
+    holdfast::in_process_kv kv(holdfast::kv_namespace("hang", "0"));
+    std::atomic<bool> flag{false};
+    relaunch_handler<holdfast::hang_restart> h(
+        config_t(flag_notice(flag_poll{&flag}, 1ms), holdfast::no_exit{}), kv, {0, 1, "setup"},
+        relaunched_checkpoints{learned_20ms_steps(), 0ms, nullptr}, o);
+    std::this_thread::sleep_for(600ms);
+    for (int i = 0; i < 20; ++i) h.run([] { std::this_thread::sleep_for(2ms); });
+    h.shutdown();
+  });
+  auto res = restart.wait(30s);
+  CHECK(res.failures == "");
+  CHECK(res.exit_code == 0);
+}
+
+TEST_CASE("a relaunch's restore is held to the restore bound its checkpoint recorded") {
+  // The predecessor's restore took 1 s (recorded); this one takes 900 ms, past the 400 ms floor
+  // but well inside 5 x 1 s: no verdict. (The bounds are read before the restore.)
+  reports r;
+  auto o = fast_options(&r);
+  auto b = learned_20ms_steps();
+  b.restore = 1s;
+  holdfast::in_process_kv kv(holdfast::kv_namespace("hang", "0"));
+  std::atomic<bool> flag{false};
+  relaunch_handler<holdfast::hang_report> h(
+      config_t(flag_notice(flag_poll{&flag}, 1ms), holdfast::no_exit{}), kv, {0, 1, "slow"},
+      relaunched_checkpoints{b, 900ms, nullptr}, o);
+  h.run([] {});
+  CHECK(r.size() == 0);
+  CHECK(recorded_verdicts(kv, "slow").empty());
+  CHECK(h.learned_hang_bounds().restore >= 900ms);  // this restore, for the next start
+}
+
+TEST_CASE("the step after a pause and after a no_exit save is watched from run()'s entry") {
+  for (const bool after_save : {false, true}) {
+    CAPTURE(after_save);
+    team tm(1);
+    reports r;
+    auto o = fast_options(&r);
+    thread_handler<> h(tm.config(0), tm.kv, {0, 1, after_save ? "saved" : "paused"},
+                       memory_t{&tm.states[0]}, o);
+    for (int i = 0; i < 20; ++i) h.run([] { std::this_thread::sleep_for(2ms); });
+    if (after_save) {
+      tm.flags[0]->store(true);  // a preemption notice: no_exit saves and returns stopped
+      holdfast::run_status st = holdfast::run_status::ran;
+      for (int i = 0; i < 5000 && st != holdfast::run_status::stopped; ++i)
+        st = h.run([] { std::this_thread::sleep_for(1ms); });
+      REQUIRE(st == holdfast::run_status::stopped);
+      CHECK(tm.states[0].saves == 1);
+    } else {
+      h.pause_hang_detection();  // an evaluation
+      std::this_thread::sleep_for(50ms);
+    }
+    gate stuck;
+    std::thread release([&] {
+      r.wait(1, 20s);
+      stuck.release();
+    });
+    h.run([&] { stuck.wait(); });  // the first collective after it never returns
+    release.join();
+    REQUIRE(r.size() == 1);
+    CHECK(r.seen[0].phase == hang_phase::step);
+    check_timing(after_save ? "after-save" : "after-pause", r.seen[0], o);
+  }
+}
+
+TEST_CASE("a verdict beside the rounds reaches every worker over a store that follows named keys") {
+  // Over a key-wait store (the torch store's kind: its watch wakes only for the keys it is told
+  // to follow), task 1's stuck step is recorded in ctl/hang; task 0, idle, must learn it too.
+  constexpr int n = 2;
+  holdfast_test::key_wait_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("hang", "0"))};
+  std::vector<std::unique_ptr<std::atomic<bool>>> flags;
+  for (int t = 0; t < n; ++t) flags.push_back(std::make_unique<std::atomic<bool>>(false));
+  std::vector<reports> rep(n);
+  std::vector<holdfast_test::worker_state> st(n);
+  std::vector<std::string> errors(n);
+  gate stuck;
+  std::vector<std::thread> threads;
+  using follow_handler = holdfast::preemption_handler<config_t, holdfast_test::key_wait_kv,
+                                                      memory_t, steady, holdfast::hang_report>;
+  for (int t = 0; t < n; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        const auto i = static_cast<std::size_t>(t);
+        follow_handler h(config_t(flag_notice(flag_poll{flags[i].get()}, 1ms), holdfast::no_exit{}),
+                         kv, {t, n, "follow"}, memory_t{&st[i]}, fast_options(&rep[i]));
+        for (int k = 0; k < 100000 && rep[i].size() == 0; ++k)
+          h.run([&] {
+            std::this_thread::sleep_for(2ms);
+            if (t == 1 && h.total_run_calls() == 40) stuck.wait();
+          });
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(t)] = e.what();
+      }
+    });
+  const bool both = rep[0].wait(1, 20s) && rep[1].wait(1, 20s);
+  stuck.release();
+  for (auto& th : threads) th.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  REQUIRE(both);
+  CHECK(rep[0].seen[0].task == 1);
+  CHECK(rep[1].seen[0].task == 1);
+  CHECK(rep[0].seen[0].recorder == rep[1].seen[0].recorder);
 }

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <holdfast/detail/http.hpp>  // the gateway: a lease revoked from outside
+#include <holdfast/handler.hpp>      // the handler's exit and its unwinding (the last cases)
 #include <holdfast/handler/liveness.hpp>
 #include <holdfast/kv.hpp>
 #include <holdfast/kv/any.hpp>
@@ -35,6 +36,7 @@
 #include "support/child.hpp"
 #include "support/elapsed.hpp"
 #include "support/etcd_server.hpp"
+#include "support/handler_harness.hpp"  // flag_notice
 
 using namespace std::chrono_literals;
 using clk = std::chrono::steady_clock;
@@ -456,4 +458,137 @@ TEST_CASE("liveness: lease_alive() is false while the lease may be gone, true on
   CHECK(wait_until([&] { return kv.lease_alive(); }, 10s));
   CHECK(kv.lease_id() != old);  // granted again: etcd expired the old one while frozen
   CHECK(wait_until([&] { return observer.try_get(key).value_or("").rfind("alive", 0) == 0; }, 5s));
+}
+
+// finish_by(deadline) with etcd frozen (a store that accepts connections and never answers):
+// it returns by its deadline (plus scheduling), the "done" it could not write given up (the key
+// is left to its lease, as a process's that exits is); the destructor after it returns at once.
+TEST_CASE("liveness: finish_by ends by its deadline whatever etcd does") {
+  const std::string run = "finish-by-" + std::to_string(clk::now().time_since_epoch().count());
+  const std::string scope = "holdfast/" + run + "/";
+  holdfast::etcd_options o;
+  o.endpoints = {holdfast_test::shared_etcd().url()};
+  holdfast::etcd_kv observer(o, {run, "0"});
+  o.lease_ttl = ttl;
+  o.leased_prefix = holdfast::liveness_leased_prefix(run);
+  holdfast::etcd_kv kv(o, {run, "0"});
+  const std::string key = holdfast::liveness_key(scope, 0);
+  {
+    // task 0 of 2: its thread watches a successor that never starts (a watch held on etcd)
+    holdfast::liveness_monitor<holdfast::etcd_kv> mon(kv, scope, 0, 2, nullptr);
+    REQUIRE(wait_until([&] { return observer.try_get(key).has_value(); }, 10s));
+    holdfast_test::shared_etcd().freeze();
+    struct thaw_at_exit {
+      ~thaw_at_exit() { holdfast_test::shared_etcd().thaw(); }
+    } thaw;
+    const auto t0 = clk::now();
+    mon.finish_by(t0 + 750ms);
+    const long long took = holdfast_test::ms_since(t0);
+    MESSAGE("finish_by(750 ms) with etcd frozen returned after " << took << " ms");
+    CHECK(took < 1250);
+    const auto t1 = clk::now();
+    mon.finish();  // idempotent: nothing left to wait for
+    CHECK(holdfast_test::ms_since(t1) < 100);
+  }
+  CHECK(observer.try_get(key).value_or("(none)").rfind("alive", 0) == 0);  // never "done"
+}
+
+namespace {
+
+// An Exit policy that returns (as no_exit) after noting when it ran, and lets etcd answer again.
+struct noting_exit {
+  static constexpr bool returns = true;
+  std::shared_ptr<std::atomic<long long>> at = std::make_shared<std::atomic<long long>>(0);
+  void operator()(const holdfast::exit_context&) const {
+    at->store(clk::now().time_since_epoch().count());
+    holdfast_test::shared_etcd().thaw();
+  }
+};
+// A Checkpointer whose save freezes etcd (noting when it returned), or fails with ENOSPC.
+struct etcd_freezing_checkpoints {
+  std::shared_ptr<std::atomic<long long>> saved_at = std::make_shared<std::atomic<long long>>(0);
+  bool fail = false;
+  void save(std::int64_t) {
+    if (fail) throw holdfast::error(ENOSPC, "write", "ckpt/state", "the disk is full");
+    holdfast_test::shared_etcd().freeze();
+    saved_at->store(clk::now().time_since_epoch().count());
+  }
+  std::optional<std::int64_t> restore() { return std::nullopt; }
+};
+using exit_config = holdfast::termination_config<holdfast_test::flag_notice, noting_exit>;
+using leased_handler =
+    holdfast::preemption_handler<exit_config, holdfast::etcd_kv, etcd_freezing_checkpoints>;
+
+holdfast::etcd_options leased_options(const std::string& run) {
+  holdfast::etcd_options o;
+  o.endpoints = {holdfast_test::shared_etcd().url()};
+  o.lease_ttl = ttl;
+  o.leased_prefix = holdfast::liveness_leased_prefix(run);
+  return o;
+}
+
+}  // namespace
+
+// The exit after a preemption save: etcd stops answering right after the save (the notice's
+// machine going away); the Exit policy still runs within 1 s of the save's end (the liveness
+// key's "done" is given 750 ms, not the store's timeouts).
+TEST_CASE("liveness: the handler's exit after a save is at most 1 s late, whatever etcd does") {
+  const std::string run = "exit-" + std::to_string(clk::now().time_since_epoch().count());
+  struct thaw_at_exit {
+    ~thaw_at_exit() { holdfast_test::shared_etcd().thaw(); }
+  } thaw;
+  holdfast::etcd_kv kv(leased_options(run), {run, "0"});
+  std::atomic<bool> flag{false};
+  noting_exit ex;
+  etcd_freezing_checkpoints ck;
+  holdfast::handler_options ho;
+  ho.agree_on_restore = false;
+  leased_handler h(
+      exit_config(holdfast_test::flag_notice(holdfast_test::flag_poll{&flag}, 1ms), ex), kv,
+      {0, 1, run}, ck, ho);
+  holdfast::run_status st = holdfast::run_status::ran;
+  for (int i = 0; i < 20000 && st != holdfast::run_status::stopped; ++i) {
+    if (i == 5) flag = true;
+    st = h.run([] { std::this_thread::sleep_for(1ms); });
+  }
+  REQUIRE(st == holdfast::run_status::stopped);
+  REQUIRE(ck.saved_at->load() != 0);
+  REQUIRE(ex.at->load() != 0);
+  const auto late = std::chrono::nanoseconds(ex.at->load() - ck.saved_at->load());
+  MESSAGE("save -> Exit policy with etcd frozen: "
+          << std::chrono::duration_cast<std::chrono::milliseconds>(late).count() << " ms");
+  CHECK(late < 1s);
+}
+
+// A handler destroyed by a failure's unwinding (its preemption save threw ENOSPC) is no clean
+// exit: its liveness key is left "alive" to its lease, never marked "done".
+TEST_CASE("liveness: a handler unwound by a failed save writes no done") {
+  const std::string run = "unwound-" + std::to_string(clk::now().time_since_epoch().count());
+  const std::string key = holdfast::liveness_key("holdfast/" + run + "/", 0);
+  holdfast::etcd_options plain;
+  plain.endpoints = {holdfast_test::shared_etcd().url()};
+  holdfast::etcd_kv observer(plain, {run, "0"});
+  holdfast::etcd_kv kv(leased_options(run), {run, "0"});
+  std::atomic<bool> flag{false};
+  etcd_freezing_checkpoints ck;
+  ck.fail = true;
+  holdfast::handler_options ho;
+  ho.agree_on_restore = false;
+  std::string what;
+  try {
+    leased_handler h(exit_config(holdfast_test::flag_notice(holdfast_test::flag_poll{&flag}, 1ms),
+                                 noting_exit{}),
+                     kv, {0, 1, run}, ck, ho);
+    REQUIRE(wait_until([&] { return observer.try_get(key).has_value(); }, 10s));
+    for (int i = 0; i < 20000; ++i) {
+      if (i == 5) flag = true;
+      h.run([] { std::this_thread::sleep_for(1ms); });
+    }
+  } catch (const holdfast::error& e) {
+    what = e.what();
+  }
+  CHECK(what.find("the disk is full") != std::string::npos);
+  const auto v = observer.try_get(key);
+  REQUIRE(v);
+  CHECK(v->rfind("alive", 0) == 0);
 }

@@ -20,6 +20,7 @@
 #include <holdfast/handler/periodic.hpp>
 #include <holdfast/kv/filesystem.hpp>
 #include <holdfast/kv/in_process.hpp>
+#include <holdfast/testing/fault_io.hpp>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,6 +29,7 @@
 
 #include "support/child.hpp"
 #include "support/handler_harness.hpp"
+#include "support/key_wait_kv.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -374,4 +376,121 @@ TEST_CASE(
   CHECK(!r.timed_out);
   CHECK(r.failures == "");
   CHECK(r.exit_code == 0);
+}
+
+TEST_CASE(
+    "periodic saves: every task saves at the same steps over a store that follows named keys") {
+  // Over a key-wait store (the torch store's kind: its watch wakes only for the keys it is told
+  // to follow) the decisions (ctl/save/<k>) must reach task 1 as they reach task 0: two tasks in
+  // lock step, a save every 100 ms, the same list of saved steps on both.
+  constexpr int n = 2;
+  constexpr std::int64_t last = 600;
+  lockstep together(n);
+  holdfast_test::key_wait_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("follow", "0"))};
+  using follow_handler = holdfast::preemption_handler<config_t, holdfast_test::key_wait_kv,
+                                                      holdfast_test::memory_checkpoints>;
+  holdfast::save_interval_policy policy(every(100ms));
+  policy.start(std::chrono::steady_clock::now());
+  std::vector<holdfast_test::worker_state> st(n);
+  log_sink log;
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(n);
+  for (int t = 0; t < n; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        holdfast::handler_options o;
+        o.ack_timeout = 20s;
+        o.watch_interval = 20ms;
+        o.periodic_saves = holdfast::agreed_periodic_saves(policy);
+        o.periodic_saves.lead_time = 100ms;
+        o.periodic_saves.log = log.fn();
+        follow_handler h(quiet_config(), kv, {t, n, "run"},
+                         holdfast_test::memory_checkpoints{&st[static_cast<std::size_t>(t)]}, o);
+        while (h.total_run_calls() < last) {
+          h.run([] { std::this_thread::sleep_for(1ms); });
+          together.step(t, h.total_run_calls());
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(t)] = e.what();
+      }
+      together.leave(t);
+    });
+  for (auto& th : threads) th.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  INFO("task 0 saved at " << holdfast::format_step_list(st[0].saved_steps) << ", task 1 at "
+                          << holdfast::format_step_list(st[1].saved_steps)
+                          << "; log: " << log.get());
+  CHECK(st[0].saved_steps.size() >= 2);
+  CHECK(st[1].saved_steps == st[0].saved_steps);
+  CHECK(log.get() == "");
+}
+
+namespace {
+
+using faulty_store =
+    holdfast::basic_store<holdfast::basic_filesystem_by_url<holdfast::testing::fault_io>>;
+using faulty_handler = holdfast::preemption_handler<fs_config, holdfast::filesystem_kv,
+                                                    holdfast::checkpoint_manager<faulty_store>>;
+
+}  // namespace
+
+TEST_CASE("periodic saves: a save that fails with ENOSPC is every other task's peer_error") {
+  // Two forked workers over filesystem_kv save periodically; task 1's disk is full (every write
+  // of its checkpoint manager fails with ENOSPC, through the Io policy). Task 1's run() throws
+  // the ENOSPC error, and task 0 gets peer_error naming task 1 within one watch interval (plus
+  // this machine's scheduling), instead of training on into a collective that never returns.
+  holdfast_test::temp_dir d("periodic-enospc");
+  constexpr int n = 2;
+  auto stamp_file = [&](int t) { return d / ("failed-at-" + std::to_string(t)); };
+  auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  std::vector<std::unique_ptr<holdfast_test::child>> kids;
+  for (int t = 0; t < n; ++t)
+    kids.push_back(std::make_unique<holdfast_test::child>([&, t] {
+      holdfast::filesystem_kv kv(d / "kv", holdfast::kv_namespace("job", "0"));
+      holdfast::save_interval_policy policy(every(150ms));
+      policy.start(std::chrono::steady_clock::now());
+      holdfast::handler_options ho;
+      ho.ack_timeout = 20s;
+      ho.watch_interval = 50ms;
+      ho.periodic_saves = holdfast::agreed_periodic_saves(policy);
+      ho.periodic_saves.lead_time = 200ms;
+      holdfast::checkpoint_manager<faulty_store> m(d / ("ckpt-" + std::to_string(t)),
+                                                   holdfast::directory_commit::rename);
+      m.set_writer(
+          [](const std::string& dir, std::int64_t step) { std::ofstream(dir + "/state") << step; });
+      faulty_handler h(fs_config(holdfast::signal_notice<SIGUSR2>(), holdfast::no_exit{}), kv,
+                       {t, n, "run"}, std::move(m), ho);
+      if (t == 1)  // from now on every write of this process's checkpoints fails: a full disk
+        holdfast::testing::fault_plan::arm({holdfast::testing::io_op::write, 1, ENOSPC, 1u << 30});
+      std::string what;
+      try {
+        for (int i = 0; i < 20000; ++i) h.run([] { std::this_thread::sleep_for(1ms); });
+      } catch (const holdfast::peer_error& e) {
+        what = "peer_error " + std::to_string(e.origin_task()) + " " + e.what();
+      } catch (const holdfast::error& e) {
+        what = "error " + std::to_string(e.code().value());
+      }
+      holdfast_test::append_line(stamp_file(t), std::to_string(now_ns()) + " " + what);
+    }));
+  for (auto& k : kids) {
+    auto r = k->wait(60s);
+    CHECK(!r.timed_out);
+    CHECK(r.failures == "");
+    CHECK(r.exit_code == 0);
+  }
+  auto line = [&](int t) {
+    auto lines = holdfast_test::read_lines(stamp_file(t));
+    return lines.empty() ? std::string() : lines[0];
+  };
+  const std::string l0 = line(0), l1 = line(1);
+  INFO("task 0: " << l0 << "; task 1: " << l1);
+  REQUIRE(l1.find(" error " + std::to_string(ENOSPC)) != std::string::npos);
+  REQUIRE(l0.find(" peer_error 1 ") != std::string::npos);
+  const long long at0 = std::stoll(l0), at1 = std::stoll(l1);
+  CHECK(at0 - at1 < std::chrono::nanoseconds(2s).count());  // one watch interval + scheduling
 }

@@ -32,7 +32,7 @@ HOLDFAST_NAMESPACE_BEGIN
 ///   body   := "claim" | "step " int | "timeout " int ("," int)* | "abort" | "none"
 ///           | "hang " int " " phase " " (int | "-") " " int " " int
 ///           | "save " int | "saved " int " " (int | "-")
-///   phase  := "step" | "save" | "restore" | "frozen"
+///   phase  := "step" | "save" | "restore" | "frozen" | "start"
 ///   int    := "0" | [1-9][0-9]*   (a non-negative int64; task ids fit an int)
 ///   nonce  := 1 to 32 of [0-9A-Za-z_-]   (the writing handler's instance: a restarted process
 ///                                         with the same task writes another nonce)
@@ -51,7 +51,7 @@ struct agreement_value {
   std::vector<int> tasks;  ///< timeout: the tasks that did not answer, ascending; hang: the task
   int writer = -1;         ///< the task that wrote it
   std::string nonce;       ///< the writing handler instance
-  std::string phase;       ///< hang: step, save, restore or frozen
+  std::string phase;       ///< hang: step, save, restore, frozen or start
   std::int64_t elapsed_ms = 0;  ///< hang: how long the task had been in the phase
   std::int64_t bound_ms = 0;    ///< hang: the bound it passed
   std::int64_t cost_us = -1;    ///< saved: how long the save blocked; -1: skipped
@@ -80,7 +80,7 @@ inline std::optional<std::int64_t> parse_agreement_int(std::string_view s, std::
   return v;
 }
 inline bool agreement_hang_phase_ok(std::string_view p) {
-  return p == "step" || p == "save" || p == "restore" || p == "frozen";
+  return p == "step" || p == "save" || p == "restore" || p == "frozen" || p == "start";
 }
 inline bool agreement_nonce_ok(std::string_view n) {
   if (n.empty() || n.size() > 32) return false;

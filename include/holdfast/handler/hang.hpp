@@ -42,15 +42,18 @@
 
 #include "../agreement/value.hpp"
 #include "../detail/hang_bounds.hpp"  // hang_bounds: shared with the checkpoint metadata
+#include "../detail/temp_files.hpp"   // remove_temp_files: before the restart policy's _exit
 #include "../version.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
 
 /// Where a worker hung: in a step (between two run() boundaries), in a save, in the restore at
-/// construction, or as a whole process (frozen: its liveness key expired; see handler/liveness).
-enum class hang_phase : unsigned char { none, step, save, restore, frozen };
+/// construction, as a whole process (frozen: its liveness key expired; see handler/liveness),
+/// or in its start: from the handler's construction to its first step boundary (the set-up a
+/// start or relaunch does there: model build, compile, the loader, the first collectives).
+enum class hang_phase : unsigned char { none, step, save, restore, frozen, start };
 
-/// "step", "save", "restore", "frozen" ("none" for none).
+/// "step", "save", "restore", "frozen", "start" ("none" for none).
 inline const char* hang_phase_name(hang_phase p) noexcept {
   switch (p) {
     case hang_phase::step:
@@ -61,6 +64,8 @@ inline const char* hang_phase_name(hang_phase p) noexcept {
       return "restore";
     case hang_phase::frozen:
       return "frozen";
+    case hang_phase::start:
+      return "start";
     case hang_phase::none:
       break;
   }
@@ -69,7 +74,8 @@ inline const char* hang_phase_name(hang_phase p) noexcept {
 
 /// The phase named `s` (hang_phase_name's), or none.
 inline hang_phase parse_hang_phase(std::string_view s) noexcept {
-  for (hang_phase p : {hang_phase::step, hang_phase::save, hang_phase::restore, hang_phase::frozen})
+  for (hang_phase p : {hang_phase::step, hang_phase::save, hang_phase::restore, hang_phase::frozen,
+                       hang_phase::start})
     if (s == hang_phase_name(p)) return p;
   return hang_phase::none;
 }
@@ -95,6 +101,8 @@ struct hang_verdict {
     std::string s = "task " + std::to_string(task) + " hung";
     if (phase == hang_phase::frozen)
       s += " (frozen: its liveness lease expired)";
+    else if (phase == hang_phase::start)
+      s += " in its start (set-up before its first step ended)";
     else
       s += std::string(" in ") + hang_phase_name(phase) +
            (step >= 0 ? " at step " + std::to_string(step) : std::string());
@@ -137,7 +145,9 @@ inline std::optional<hang_verdict> hang_verdict_of(const agreement_value& a) {
 /// about 3 times in 4, and the first one after would pass 5 x their longest), 5 min for a save
 /// and 10 min for a restore: a hang is found in about a minute, or 5 x the longest step where
 /// steps are long, against NCCL's 10 minutes. A restarted job starts from the bounds its
-/// checkpoint recorded, warm-up included.
+/// checkpoint recorded, warm-up included; its start (construction to the first step boundary:
+/// set-up, compile, the first collectives) is held to the warm-up floor (or the step bound,
+/// when that is longer) and its restore to the restore bound its newest checkpoint recorded.
 struct hang_options {
   double multiplier = 5.0;  ///< k: a phase is hung past max(k x learned bound, floor)
   std::chrono::milliseconds step_floor{std::chrono::seconds(60)};     ///< after the warm-up
@@ -255,11 +265,17 @@ class hang_learner {
   std::chrono::nanoseconds restore_bound() const noexcept {
     return std::chrono::nanoseconds(restore_bound_.load(std::memory_order_relaxed));
   }
+  /// The bound of the start: max(warmup_floor, the step bound), however the bounds were seeded.
+  std::chrono::nanoseconds start_bound() const noexcept {
+    return std::max(step_bound(), std::chrono::nanoseconds(warmup_floor_));
+  }
   /// The bound of `p` (none and frozen: none, the largest value).
   std::chrono::nanoseconds bound(hang_phase p) const noexcept {
     switch (p) {
       case hang_phase::step:
         return step_bound();
+      case hang_phase::start:
+        return start_bound();
       case hang_phase::save:
         return save_bound();
       case hang_phase::restore:
@@ -337,6 +353,7 @@ struct hang_restart {
   static constexpr bool ends_job = true;
   [[noreturn]] static void act(const hang_verdict& v, const hang_options& o) noexcept {
     hang_report::act(v, o);
+    remove_temp_files();  // the cache files of create_cache go with the process
     ::_exit(o.exit_code);
   }
 };

@@ -3,12 +3,13 @@
 // frozen VM or a SIGKILL is named by its predecessor within about one lease TTL.
 //
 // A stopped process cannot report itself. liveness_monitor puts `<scope>live/<task>/beat`
-// ("alive <nonce>") with the store's lease; the store's own keep-alives (etcd: one request per
-// TTL / 3 from the client's thread) renew it while the process runs, and once they stop the
-// store deletes the key a TTL later: one event. The monitor's thread watches ONE key, its
-// successor's `<scope>live/<(task + 1) % num_tasks>/beat`, and calls on_frozen(successor,
-// silent) when that key is deleted after it was seen alive. `<task>/beat` keeps live/1's
-// watch (directory semantics: the keys below "live/1/") off live/10's key.
+// ("alive <nonce>") with the store's lease; the store's own keep-alives (etcd: a round per
+// TTL / 3 from the client's thread, each member tried for TTL / 6 and the next at once:
+// kv/etcd/lease.hpp) renew it while the process runs, and once they stop the store deletes the
+// key a TTL later: one event. The monitor's thread watches ONE key, its successor's
+// `<scope>live/<(task + 1) % num_tasks>/beat`, and calls on_frozen(successor, silent) when that
+// key, seen alive, is deleted and not back within a grace of TTL / 2. `<task>/beat` keeps
+// live/1's watch (directory semantics: the keys below "live/1/") off live/10's key.
 //
 // The lease rule (etcd): the handler's scope is "holdfast/<run_id>/", so the etcd_options of the
 // store set `lease_ttl` and `leased_prefix = "holdfast/<run_id>/live"`
@@ -31,16 +32,22 @@
 //     appears is a verdict (it may start late), nor the deletion of a key that said "done" (a
 //     successor that finished: finish() and the destructor write it). One verdict per
 //     disappearance; a key written alive again arms the monitor again.
+//   - No verdict for a live worker whose lease etcd lost (a resumed stale leader revokes leases
+//     a new leader kept alive, etcd-io/etcd#15247, in etcd releases before its 2024 fix, such as
+//     the 3.4.23 the tests run): its store grants a new lease and puts the key back within a
+//     keep-alive period, and a key back within the grace (TTL / 2) is no verdict.
 //   - Time from the stall to the callback: the store deletes the key between TTL - TTL / 3 and
-//     TTL after the last keep-alive (etcd checks expiries every 500 ms), and the watch delivers
-//     the delete at once: within TTL + 1 s of the stall, 2 x TTL + 1 s with a slow store.
-//     `silent` is the lease TTL plus the time since the deletion was seen: how long at least
-//     the successor sent no sign.
+//     TTL after the last keep-alive (etcd checks expiries every 500 ms), the watch delivers
+//     the delete at once, and the grace adds TTL / 2: within 1.5 x TTL + 1 s of the stall,
+//     2 x TTL + 1 s with a slow store. `silent` is the lease TTL plus the time since the
+//     deletion was seen: how long at least the successor sent no sign.
 //   - on_frozen runs on the monitor's thread; an exception from it is logged, not propagated.
 //     Store errors (a put, the watch) are logged and retried; they never end the thread.
 // Caveats:
-//   - A worker paused past the TTL loses its lease for good: its key stays deleted when it
-//     resumes (its leased writes fail with EIO), and its predecessor's verdict stands.
+//   - A worker paused past the TTL + the grace is named frozen. When it resumes, its store
+//     grants it a new lease and puts its key back (etcd_kv), which arms its predecessor again;
+//     the verdict stands, and the worker's handler learns it from the store (the round's
+//     outcome or ctl/hang, through its control watch) and acts on it by its hang policy.
 //   - The ring has no repair: when task k finished cleanly, nobody watches task k + 1.
 #pragma once
 
@@ -64,6 +71,7 @@
 #include "../detail/waker.hpp"  // waker: stops the thread's poll
 #include "../error.hpp"
 #include "../kv.hpp"  // kv_lease_ttl, kv_supports, has_kv_watch_v, is_transient_kv_error
+#include "../kv/call_deadline.hpp"  // kv_call_deadline: finish_by bounds its write
 #include "../log.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -141,7 +149,12 @@ class liveness_monitor {
     watching_ = num_tasks > 1;
     alive_value_ = "alive " + std::to_string(::getpid()) + "-" +
                    std::to_string(clock::now().time_since_epoch().count());
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      run();
+      std::lock_guard<std::mutex> lock(mutex_);
+      ended_ = true;
+      ended_cv_.notify_all();
+    });
   }
   liveness_monitor(const liveness_monitor&) = delete;
   liveness_monitor& operator=(const liveness_monitor&) = delete;
@@ -165,25 +178,43 @@ class liveness_monitor {
   /// Ends this worker's part cleanly: stops the thread and writes "done" to its key, so its
   /// predecessor gives no verdict when the key expires later. Idempotent; never throws (a
   /// failed write is logged).
-  void finish() noexcept {
+  void finish() noexcept { finish_by(std::chrono::steady_clock::time_point::max()); }
+
+  /// finish() within `deadline` (an exit that must not wait for the store): stops the thread
+  /// and, when it has ended by then, writes "done" under a kv_call_deadline of `deadline`. A
+  /// thread still inside a store call then is left to end by itself (finish() or the
+  /// destructor joins it) and nothing is written: the key expires, as a process's that exits
+  /// does. Never throws.
+  void finish_by(std::chrono::steady_clock::time_point deadline) noexcept {
     if (!thread_.joinable()) return;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::unique_lock<std::mutex> lock(mutex_);
       stopping_ = true;
+      waker_.notify();
+      if (!ended_cv_.wait_until(lock, deadline, [this] { return ended_; })) return;
     }
-    waker_.notify();
     thread_.join();
+    if (abandoned_) return;
     try {
+      kv_call_deadline bound(deadline);
       kv_.put(own_key_, "done");
     } catch (const std::exception& e) {
       report(std::string("liveness: writing 'done' to ") + own_key_ + " failed: " + e.what());
     }
   }
 
+  /// Stops the thread without writing "done": a worker that fails (its handler destroyed by an
+  /// exception) is no clean exit, and its key is left to its lease. Never throws.
+  void abandon() noexcept {
+    abandoned_ = true;
+    finish();
+  }
+
  private:
   using clock = std::chrono::steady_clock;
 
-  enum class seen_state : unsigned char { unseen, alive, done };
+  // vanished: seen alive, then deleted; a verdict once grace() passes without it back.
+  enum class seen_state : unsigned char { unseen, alive, vanished, done };
 
   bool stopping() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -244,14 +275,17 @@ class liveness_monitor {
       }
       took_at_ = clock::now();
       apply(changes);
+      judge();
     }
   }
 
-  // Polls the watch's descriptor and the stop waker until the watch is due.
+  // Polls the watch's descriptor and the stop waker until the watch is due (or a vanished
+  // successor's grace ends).
   template <class W>
   void wait_for(const W& w) {
     pollfd p[2] = {{waker_.fd(), POLLIN, 0}, {w.fd(), POLLIN, 0}};
-    const auto due = w.due();
+    auto due = w.due();
+    if (state_ == seen_state::vanished) due = std::min(due, vanished_at_ + grace());
     int timeout = -1;
     if (due != clock::time_point::max()) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(due - clock::now());
@@ -291,6 +325,8 @@ class liveness_monitor {
       state_ = seen_state::done;
       return;
     }
+    if (state_ == seen_state::vanished)
+      report("liveness: " + successor_key_ + " came back within the grace: no verdict");
     state_ = seen_state::alive;
     std::lock_guard<std::mutex> lock(mutex_);
     if (!seen_) {
@@ -299,14 +335,31 @@ class liveness_monitor {
     }
   }
 
+  // The successor's key was deleted: a verdict once grace() has passed without it coming back
+  // (judge), when it had been seen alive.
   void gone() {
-    const bool verdict = state_ == seen_state::alive;
+    if (state_ == seen_state::alive) {
+      state_ = seen_state::vanished;
+      vanished_at_ = took_at_;
+    } else if (state_ != seen_state::vanished) {
+      state_ = seen_state::unseen;
+    }
+  }
+
+  // How long a deleted key may take to come back before its deletion is a verdict: a
+  // keep-alive period (TTL / 3) and one endpoint's try (TTL / 6), in which a store that lost a
+  // live worker's lease grants a new one and puts the key back (kv/etcd/lease.hpp).
+  std::chrono::milliseconds grace() const noexcept { return std::chrono::milliseconds(ttl_) / 2; }
+
+  // The verdict on a vanished successor whose grace has passed.
+  void judge() {
+    if (state_ != seen_state::vanished || clock::now() < vanished_at_ + grace()) return;
     state_ = seen_state::unseen;
-    if (!verdict) return;
     try {
       if (on_frozen_)
-        on_frozen_(successor_, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::milliseconds(ttl_) + (clock::now() - took_at_)));
+        on_frozen_(successor_,
+                   std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::milliseconds(ttl_) + (clock::now() - vanished_at_)));
     } catch (const std::exception& e) {
       report(std::string("liveness: on_frozen threw: ") + e.what());
     } catch (...) {
@@ -326,11 +379,15 @@ class liveness_monitor {
   std::string alive_value_;
   seen_state state_ = seen_state::unseen;  // the monitor's thread only
   clock::time_point took_at_;              // when the last take() returned (ditto)
+  clock::time_point vanished_at_;          // when the deletion was seen (ditto)
   detail::waker waker_;
   std::mutex mutex_;
   std::condition_variable seen_cv_;
   bool seen_ = false;
   bool stopping_ = false;
+  bool ended_ = false;  // the thread's run() returned (guarded by mutex_)
+  std::condition_variable ended_cv_;
+  bool abandoned_ = false;  // abandon(): "done" is never written (owner's thread)
   std::thread thread_;
 };
 

@@ -61,10 +61,12 @@
 //     the acks through a second watch, on the round's acks, opened at its first ack wait and closed
 //     once the watcher is idle again (after the outcome is recorded: closing an inotify descriptor
 //     can take the kernel tens of milliseconds). A watch that can wait only on named keys (one with
-//     follow(key): a c10d-like store's wait) is told before every sleep which key matters: the
-//     claim (or final claim, or the error key when no trigger can come) while idle, the outcome key
-//     while waiting for it, the awaited ack and the outcome key while collecting; each wake-up is a
-//     resync, after which the followed keys are read again. A store with a native get_many
+//     follow(keys): a c10d-like store's wait) is told before every sleep which keys matter: while
+//     idle the claim (or final claim, or the error key when no trigger can come), the next
+//     periodic decision (ctl/save/<k>, with periodic saves) and the hang verdict key (ctl/hang,
+//     with hang detection), so decisions beside the rounds reach it as they reach a watch of the
+//     whole prefix; the outcome key while waiting for it; the awaited ack and the outcome key
+//     while collecting. Each wake-up is a resync, after which the followed keys are read again. A store with a native get_many
 //     (kv_supports(kv, kv_op::get_many)) has the claimant read the acks in batches instead of
 //     through the ack watch: one get_many over every ack not read yet, in slices of
 //     min(time left, max(watch_interval, 1 s)), the outcome key read between slices.
@@ -117,8 +119,12 @@
 //     waited for before the preemption save (a periodic save in flight never races it) and
 //     again right after it, so a preemption save is durable (commit, fsyncs, rename, pointer
 //     done) when it is measured and before training goes on or the Exit policy runs. Then the Exit
-//     policy runs; when it returns (no_exit) run() returns run_status::stopped, the step is not
-//     run, and the handler is re-armed.
+//     policy runs (the liveness key's "done" first, given at most 750 ms whatever the store
+//     does); when it returns (no_exit) run() returns run_status::stopped, the step is not run,
+//     and the handler is re-armed. A save that throws (the preemption save, the grace path's,
+//     a periodic one: a full disk) is this worker's error, as a step's is: published, so every
+//     other worker raises peer_error from its next run(), and rethrown from run(). A handler
+//     destroyed by that exception's unwinding writes no "done" to its liveness key.
 //   - Grace path: the grace ends at min(notice time + grace, the notice's announced deadline);
 //     the final claim is made once now > end - 6 x mean step time (TF's rule) - 2 x (what the
 //     first agreement and save took + one watch interval) - handler_options::grace_margin, so
@@ -153,9 +159,14 @@
 //     or restart (the same, then _exit(exit_code) from the watcher, so a stuck training thread
 //     does not hold the process). The agreement itself is not watched: its deadline plus one
 //     ack_timeout bound it, and its timeout is its recorded outcome. pause_hang_detection() lifts
-//     the bound until the next boundary (an evaluation); a failed, stopped or shut-down handler
-//     watches nothing. The learned bounds go into each checkpoint the handler saves and seed the
-//     next start (a Checkpointer with set_hang_bounds()/restored_hang_bounds()).
+//     the bound until the next run() (an evaluation), whose step is watched from its entry, as is
+//     the step after a no_exit save; a failed, stopped or shut-down handler watches nothing. The
+//     learned bounds go into each checkpoint the handler saves and seed the next start (a
+//     Checkpointer with set_hang_bounds()/restored_hang_bounds(); with newest_hang_bounds() the
+//     restore itself is held to the restore bound the newest checkpoint recorded). The time from
+//     construction to the first step boundary (a relaunch's set-up: model build, compile, the
+//     first collectives) is the start phase, held to the warm-up floor, not the learned step
+//     bound.
 //   - Signal handlers are the notice policy's business; this file installs none.
 // Caveats:
 //   - run() and save_checkpoint_if_preempted() must be called from one thread.
@@ -184,6 +195,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>   // uncaught_exceptions: shutdown() during a failure's unwinding
 #include <functional>  // std::invoke: the step
 #include <mutex>
 #include <optional>
@@ -262,17 +274,24 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
       : watcher(std::move(config), std::move(kv), std::move(cluster), options),
         checkpointer_(std::move(checkpointer)) {
     const auto t0 = std::chrono::steady_clock::now();
+    if constexpr (detects_hangs) {  // the restore is held to the bound its predecessor learned
+      if constexpr (detail::detect<detail::ckpt_hang_bounds_newest, Checkpointer>::value) {
+        if (auto b = checkpointer_.newest_hang_bounds()) learner_.seed(*b);
+      }
+    }
     guard_restore([&] {
       restored_ = detail::restore_at_start(
           kv_, checkpointer_,
           detail::restore_party<Clock>{cluster_, scope_, options_, machine_, store_});
     });
     if constexpr (detects_hangs) {
-      if constexpr (detail::detect<detail::ckpt_hang_bounds_in, Checkpointer>::value) {
-        if (auto b = checkpointer_.restored_hang_bounds()) learner_.seed(*b);
-      }
+      std::optional<hang_bounds> restored;  // the agreed checkpoint's (none: a fresh start)
+      if constexpr (detail::detect<detail::ckpt_hang_bounds_in, Checkpointer>::value)
+        restored = checkpointer_.restored_hang_bounds();
+      learner_.seed(restored.value_or(hang_bounds{}));
       learner_.add_restore(std::chrono::steady_clock::now() - t0);
-      enter_phase(hang_phase::step, std::chrono::steady_clock::now());  // the first step
+      // The set-up before the first step boundary is the start's: held to the warm-up floor.
+      enter_phase(hang_phase::start, std::chrono::steady_clock::now());
     }
     counter_and_attention_.store(static_cast<std::uint64_t>(restored_.value_or(0)) << 1);
     start_liveness();
@@ -294,6 +313,9 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   template <class F, class... Args>
   run_status run(F&& step, Args&&... args) {
     run_status st = run_status::ran;
+    if constexpr (detects_hangs) {  // after a pause or a no_exit save: watched from here
+      if (!watching_) enter_step_phase(std::chrono::steady_clock::now());
+    }
     if (periodic_decider_ && steady::now() >= periodic_due_) decide_periodic();
     if (counter_and_attention_.load(std::memory_order_relaxed) & attention_bit) {
       st = consult();
@@ -391,12 +413,16 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   /// ends is not taken for a step time.
   void pause_hang_detection() noexcept {
     enter_phase(hang_phase::none, std::chrono::steady_clock::now());
+    watching_ = false;
     stamped_ = false;
   }
 
   /// Stops the watcher and the notice policy; the handler then only runs steps. Idempotent.
   void shutdown() noexcept {
-    finish_liveness();
+    if (std::uncaught_exceptions() > uncaught_at_start_)
+      abandon_liveness();  // destroyed by a failure: no clean "done" for the peers
+    else
+      finish_liveness();
     stop_watcher();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -430,7 +456,8 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
         s = std::chrono::steady_clock::now();
       if (stamped_ && learner_.add_step(s - last_steady_stamp_)) record_bounds();
       last_steady_stamp_ = s;
-      enter_phase(hang_phase::step, s);
+      step_phase_ = hang_phase::step;  // a boundary: the start, if it was one, is over
+      enter_step_phase(s);
     }
     if (stamped_) {
       step_time_sum_ += t - last_stamp_;
@@ -438,6 +465,25 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     }
     last_stamp_ = t;
     stamped_ = true;
+  }
+
+  // The training thread enters the phase of the step it is in (the start until the first
+  // boundary, then a step) since `t`.
+  void enter_step_phase(std::chrono::steady_clock::time_point t) noexcept {
+    enter_phase(step_phase_, t);
+    watching_ = true;
+  }
+
+  // A save whose failure is this worker's error: published (every peer raises peer_error), then
+  // rethrown to the caller.
+  template <class F>
+  void publishing_failure(F&& save_fn) {
+    try {
+      std::forward<F>(save_fn)();
+    } catch (...) {
+      publish_error();
+      throw;
+    }
   }
 
   // The training thread's slow path: ask the machine; wait while it says so (the watcher is
@@ -471,7 +517,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
         raise();
       case agreement_action::save_then_continue:
         lock.unlock();
-        save(in.step);
+        publishing_failure([&] { save(in.step); });
         overhead_ += Clock::now() - started;  // the final claim leaves room for as much again
         lock.lock();
         // + one watch interval where the watcher may be in a blocking get when the final claim
@@ -486,13 +532,13 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
         break;
       case agreement_action::save:  // no exit: the machine re-armed itself
         lock.unlock();
-        save(in.step);
+        publishing_failure([&] { save(in.step); });
         lock.lock();
         st = run_status::stopped;
         break;
       case agreement_action::save_then_exit:
         lock.unlock();
-        save(in.step);
+        publishing_failure([&] { save(in.step); });
         exit_process();  // returns only when the Exit policy did not end the process
         lock.lock();
         machine_.rearm();
@@ -506,13 +552,14 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     if (st == run_status::stopped) {
       overhead_ = {};
       stamped_ = false;
+      watching_ = false;  // the next run() watches its step from its entry
     }
     if (st != run_status::stopped && options_.periodic_saves.enabled &&
         periodic_locked(lock, counter))
       st = run_status::saved;
     raise_attention_locked();
     wake_watcher();
-    if (st != run_status::stopped) enter_phase(hang_phase::step, std::chrono::steady_clock::now());
+    if (st != run_status::stopped) enter_step_phase(std::chrono::steady_clock::now());
     return st;
   }
 
@@ -570,7 +617,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
         ~relock() { l.lock(); }
       } relock_after{lock};
       if (counter == s) {
-        periodic_save(s);
+        publishing_failure([&] { periodic_save(s); });
         saved = true;
         stamped_ = false;  // the interval holding the save is no step time
       } else {
@@ -690,10 +737,20 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
           });
     }
   }
-  // Ends the liveness signal cleanly ("done": no verdict for this worker). Idempotent.
-  void finish_liveness() noexcept {
+  // Ends the liveness signal cleanly ("done": no verdict for this worker), by `deadline`.
+  // Idempotent.
+  void finish_liveness(std::chrono::steady_clock::time_point deadline =
+                           std::chrono::steady_clock::time_point::max()) noexcept {
     if constexpr (detects_hangs && can_carry_liveness_v<Kv>) {
-      if (liveness_) liveness_->finish();
+      if (liveness_) liveness_->finish_by(deadline);
+    } else {
+      static_cast<void>(deadline);
+    }
+  }
+  // Ends the liveness signal without "done" (a failure unwinds the handler). Idempotent.
+  void abandon_liveness() noexcept {
+    if constexpr (detects_hangs && can_carry_liveness_v<Kv>) {
+      if (liveness_) liveness_->abandon();
     }
   }
 
@@ -744,7 +801,9 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     // The notice stays started: a second SIGTERM must not kill the process before the Exit
     // policy runs.
     request_watcher_stop();  // save() returned with the preemption save durable
-    finish_liveness();       // an exit is no freeze: the successor's watcher gives no verdict
+    // An exit is no freeze: "done" spares this worker a verdict, if the store takes it within
+    // the bound (the Exit policy runs at most that late, whatever the store does).
+    finish_liveness(steady::now() + exit_liveness_bound);
     config_.exit(exit_context{config_.noticed_at(), last_save_duration_});
     if constexpr (exit_returns<exit_type>::value) {
       stop_watcher();
@@ -781,8 +840,12 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     train_cv_.notify_all();
   }
 
+  // How long an exit after a save waits for the liveness thread and its "done" at most.
+  static constexpr std::chrono::milliseconds exit_liveness_bound{750};
+
   Checkpointer checkpointer_;
   liveness_slot<Kv> liveness_;  // where the store leases liveness keys
+  const int uncaught_at_start_ = std::uncaught_exceptions();  // shutdown() tells a failure
   std::optional<std::int64_t> restored_;
   bool notice_started_ = false;
 
@@ -792,6 +855,8 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   time_point last_stamp_{};
   std::chrono::steady_clock::time_point last_steady_stamp_{};  // hang detection's
   bool stamped_ = false;
+  hang_phase step_phase_ = hang_phase::start;  // start until the first step boundary, then step
+  bool watching_ = true;  // a step phase is stamped (pause and no_exit saves clear it)
   std::chrono::nanoseconds last_save_duration_{0};
   typename Clock::duration overhead_{};  // waiting + saving in this round's first phase
   // periodic saves (training thread only)

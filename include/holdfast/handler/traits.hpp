@@ -61,6 +61,10 @@ using ckpt_hang_bounds_out = decltype(std::declval<T&>().set_hang_bounds(hang_bo
 template <class T>
 using ckpt_hang_bounds_in = std::enable_if_t<std::is_convertible_v<
     decltype(std::declval<const T&>().restored_hang_bounds()), std::optional<hang_bounds>>>;
+template <class T>  // the bounds the newest checkpoint records, read before the restore
+using ckpt_hang_bounds_newest =
+    std::enable_if_t<std::is_convertible_v<decltype(std::declval<const T&>().newest_hang_bounds()),
+                                           std::optional<hang_bounds>>>;
 template <class T>
 using cfg_exit_type = typename T::exit_type;
 template <class T>
