@@ -8,10 +8,14 @@
 // uninterrupted run bit for bit and that every step ran exactly once.
 //
 //   preemptible_training [--workers N] [--steps S] [--preempt-at K] [--grace SECONDS]
-//                        [--kv=etcd://127.0.0.1:2379] [--kill] [--seed X] [--dir D]
+//                        [--kv=etcd://127.0.0.1:2379] [--kill] [--seed X] [--dir D] [--keep]
 //                        [--save-every N] [--ack-timeout MS] [--step-timeout MS]
 //                        [--request-timeout MS]
 //
+// Without --dir the run directory is a fresh $TMPDIR/holdfast-training-XXXXXX (/tmp without
+// TMPDIR) that the driver removes when the run ends, whatever the verdict, unless --keep: a run
+// leaves nothing in $TMPDIR (the workers' caches, checkpoints and store live in it). A --dir of
+// your own is never removed.
 // --kill SIGKILLs a worker without notice instead: the others report the dead worker by task id
 // within their deadline instead of hanging. --save-every N also checkpoints every N steps (a
 // restart then agrees on the newest checkpoint every worker holds); --ack-timeout is the
@@ -173,6 +177,7 @@ struct options {
   bool kill = false;
   std::uint64_t seed = 7;
   std::string dir;
+  bool keep = false;            // keep the run directory the driver made
   std::int64_t save_every = 0;  // 0: only the preemption save
   std::chrono::milliseconds ack_timeout{10000}, step_timeout{5000};
   std::chrono::milliseconds request_timeout{5000};  // etcd: one request's limit
@@ -184,7 +189,7 @@ struct options {
 [[noreturn]] void usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--workers N] [--steps S] [--preempt-at K] [--grace SECONDS]\n"
-               "          [--kv=etcd://127.0.0.1:2379] [--kill] [--seed X] [--dir D]\n",
+               "          [--kv=etcd://127.0.0.1:2379] [--kill] [--seed X] [--dir D] [--keep]\n",
                argv0);
   std::exit(2);
 }
@@ -226,6 +231,8 @@ options parse(int argc, char** argv) {
       o.request_timeout = std::chrono::milliseconds(std::stoll(*v13));
     else if (a == "--kill")
       o.kill = true;
+    else if (a == "--keep")
+      o.keep = true;
     else
       usage(argv[0]);
   }
@@ -304,8 +311,12 @@ int run_worker(const options& o, Kv kv) {
   });
 
   // Training data: this worker's shard, read through a multiprocess cache. The first epoch
-  // fills it; later epochs read it.
-  holdfast::multiprocess_file_cache cache(holdfast::create_cache, kSamplesPerWorker);
+  // fills it; later epochs read it. Its temp file goes with the worker however it ends (also
+  // by the handler's exit after the save); in the run directory, even a SIGKILLed worker's does.
+  holdfast::cache_options cache_opts;
+  cache_opts.dir = o.dir + "/cache";
+  std::filesystem::create_directories(cache_opts.dir);
+  holdfast::multiprocess_file_cache cache(holdfast::create_cache, kSamplesPerWorker, cache_opts);
   std::int64_t fills = 0, hits = 0;
 
   holdfast::termination_config<holdfast::signal_notice<SIGTERM>, holdfast::exit_with<42>> config{
@@ -596,19 +607,34 @@ void print_agreement(Kv kv) {
   }
 }
 
+// Removes the run directory the driver made when the run ends (any verdict, or an exception).
+struct run_dir_cleanup {
+  std::string dir;  // empty: nothing to remove (--dir given, or --keep)
+  ~run_dir_cleanup() {
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+};
+
 int driver_main(options o) {
   g_start = clock_type::now();
+  run_dir_cleanup cleanup;
+  std::string note;
   if (o.dir.empty()) {
-    char tmpl[] = "/tmp/holdfast-training-XXXXXX";
-    if (!::mkdtemp(tmpl)) throw holdfast::error(errno, "mkdtemp", tmpl);
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/holdfast-training-XXXXXX";
+    if (!::mkdtemp(tmpl.data())) throw holdfast::error(errno, "mkdtemp", tmpl);
     o.dir = tmpl;
+    if (!o.keep) cleanup.dir = o.dir;
+    note = o.keep ? " (kept: --keep)" : " (removed at the end; --keep keeps it)";
   }
   std::mt19937_64 rng(std::random_device{}());
   const int victim = std::uniform_int_distribution<int>(0, o.workers - 1)(rng);
   if (o.preempt_at < 0)
     o.preempt_at = std::uniform_int_distribution<std::int64_t>(o.steps / 4, o.steps / 2)(rng);
-  std::printf("holdfast %s: %d workers, %" PRId64 " steps, run directory %s, coordination: %s\n",
-              holdfast::version.string, o.workers, o.steps, o.dir.c_str(), o.kv.c_str());
+  std::printf("holdfast %s: %d workers, %" PRId64 " steps, run directory %s%s, coordination: %s\n",
+              holdfast::version.string, o.workers, o.steps, o.dir.c_str(), note.c_str(),
+              o.kv.c_str());
   std::printf("plan: %s worker %d when it reaches step %" PRId64 "\n\n",
               o.kill ? "SIGKILL (no notice)" : "SIGTERM", victim, o.preempt_at);
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <holdfast/checkpoint.hpp>
 #include <holdfast/store.hpp>
@@ -15,18 +16,24 @@ struct model_t {
 };
 
 int main() {
-  char tmpl[] = "/tmp/holdfast-tour-evaluator-XXXXXX";
-  auto store = holdfast::store::create(::mkdtemp(tmpl));
-  {
-    holdfast::checkpoint_manager<> ckpt(store, "run-7");
-    ckpt.set_writer([](const std::string& dir) { std::ofstream(dir + "/weights") << 7; });
-    ckpt.save(3);
-  }
+  // A fresh directory in $TMPDIR (else /tmp), removed at the end.
+  std::string root =
+      (std::filesystem::temp_directory_path() / "holdfast-tour-evaluator-XXXXXX").string();
+  if (!::mkdtemp(root.data())) return 1;
   model_t model;
-  // [snippet]
-  holdfast::checkpoint_manager<> eval(holdfast::read_only, store, "run-7");
-  eval.restore([&](const std::string& dir) { model.load_from(dir); });
-  // [/snippet]
+  {
+    auto store = holdfast::store::create(root);
+    {
+      holdfast::checkpoint_manager<> ckpt(store, "run-7");
+      ckpt.set_writer([](const std::string& d) { std::ofstream(d + "/weights") << 7; });
+      ckpt.save(3);
+    }
+    // [snippet]
+    holdfast::checkpoint_manager<> eval(holdfast::read_only, store, "run-7");
+    eval.restore([&](const std::string& dir) { model.load_from(dir); });
+    // [/snippet]
+  }
+  std::filesystem::remove_all(root);
   std::printf("evaluator loaded weights %lld\n", static_cast<long long>(model.weights));
   return model.weights == 7 ? 0 : 1;
 }

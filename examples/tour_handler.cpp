@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <holdfast/checkpoint.hpp>
 #include <holdfast/handler.hpp>
@@ -13,9 +14,8 @@
 #include <string>
 #include <thread>
 
-int main() {
-  char tmpl[] = "/tmp/holdfast-tour-handler-XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
+// The tour, in `dir`; 0 when the resumed run finished with every step run once.
+int tour(const std::string& dir) {
   // [snippet]
   // SIGTERM is the notice; no_exit: run() returns run_status::stopped instead of exiting, so an
   // in-process supervisor can restart (use exit_with<42> or a preset to exit for the scheduler).
@@ -52,4 +52,14 @@ int main() {
               static_cast<long long>(*h.restored_step()), static_cast<long long>(weights));
   // [/snippet]
   return weights == 100 ? 0 : 1;
+}
+
+int main() {
+  // A fresh directory in $TMPDIR (else /tmp), removed at the end.
+  std::string dir =
+      (std::filesystem::temp_directory_path() / "holdfast-tour-handler-XXXXXX").string();
+  if (!::mkdtemp(dir.data())) return 1;
+  const int rc = tour(dir);
+  std::filesystem::remove_all(dir);
+  return rc;
 }

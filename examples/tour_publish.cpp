@@ -48,4 +48,9 @@ int main() {
 
   // 4. At start-up, remove temps that killed writers left behind (only ours, only old ones).
   holdfast::sweep_stale_temps("/tmp", std::chrono::minutes(10));
+
+  // (The tour's own files go again: a run leaves nothing in /tmp.)
+  for (const char* f :
+       {"/tmp/holdfast-tour-model.json", "/tmp/holdfast-tour-lock", "/tmp/holdfast-tour-shard.bin"})
+    std::remove(f);
 }

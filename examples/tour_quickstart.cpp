@@ -4,15 +4,15 @@
 
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <holdfast/holdfast.hpp>
 #include <string>
 #include <thread>
 #include <utility>
 
-int main() {
-  char tmpl[] = "/tmp/holdfast-quickstart-XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
+// The example, in `dir`; 0 when it stopped at the notice.
+int quickstart(const std::string& dir) {
   // [snippet]
   // The notice is SIGTERM; no_exit makes run() return `stopped` (exit_with<42> would exit).
   using config = holdfast::termination_config<holdfast::signal_notice<SIGTERM>, holdfast::no_exit>;
@@ -38,4 +38,14 @@ int main() {
               static_cast<long long>(handler.total_run_calls()));
   // [/snippet]
   return handler.total_run_calls() < 100 ? 0 : 1;
+}
+
+int main() {
+  // A fresh directory in $TMPDIR (else /tmp), removed at the end.
+  std::string dir =
+      (std::filesystem::temp_directory_path() / "holdfast-quickstart-XXXXXX").string();
+  if (!::mkdtemp(dir.data())) return 1;
+  const int rc = quickstart(dir);
+  std::filesystem::remove_all(dir);
+  return rc;
 }
