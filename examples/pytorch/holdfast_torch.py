@@ -124,6 +124,38 @@ def default_build_directory():
 _ext = None
 
 
+class _no_inductor_cache_left:
+    """torch's extension loader makes inductor's cache directory ($TMPDIR/torchinductor_<user>)
+    and sets $TORCHINDUCTOR_CACHE_DIR to it, caching nothing there for this build: when neither
+    was there before, the (still empty) directory goes again and the variable is unset, so an
+    import leaves nothing in $TMPDIR. torch makes the directory again whenever it caches."""
+
+    def __enter__(self):
+        self.env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        self.made = None
+        if self.env is None:
+            import tempfile
+            try:
+                import getpass
+                user = getpass.getuser()
+            except (ImportError, KeyError, OSError):
+                user = None
+            if user:
+                path = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
+                self.made = None if os.path.exists(path) else path
+        return self
+
+    def __exit__(self, *exc):
+        if self.env is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            if self.made:
+                try:
+                    os.rmdir(self.made)  # only while empty
+                except OSError:
+                    pass
+        return False
+
+
 def load_extension(verbose=False):
     """Builds (first time, or when a source or header changed) and imports the extension.
 
@@ -151,17 +183,18 @@ def load_extension(verbose=False):
             from torch.utils.cpp_extension import load
         build = default_build_directory()
         os.makedirs(build, exist_ok=True)
-        ext = load(
-            name="holdfast_torch",
-            sources=[os.path.join(_HERE, "holdfast_torch.cpp")],
-            # No -std: torch passes the standard its headers need (C++20 since 2.10; holdfast
-            # builds as C++17 and C++20). Hidden visibility as pybind11 advises (the module
-            # exports only PyInit_holdfast_torch).
-            extra_cflags=["-O2", "-fvisibility=hidden"],
-            extra_include_paths=[os.path.join(_REPO, "include")],
-            build_directory=build,
-            verbose=verbose,
-        )
+        with _no_inductor_cache_left():
+            ext = load(
+                name="holdfast_torch",
+                sources=[os.path.join(_HERE, "holdfast_torch.cpp")],
+                # No -std: torch passes the standard its headers need (C++20 since 2.10;
+                # holdfast builds as C++17 and C++20). Hidden visibility as pybind11 advises
+                # (the module exports only PyInit_holdfast_torch).
+                extra_cflags=["-O2", "-fvisibility=hidden"],
+                extra_include_paths=[os.path.join(_REPO, "include")],
+                build_directory=build,
+                verbose=verbose,
+            )
     if previous is not None:
         sys.modules["holdfast_torch"] = previous
     elif sys.modules.get("holdfast_torch") is ext:

@@ -3,8 +3,9 @@
 
     python examples/pytorch/preemptible_ddp.py [--kv=torch|file:///dir|etcd://host:port]
         [--workers 4] [--grace SECONDS] [--kill] [--preempt worker|torchrun] [--hang sleep|stop]
-        [--device cpu|cuda] [--steps 48] [--seed 7] [--dir DIR] [--reference computed|launch]
-        [--local-dir DIR [--new-node]] [--save-policy every|auto [--min-interval S]]
+        [--device cpu|cuda] [--steps 48] [--seed 7] [--dir DIR [--keep]]
+        [--reference computed|launch] [--local-dir DIR [--new-node]]
+        [--save-policy every|auto [--min-interval S]]
 
 Run it with the Python that has the pinned torch (examples/pytorch/requirements.txt; the tests
 make one with `bash tests/pytorch/venv.sh`). The driver starts the job with the real `torchrun`
@@ -51,6 +52,12 @@ tier first (a replacement node) and must restore the agreed step from the durabl
 --save-policy auto: the periodic saves come at the interval holdfast's save_interval_policy picks
 (from the measured save cost and the run history; at least --min-interval seconds apart), decided
 by task 0 and broadcast, so every task saves the same steps (checked).
+
+Without --dir the run directory is a fresh $TMPDIR/holdfast-ddp-XXXXXX (/tmp without TMPDIR) that
+the driver removes when the run ends, whatever the verdict, unless --keep; torchrun's logs
+(--log-dir) and the cache directory DDP makes for inductor ($TORCHINDUCTOR_CACHE_DIR, unless set)
+go in the run directory too, so a run leaves nothing in $TMPDIR. A --dir of your own is never
+removed.
 
 Then the driver checks the final model and optimizer state against an uninterrupted run, bit for
 bit: by default the uninterrupted job computed in the driver's own process (every worker's
@@ -656,7 +663,8 @@ def launch(a, timeline, label, log, max_restarts, launch_index=0, started=None):
     workers' store (and the handler's keys in it) outlives any worker. Returns torchrun's exit
     status; `started(process)` is called once it runs."""
     cmd = [torchrun_command(), f"--nproc-per-node={a.workers}", f"--max-restarts={max_restarts}",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--monitor-interval=0.2"]
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--monitor-interval=0.2",
+           f"--log-dir={os.path.join(a.dir, 'torchrun')}"]  # not a torchelastic_* dir in $TMPDIR
     if a.grace > 0 and a.preempt == "torchrun":  # the agent's window is the preset's grace
         cmd.append(f"--shutdown-timeout={a.grace:g}")
     cmd += [os.path.abspath(__file__), "--worker", "--label", label, "--dir", a.dir,
@@ -848,10 +856,26 @@ def hang_checks(a, check, events, hung, log, victim):
 
 
 def driver(a):
-    tl = Timeline()
-    if not a.dir:
+    """Runs the job in a.dir: a fresh $TMPDIR/holdfast-ddp-* when none was given, removed at the
+    end (any verdict, or an exception) unless --keep."""
+    made = not a.dir
+    if made:
         a.dir = tempfile.mkdtemp(prefix="holdfast-ddp-")
+    a.dir_note = ("" if not made else " (kept: --keep)" if a.keep else
+                  " (removed at the end; --keep keeps it)")
+    try:
+        return drive(a)
+    finally:
+        if made and not a.keep:
+            shutil.rmtree(a.dir, ignore_errors=True)
+
+
+def drive(a):
+    tl = Timeline()
     os.makedirs(a.dir, exist_ok=True)
+    # DDP (in the workers and in this process's reference) makes inductor's cache directory,
+    # $TMPDIR/torchinductor_<user>: in the run directory it goes with the run (unless chosen).
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(a.dir, "torchinductor"))
     rng = random.Random()
     victim = rng.randrange(a.workers) if a.victim < 0 else a.victim
     a.victim = victim  # --new-node: the workers know which one is replaced
@@ -875,7 +899,7 @@ def driver(a):
     print(f"holdfast {holdfast._ext.holdfast_version} for PyTorch {torch.__version__}: "
           f"{a.workers} workers (DDP, "
           f"{'NCCL, one GPU each' if a.device == 'cuda' else 'gloo, CPU'}) under torchrun, "
-          f"{a.steps} steps, run directory {a.dir}, coordination: {a.kv}", flush=True)
+          f"{a.steps} steps, run directory {a.dir}{a.dir_note}, coordination: {a.kv}", flush=True)
     whom = "torchrun itself" if a.preempt == "torchrun" else f"worker {victim}"
     how = {"sleep": f"worker {victim}'s step {target} sleeps forever",
            "stop": f"SIGSTOP worker {victim} inside its step {target}"}.get(a.hang)
@@ -1106,6 +1130,8 @@ def main():
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--dir", default="")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the run directory the driver made (without --dir)")
     p.add_argument("--victim", type=int, default=-1, help="which worker (default: random)")
     p.add_argument("--hang", choices=("none", "sleep", "stop"), default="none",
                    help="sleep: the victim's step sleeps forever; stop: the driver SIGSTOPs the "
