@@ -331,12 +331,15 @@ def idle_handlers_send_at_most_one_request_per_second():
             w.expect("ready", timeout=60)
         run.start_steps()
         # the start-up traffic is over once the threads each worker started since "loaded"
-        # (the handler's watcher, polling its descriptors, and torch_kv's watch thread, in
-        # c10d's wait for the claim) are all asleep in poll(), two of them at least
+        # (the handler's watcher, polling its descriptors, and torch_kv's watch threads, one
+        # per followed key, each in c10d's wait: the claim and ctl/hang, hang_policy="report")
+        # are all asleep in poll(), three of them at least (the second watch thread connects
+        # its own client first)
         for w in ws:
             pid = w.proc.pid
-            sup.wait_asleep_in(lambda: sup.thread_ids(pid) - loaded[pid], pid=pid, count=2,
-                               every=True, what=f"task {w.task}: its watcher and watch thread")
+            sup.wait_asleep_in(lambda: sup.thread_ids(pid) - loaded[pid], pid=pid, count=3,
+                               every=True,
+                               what=f"task {w.task}: its watcher and its two watch threads")
         r0, b0 = proxy.counts()
         window = 32.0  # more than one 30 s slice of every watch: its WAIT and CANCEL_WAIT
         time.sleep(window)

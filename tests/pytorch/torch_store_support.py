@@ -260,16 +260,17 @@ def watch_and_thread(kv, prefix):
 
 
 class Worker:
-    """A worker process (this file as a script) and the events it printed."""
+    """A worker process (this file as a script, or `script`: another test file's worker) and
+    the events it printed."""
 
-    def __init__(self, config):
+    def __init__(self, config, script=None):
         self.config = config
         self.task = config.get("task", 0)
         env = dict(os.environ)
         if _extension_file:  # the parent's build, imported as is (no build check per worker)
             env["HOLDFAST_TORCH_EXTENSION"] = _extension_file
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "worker", json.dumps(config)],
+            [sys.executable, script or os.path.abspath(__file__), "worker", json.dumps(config)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=env)
         self.events = queue.Queue()
