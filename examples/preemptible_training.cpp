@@ -14,8 +14,8 @@
 //
 // Without --dir the run directory is a fresh $TMPDIR/holdfast-training-XXXXXX (/tmp without
 // TMPDIR) that the driver removes when the run ends, whatever the verdict, unless --keep: a run
-// leaves nothing in $TMPDIR (the workers' caches, checkpoints and store live in it). A --dir of
-// your own is never removed.
+// leaves nothing in $TMPDIR (the store and the checkpoints live in it, and the workers run with
+// TMPDIR=<run dir>/tmp, where their caches go). A --dir of your own is never removed.
 // --kill SIGKILLs a worker without notice instead: the others report the dead worker by task id
 // within their deadline instead of hanging. --save-every N also checkpoints every N steps (a
 // restart then agrees on the newest checkpoint every worker holds); --ack-timeout is the
@@ -35,6 +35,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>  // mkdir: the workers' scratch TMPDIR
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -310,13 +311,10 @@ int run_worker(const options& o, Kv kv) {
     m = decode<model>(holdfast::read_all(fd));
   });
 
-  // Training data: this worker's shard, read through a multiprocess cache. The first epoch
-  // fills it; later epochs read it. Its temp file goes with the worker however it ends (also
-  // by the handler's exit after the save); in the run directory, even a SIGKILLed worker's does.
-  holdfast::cache_options cache_opts;
-  cache_opts.dir = o.dir + "/cache";
-  std::filesystem::create_directories(cache_opts.dir);
-  holdfast::multiprocess_file_cache cache(holdfast::create_cache, kSamplesPerWorker, cache_opts);
+  // Training data: this worker's shard, read through a multiprocess cache in $TMPDIR (node-local
+  // storage). The first epoch fills it; later epochs read it. Its temp file goes with the worker
+  // however it ends but SIGKILL, the handler's exit after the save included.
+  holdfast::multiprocess_file_cache cache(holdfast::create_cache, kSamplesPerWorker);
   std::int64_t fills = 0, hits = 0;
 
   holdfast::termination_config<holdfast::signal_notice<SIGTERM>, holdfast::exit_with<42>> config{
@@ -628,6 +626,13 @@ int driver_main(options o) {
     if (!o.keep) cleanup.dir = o.dir;
     note = o.keep ? " (kept: --keep)" : " (removed at the end; --keep keeps it)";
   }
+  // The workers' TMPDIR is the run's own scratch directory, as a scheduler gives a job one
+  // (Slurm's per-job TMPDIR, a Kubernetes emptyDir): what a SIGKILLed worker leaves there (its
+  // cache file) goes with the run, not into the machine's /tmp.
+  const std::string scratch = o.dir + "/tmp";
+  if (::mkdir(scratch.c_str(), 0700) != 0 && errno != EEXIST)
+    throw holdfast::error(errno, "mkdir", scratch);
+  if (::setenv("TMPDIR", scratch.c_str(), 1) != 0) throw holdfast::error(errno, "setenv", scratch);
   std::mt19937_64 rng(std::random_device{}());
   const int victim = std::uniform_int_distribution<int>(0, o.workers - 1)(rng);
   if (o.preempt_at < 0)
