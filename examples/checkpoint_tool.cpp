@@ -5,9 +5,11 @@
 //                                           detector's bounds below, when recorded) and the
 //                                           pointer's state; changes nothing
 //   checkpoint_tool verify [options] DIR    exit 0 when the pointer is sound and every checkpoint
-//                                           it keeps is complete, with each file's size and
-//                                           CRC32C as its save recorded them, else 1 (naming
-//                                           the first bad file of each); changes nothing
+//                                           it keeps is complete and counts (holdfast's
+//                                           metadata: else "skipped: NAME (why)"), with each
+//                                           file's size and CRC32C as its save recorded them,
+//                                           else 1 (naming the first bad file of each);
+//                                           changes nothing
 //   checkpoint_tool verify [options] --durable DDIR DIR
 //                                           both tiers of two_tier_checkpoints (DIR the local,
 //                                           DDIR the durable): each as above, every finding
@@ -16,8 +18,9 @@
 //                                           (the copier may be behind), a step whose two
 //                                           copies differ in identity (history) a failure
 //   checkpoint_tool repair [options] DIR    takes the writer lock (waiting --timeout), sweeps
-//                                           what killed saves left, and rewrites a bad pointer
-//                                           from the complete checkpoints on disk
+//                                           what killed saves left, rewrites a bad pointer from
+//                                           the complete checkpoints on disk that count, and
+//                                           deletes the kept directories that do not
 //   checkpoint_tool demo   [options] [--durable DDIR] --steps N DIR
 //                                           writes N small checkpoints, to try the tool on
 //                                           (with --durable: through two_tier_checkpoints, each
@@ -128,6 +131,8 @@ void print_report(const hf::checkpoint_report& r, const char* tier = "") {
   for (const auto& u : r.unnamed)
     std::printf("%sunnamed: %s (complete, not named by the pointer)\n", tier, u.c_str());
   for (const auto& l : r.leftovers) std::printf("%sleftover: %s\n", tier, l.c_str());
+  for (const auto& k : r.skipped)  // not listed, restored or counted by retention
+    std::printf("%sskipped: %s (%s)\n", tier, k.name.c_str(), k.why.c_str());
 }
 
 int list(const args& a) {

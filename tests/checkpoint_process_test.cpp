@@ -382,6 +382,9 @@ TEST_CASE("retention leaves a checkpoint being read for the next save") {
 
   // The start-up sweep too: a listed deletion a reader holds stays, still listed.
   fs::copy(d + "/step-4", d + "/step-5", fs::copy_options::recursive);
+  fs::remove(d + "/step-5/holdfast-metadata.json");  // step-5's own: a copy of step 4's is not
+  holdfast::detail::checkpoint_write_metadata<holdfast::posix_io>(
+      d + "/step-5", 5, std::chrono::system_clock::now(), nullptr);
   r.restore_step(4, [&](const std::string& p) {
     write_plain(d + "/latest",
                 "holdfast-checkpoints 1\nlatest step-5\nkeep step-5\ndelete step-4\n");

@@ -249,6 +249,8 @@ template <class Store>
 void make_checkpoint(const std::string& path, std::int64_t step) {
   fs::create_directories(path);
   write_checkpoint<holdfast::posix_io>(path, step);
+  holdfast::detail::checkpoint_write_metadata<holdfast::posix_io>(
+      path, step, std::chrono::system_clock::now(), nullptr);  // as holdfast's save writes it
   if (marker_mode<Store>) write_plain(path + "/commit_success.txt", "committed\n");
 }
 
@@ -770,22 +772,20 @@ TEST_CASE_TEMPLATE("start-up sweeps what killed saves left, and finishes listed 
   }
 
   // Without a pointer nothing complete is removed, only scratch (and marker-less dirs); the
-  // complete ones are used (the newest as the latest) until a save writes a pointer again.
+  // complete ones are used (the newest as the latest) until a save writes a pointer again. An
+  // empty step-6 (made by hand: in rename mode only a rename makes a step dir) is no checkpoint.
   fs::remove(d + "/latest");
   write_plain(d + "/.staging-step-5-999-3/w", "half");
-  fs::create_directories(d + "/step-6");  // in rename mode only a rename makes a step dir
+  fs::create_directories(d + "/step-6");
   {
     checkpoint_manager<Store> n(s, "r", {3});
     auto left = entries(d);
     CHECK(left.count("step-2") == 1);
     CHECK(left.count("step-3") == 1);
     CHECK(left.count(".staging-step-5-999-3") == 0);
-    if (marker_mode<Store>) {
-      CHECK(left.count("step-6") == 0);
-      CHECK(n.latest()->step == 3);
-    } else {
-      CHECK(n.latest()->step == 6);
-    }
+    CHECK(left.count("step-6") == (marker_mode<Store> ? 0 : 1));  // left where it is
+    CHECK(n.latest()->step == 3);
+    CHECK(n.all_steps() == steps_t{2, 3});
     CHECK(!fs::exists(d + "/latest"));  // the sweep does not write a pointer; a save does
   }
 
@@ -1120,7 +1120,10 @@ TEST_CASE(
   CHECK(holdfast::detail::checkpoint_load_identity<holdfast::posix_io>(d + "/step-5", 5) ==
         holdfast::checkpoint_identity{5, ""});
 
-  // a damaged history: metadata reads as none (never throws), the identity names the file
+  // a damaged history: metadata reads as none (never throws), the identity names the file,
+  // and the listings leave the checkpoint out, naming it once
+  log_lines log;
+  m.set_log(log.sink());
   for (const std::string& text :
        {std::string("{\"format\": \"holdfast-checkpoint-metadata 1\", \"step\": 20, "
                     "\"history\": \"a b\", \"time_unix_ns\": 1, \"metrics\": null}"),
@@ -1132,14 +1135,152 @@ TEST_CASE(
     INFO(text);
     write_plain(meta, text);
     try {
-      (void)m.all_identities();
+      (void)holdfast::detail::checkpoint_load_identity<holdfast::posix_io>(d + "/step-20", 20);
       FAIL("a damaged metadata file read as an identity");
     } catch (const holdfast::format_error& e) {
       CHECK(e.path() == meta);
     }
+    const std::size_t before = log.lines.size();
+    CHECK(m.all_identities() == std::vector<holdfast::checkpoint_identity>{{10, ""}});
+    CHECK(m.all_steps() == steps_t{10});
+    CHECK(m.latest()->step == 10);
+    // named once per reason (the bad histories "a b" and 7 are one reason)
+    CHECK(log.lines.size() == before + (text.find("7}") != std::string::npos ? 0 : 1));
+    CHECK(log.any("'" + d + "/step-20' (step 20) skipped: its holdfast-metadata.json is damaged"));
+    const std::size_t once = log.lines.size();
+    (void)m.all_identities();
+    (void)m.restore([](const std::string&) {});
+    CHECK(log.lines.size() == once);
   }
+  CHECK(log.lines.size() == 3);
   write_plain(meta,
               "{\"format\": \"holdfast-checkpoint-metadata 1\", \"step\": 20, "
               "\"history\": \"a b\"}");
   CHECK(!m.metadata(20));
+}
+
+// --- what counts as a checkpoint (issue 42, item 7) -------------------------------------------
+
+namespace {
+
+// How many of `log`'s lines contain `part`.
+std::size_t count_lines(const log_lines& log, const std::string& part) {
+  std::size_t n = 0;
+  for (const auto& l : log.lines) n += l.find(part) != std::string::npos;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE(
+    "an empty hand-made step-N/ is no checkpoint: not restored, not counted by retention, named "
+    "once",
+    Store, local_store<holdfast::posix_io>, remote_store<holdfast::posix_io>) {
+  holdfast_test::temp_dir dir("handmade");
+  auto s = Store::create(dir.path());
+  log_lines log;
+  holdfast::checkpoint_options o{2};  // keep the newest 2
+  o.log = log.sink();
+  const auto w = [](const std::string& p, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(p, step);
+  };
+  std::string d;
+  {
+    checkpoint_manager<Store> m(s, "r", o);
+    d = m.directory();
+    m.save(1, w);
+    m.save(2, w);
+  }
+  // What a new user left: the pointer gone, and an empty step-5/ made by hand (committed, in
+  // marker mode, so that only its content tells it apart).
+  fs::remove(d + "/latest");
+  fs::create_directories(d + "/step-5");
+  if (marker_mode<Store>) write_plain(d + "/step-5/commit_success.txt", "committed\n");
+  const std::string named = "'" + d + "/step-5' (step 5) skipped: ";
+
+  checkpoint_manager<Store> m(s, "r", o);
+  checkpoint_manager<Store> ro(holdfast::read_only, s, "r", o);
+  for (const auto* x : {&m, &ro}) {
+    CHECK(x->all_steps() == steps_t{1, 2});
+    CHECK(x->latest_step() == 2);
+    REQUIRE(x->latest());
+    CHECK(x->latest()->name == "step-2");
+  }
+  std::int64_t loaded = -1;
+  CHECK(m.restore([&](const std::string& p, std::int64_t st) {
+    loaded = complete(p, st) ? st : -2;
+  }) == 2);
+  CHECK(loaded == 2);
+  CHECK(holdfast_test::error_from([&] { m.restore_step(5, [](const std::string&) {}); }).errnum() ==
+        ENOENT);
+  CHECK(m.should_save(3));              // step 5 is not a saved step either
+  CHECK(count_lines(log, named) == 1);  // once per process, however many listings and managers
+  CHECK(
+      log.any("there is no pointer file; using the newest complete checkpoint on disk, 'step-2'"));
+  auto r = m.verify();
+  CHECK(!r.ok());
+  REQUIRE(r.skipped.size() == 1);
+  CHECK(r.skipped[0].name == "step-5");
+  CHECK(r.skipped[0].why.find(marker_mode<Store> ? "no holdfast-metadata.json" : "is empty") !=
+        std::string::npos);
+
+  // Retention (keep 2) counts checkpoints only: the save of 3 keeps 2 and 3 (5 was none of the
+  // two), and the pointer it writes does not name step-5.
+  m.save(3, w);
+  CHECK(m.all_steps() == steps_t{2, 3});
+  CHECK(fs::exists(d + "/step-2"));
+  CHECK(!fs::exists(d + "/step-1"));
+  m.save(4, w);
+  CHECK(m.all_steps() == steps_t{3, 4});
+  CHECK(ro.all_steps() == steps_t{3, 4});
+  CHECK(fs::is_directory(d + "/step-5"));  // left where it is, unnamed
+  CHECK(count_lines(log, named) == 1);
+  r = m.verify();
+  CHECK(r.unnamed == std::vector<std::string>{"step-5"});
+
+  // repair() (or the next writer's start-up sweep) removes it: a sound pointer does not name it.
+  r = m.repair();
+  CHECK(r.ok());
+  CHECK(!fs::exists(d + "/step-5"));
+  CHECK(m.all_steps() == steps_t{3, 4});
+}
+
+TEST_CASE(
+    "a damaged metadata file in an older checkpoint: restore and listings take the newest "
+    "checkpoint that counts, naming the damaged one once") {
+  holdfast_test::temp_dir dir("damaged");
+  auto s = holdfast::store::create(dir.path());
+  log_lines log;
+  holdfast::checkpoint_options o{0};
+  o.log = log.sink();
+  checkpoint_manager<> m(s, "r", o);
+  const auto w = [](const std::string& p, std::int64_t step) {
+    write_checkpoint<holdfast::posix_io>(p, step);
+  };
+  for (std::int64_t step : {1, 2, 3}) m.save(step, w);
+  const std::string d = m.directory();
+  write_plain(d + "/step-2/holdfast-metadata.json", "{\"format\": \"holdfast-checkpoint-met");
+  const std::string named = "'" + d +
+                            "/step-2' (step 2) skipped: its holdfast-metadata.json is "
+                            "damaged";
+  CHECK(m.all_steps() == steps_t{1, 3});
+  CHECK(m.all_identities() == std::vector<holdfast::checkpoint_identity>{{1, ""}, {3, ""}});
+  std::int64_t loaded = -1;
+  CHECK(m.restore([&](const std::string& p, std::int64_t st) {
+    loaded = complete(p, st) ? st : -2;
+  }) == 3);
+  CHECK(loaded == 3);
+  CHECK(count_lines(log, named) == 1);
+
+  // The newest damaged too (a recorded file gone): the newest that counts is restored.
+  fs::remove(d + "/step-3/meta/step.txt");
+  checkpoint_manager<> ro(holdfast::read_only, s, "r", o);
+  CHECK(ro.all_steps() == steps_t{1});
+  CHECK(ro.latest()->step == 1);
+  CHECK(ro.restore([&](const std::string& p, std::int64_t st) {
+    loaded = complete(p, st) ? st : -2;
+  }) == 1);
+  CHECK(loaded == 1);
+  CHECK(count_lines(log, named) == 1);
+  CHECK(count_lines(log, "'" + d + "/step-3' (step 3) skipped: its file 'meta/step.txt'") == 1);
 }

@@ -347,3 +347,39 @@ TEST_CASE(
   holdfast_test::temp_dir dir2("restore-stale-fs-ctl");
   stale_control_key_is_refused(dir2, holdfast::filesystem_kv(dir2 / "kv", {"job", 7}));
 }
+
+TEST_CASE(
+    "threads: a damaged metadata file in one task's checkpoint never fails the start: every task "
+    "restores the newest step all of them hold that counts") {
+  // Invariant: the restore agreement starts whatever a task's directory holds besides its
+  // checkpoints (issue 42, item 7); a step is common only where every task's copy counts.
+  holdfast_test::temp_dir dir("restore-damaged");
+  hold(dir, 0, {10, 20, 30});
+  hold(dir, 1, {10, 20, 30});
+  auto damage = [&](int task, std::int64_t step) {
+    std::ofstream(dir / ("ckpt-" + std::to_string(task)) + "/step-" + std::to_string(step) +
+                      "/holdfast-metadata.json",
+                  std::ios::trunc)
+        << "{\"format\": \"holdfast-checkpoint-met";  // torn
+  };
+  damage(1, 20);  // an older one
+  holdfast::in_process_kv kv({"job", 0});
+  auto r = launch(
+      dir, 2, [&](int) { return kv; }, nothing);
+  for (int t = 0; t < 2; ++t) {
+    INFO("task " << t << ": " << r.errors[static_cast<std::size_t>(t)]);
+    CHECK(r.errors[static_cast<std::size_t>(t)].empty());
+    CHECK(r.restored[static_cast<std::size_t>(t)] == 30);
+    CHECK(r.acc[static_cast<std::size_t>(t)] == 30);
+  }
+  damage(0, 30);  // and task 0's newest: 10 is the newest both hold that counts
+  holdfast::in_process_kv kv1({"job", 1});
+  r = launch(
+      dir, 2, [&](int) { return kv1; }, nothing);
+  for (int t = 0; t < 2; ++t) {
+    INFO("task " << t << ": " << r.errors[static_cast<std::size_t>(t)]);
+    CHECK(r.errors[static_cast<std::size_t>(t)].empty());
+    CHECK(r.restored[static_cast<std::size_t>(t)] == 10);
+    CHECK(r.acc[static_cast<std::size_t>(t)] == 10);
+  }
+}

@@ -15,11 +15,13 @@
 //     may be another copy's of the same checkpoint (a durable copy's, for its local copy).
 //   - A checkpoint whose metadata records no "files" (saved before holdfast recorded them, or
 //     with checksums or write_metadata off) is unverified, never corrupt. A metadata file that
-//     is present but not holdfast's (not JSON, another format, another step, a malformed
-//     "files", a path leaving the checkpoint) is corrupt, with the reason bad_metadata.
-//   - checkpoint_files_present (the manager's listings) checks the same records by lstat only:
-//     false exactly when a recorded file is missing, no longer a regular file, or of another
-//     size. It reads the metadata, never a file's bytes: a flipped byte passes it.
+//     is present but not holdfast's (not JSON, another format, another step, a history that is
+//     not a history id, a malformed "files", a path leaving the checkpoint) is corrupt, with the
+//     reason bad_metadata.
+//   - checkpoint_read_record reads the metadata once for every check of it (the sums here, the
+//     listing rule of listing.hpp); checkpoint_size_problem is the lstat-only check of one
+//     recorded file (missing, no longer a regular file, another size) that listings make: it
+//     never reads a file's bytes, so a flipped byte passes it.
 //   - Only a mismatch is reported as corruption: a failing system call (EIO) throws
 //     holdfast::error as everywhere else.
 // Caveats:
@@ -225,8 +227,79 @@ inline std::string checkpoint_hex32(std::uint32_t v) {
   return s;
 }
 
+// What the metadata file of a checkpoint records, read once: nothing (no file), why it is
+// damaged, or its history ("" unknown) and "files" (none in older checkpoints).
+struct checkpoint_record {
+  bool present = false;  // the file exists
+  std::string damage;    // present but not holdfast's metadata of this step: why ("" when sound)
+  std::string history;
+  std::optional<checkpoint_file_sums> files;
+};
+
+// Reads the metadata file `meta` of the checkpoint of `step` through Io: damaged when it is not
+// JSON, not holdfast's format, of another step, of a history that is not a history id, or with
+// a malformed "files".
+template <class Io>
+checkpoint_record checkpoint_read_record(const std::string& meta, std::int64_t step) {
+  checkpoint_record r;
+  auto fd = open_file_if_exists<Io>(meta, O_RDONLY | O_NOFOLLOW);
+  if (!fd) return r;
+  r.present = true;
+  std::string text = read_all(fd);
+  fd.close();
+  json_value doc;
+  try {
+    doc = parse_json(text, meta);
+  } catch (const error& e) {
+    r.damage = e.what();
+    return r;
+  }
+  const json_value* format = doc.find("format");
+  const json_value* s = doc.find("step");
+  if (!format || !format->is_string() || format->as_string() != "holdfast-checkpoint-metadata 1") {
+    r.damage = "not holdfast's checkpoint metadata";
+    return r;
+  }
+  bool step_ok = false;
+  try {
+    step_ok = s && s->is_integer() && s->as_int64() == step;
+  } catch (const error&) {  // beyond int64
+  }
+  if (!step_ok) {
+    r.damage = "its \"step\" is not the checkpoint's step " + std::to_string(step);
+    return r;
+  }
+  if (const json_value* h = doc.find("history")) {
+    if (!h->is_string() || !checkpoint_history_ok(h->as_string())) {
+      r.damage = "its \"history\" is not a history id";
+      return r;
+    }
+    r.history = h->as_string();
+  }
+  r.files = checkpoint_files_of(doc, r.damage);
+  return r;
+}
+
+// What is wrong with the recorded file `rel` of the checkpoint at `path` by lstat alone:
+// missing, no longer a regular file, or of another size; nothing when it matches `want`.
+template <class Io>
+std::optional<std::pair<integrity_status, std::string>> checkpoint_size_problem(
+    const std::string& path, const std::string& rel, const checkpoint_file_sum& want) {
+  struct stat st {};
+  if (!store_lstat<Io>(store_join(path, rel), st))
+    return std::make_pair(integrity_status::missing, std::string("no such file"));
+  if (!S_ISREG(st.st_mode))
+    return std::make_pair(integrity_status::missing, std::string("no longer a regular file"));
+  auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size != want.size)
+    return std::make_pair(
+        integrity_status::size_mismatch,
+        std::to_string(want.size) + " bytes recorded, " + std::to_string(size) + " found");
+  return std::nullopt;
+}
+
 // How far checkpoint_verify_files looks: every byte (restores, verify_step), or only that each
-// recorded file is there with its size (listings: one stat per file, no read).
+// recorded file is there with its size (one stat per file, no read).
 enum class checkpoint_check_depth { sums, sizes };
 
 // Checks the checkpoint of `step` at `path` against the "files" of the metadata in
@@ -247,47 +320,17 @@ checkpoint_integrity checkpoint_verify_files(
     return r;
   };
   const std::string meta_name(checkpoint_metadata_file_name);
-  const std::string meta = store_join(recorded_in.empty() ? path : recorded_in, meta_name);
-  auto fd = open_file_if_exists<MetaIo>(meta, O_RDONLY | O_NOFOLLOW);
-  if (!fd) return found(integrity_status::unverified, "", "no metadata file");
-  std::string text = read_all(fd);
-  fd.close();
-  json_value doc;
-  try {
-    doc = parse_json(text, meta);
-  } catch (const error& e) {
-    return found(integrity_status::bad_metadata, meta_name, e.what());
-  }
-  const json_value* format = doc.find("format");
-  const json_value* s = doc.find("step");
-  if (!format || !format->is_string() || format->as_string() != "holdfast-checkpoint-metadata 1")
-    return found(integrity_status::bad_metadata, meta_name, "not holdfast's checkpoint metadata");
-  bool step_ok = false;
-  try {
-    step_ok = s && s->is_integer() && s->as_int64() == step;
-  } catch (const error&) {  // beyond int64
-  }
-  if (!step_ok)
-    return found(integrity_status::bad_metadata, meta_name,
-                 "its \"step\" is not the checkpoint's step " + std::to_string(step));
-  std::string why;
-  std::optional<checkpoint_file_sums> files = checkpoint_files_of(doc, why);
-  if (!why.empty()) return found(integrity_status::bad_metadata, meta_name, why);
-  if (!files) return found(integrity_status::unverified, "", "no checksums recorded");
+  const checkpoint_record rec = checkpoint_read_record<MetaIo>(
+      store_join(recorded_in.empty() ? path : recorded_in, meta_name), step);
+  if (!rec.present) return found(integrity_status::unverified, "", "no metadata file");
+  if (!rec.damage.empty()) return found(integrity_status::bad_metadata, meta_name, rec.damage);
+  if (!rec.files) return found(integrity_status::unverified, "", "no checksums recorded");
   std::vector<unsigned char> buf;
-  for (const auto& [rel, want] : *files) {
-    const std::string p = store_join(path, rel);
-    struct stat st {};
-    if (!store_lstat<Io>(p, st)) return found(integrity_status::missing, rel, "no such file");
-    if (!S_ISREG(st.st_mode))
-      return found(integrity_status::missing, rel, "no longer a regular file");
-    auto size = static_cast<std::uint64_t>(st.st_size);
-    if (size != want.size)
-      return found(
-          integrity_status::size_mismatch, rel,
-          std::to_string(want.size) + " bytes recorded, " + std::to_string(size) + " found");
+  for (const auto& [rel, want] : *rec.files) {
+    if (auto bad = checkpoint_size_problem<Io>(path, rel, want))
+      return found(bad->first, rel, bad->second);
     if (depth == checkpoint_check_depth::sizes) continue;
-    checkpoint_file_sum got = checkpoint_sum_file<Io>(p, buf);
+    checkpoint_file_sum got = checkpoint_sum_file<Io>(store_join(path, rel), buf);
     if (got.size != want.size)
       return found(
           integrity_status::size_mismatch, rel,
@@ -298,16 +341,6 @@ checkpoint_integrity checkpoint_verify_files(
           checkpoint_hex32(want.crc32c) + " recorded, " + checkpoint_hex32(got.crc32c) + " read");
   }
   return r;
-}
-
-// True unless a file the metadata of the checkpoint at `path` records is missing or of another
-// size (stat only). Unverified and bad_metadata checkpoints count as present: listing them is
-// the caller's choice as before.
-template <class Io>
-bool checkpoint_files_present(const std::string& path, std::int64_t step) {
-  integrity_status s =
-      checkpoint_verify_files<Io>(path, step, checkpoint_check_depth::sizes).status;
-  return s != integrity_status::missing && s != integrity_status::size_mismatch;
 }
 
 }  // namespace detail

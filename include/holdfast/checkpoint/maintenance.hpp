@@ -11,9 +11,11 @@
 //     checkpoints, deletions the pointer lists, and complete checkpoints a sound pointer does
 //     not name (a save killed between publishing the checkpoint and the pointer). Only what is
 //     at least sweep_older_than old is removed.
-//   - verify() logs nothing and changes nothing. repair() sweeps, finishes listed deletions and
-//     rewrites the pointer from what verify() reports as used (or removes it when there is no
-//     complete checkpoint), then reports again.
+//   - verify() logs nothing and changes nothing; it reports the kept directories that do not
+//     count as checkpoints (listing.hpp) as skipped, and ok() is false while there are any.
+//     repair() sweeps, finishes listed deletions and rewrites the pointer from what verify()
+//     reports as used (or removes it when there is no complete checkpoint), deletes the skipped
+//     ones (those a reader holds stay listed for deletion), then reports again.
 // Caveats:
 //   - A complete checkpoint a bad pointer does not name is kept (only a sound pointer proves it
 //     was never published); repair() names it.
@@ -36,6 +38,7 @@
 #include "../io.hpp"        // basic_fd
 #include "../publish.hpp"   // sweep_stale_temps, is_temp_name; the publisher of the pointer
 #include "../store.hpp"     // detail::store_list_dir, store_remove_tree, store_sync_dir
+#include "listing.hpp"      // skipped_checkpoint: what does not count as a checkpoint
 #include "names.hpp"        // checkpoint_info
 #include "pointer.hpp"      // pointer_state, detail::checkpoint_directory: the effective pointer
 #include "writer_lock.hpp"  // detail::checkpoint_locks_trusted
@@ -50,8 +53,13 @@ struct checkpoint_report {
   std::vector<std::string> missing;          ///< kept by the pointer but missing or incomplete
   std::vector<std::string> unnamed;    ///< complete on disk, not named by a well-formed pointer
   std::vector<std::string> leftovers;  ///< staging, half-deleted, incomplete, listed deletions
-  /// True when the pointer is sound and every checkpoint it keeps is complete.
-  bool ok() const noexcept { return pointer == pointer_state::ok && missing.empty(); }
+  /// Kept (or found by a recovery) and complete, but not counted as checkpoints (listing.hpp: no
+  /// or damaged metadata, a recorded file missing or resized): never listed or restored.
+  std::vector<skipped_checkpoint> skipped;
+  /// True when the pointer is sound and every checkpoint it keeps is complete and counts.
+  bool ok() const noexcept {
+    return pointer == pointer_state::ok && missing.empty() && skipped.empty();
+  }
 };
 
 namespace detail {
@@ -66,6 +74,7 @@ class checkpoint_maintenance : public checkpoint_directory<Io, Durability> {
  public:
   using base::base;
   using base::complete;
+  using base::counted_of;
   using base::dir;
   using base::info_of;
   using base::last_logged;
@@ -183,7 +192,7 @@ class checkpoint_maintenance : public checkpoint_directory<Io, Durability> {
     view v = read_view(false);
     r.pointer = v.status;
     r.problem = v.problem;
-    for (const auto& c : complete_list_of(v)) r.checkpoints.push_back(c);
+    for (auto& c : counted_of(v, false, &r.skipped)) r.checkpoints.push_back(std::move(c.info));
     const detail::checkpoint_pointer& named = v.file;  // empty unless well-formed
     for (const auto& k : named.keep)
       if (!complete(k)) r.missing.push_back(k);
@@ -204,14 +213,8 @@ class checkpoint_maintenance : public checkpoint_directory<Io, Durability> {
     return r;
   }
 
-  std::vector<checkpoint_info> complete_list_of(const view& v) const {
-    std::vector<checkpoint_info> out;
-    for (const auto& k : v.p.keep)
-      if (v.recovered || complete(k)) out.push_back(info_of(k));
-    return out;
-  }
-
   // repair() without its checks: the caller is the writer, no save in flight, lease still held.
+  // The pointer is rewritten to keep what counts; what does not count is deleted.
   checkpoint_report repair_unchecked() {
     sweep();
     view v = read_view(false);
@@ -219,21 +222,35 @@ class checkpoint_maintenance : public checkpoint_directory<Io, Durability> {
     if (!v.recovered)
       for (const auto& k : v.p.keep)
         if (!complete(k)) missing.push_back(k);
-    if (v.status != pointer_state::ok || !missing.empty()) {
-      if (v.p.latest.empty()) {
+    std::vector<skipped_checkpoint> skipped;
+    const auto kept = counted_of(v, false, &skipped);
+    if (v.status != pointer_state::ok || !missing.empty() || !skipped.empty()) {
+      detail::checkpoint_pointer p;
+      for (const auto& c : kept) p.keep.push_back(c.info.name);
+      p.remove = v.p.remove;
+      for (const auto& k : skipped) p.remove.push_back(k.name);
+      std::string removed;
+      if (!skipped.empty()) removed = ", " + std::to_string(skipped.size()) + " skipped removed";
+      if (p.keep.empty()) {
+        for (const auto& k : skipped) remove_checkpoint(k.name);
         if (io_type::unlink(pointer_path().c_str()) != 0 && errno != ENOENT)
           throw error(errno, "unlink", pointer_path());
         log("checkpoint pointer '" + pointer_path() +
-            "' removed by repair(): no complete checkpoint on disk");
+            "' removed by repair(): no complete checkpoint on disk" + removed);
       } else {
-        detail::checkpoint_pointer p;
-        for (const auto& k : v.p.keep)
-          if (v.recovered || complete(k)) p.keep.push_back(k);
         p.latest = p.keep.back();
-        p.remove = v.p.remove;
-        write_pointer(p);
+        write_pointer(p);  // before the deletions: a valid latest whatever happens next
+        if (!skipped.empty()) {
+          std::vector<std::string> left;
+          for (const auto& r : p.remove)
+            if (!remove_checkpoint(r)) left.push_back(r);
+          if (left != p.remove) {
+            p.remove = std::move(left);
+            write_pointer(p);
+          }
+        }
         log("checkpoint pointer '" + pointer_path() + "' rewritten by repair(): latest '" +
-            p.latest + "', " + std::to_string(p.keep.size()) + " kept");
+            p.latest + "', " + std::to_string(p.keep.size()) + " kept" + removed);
       }
       std::lock_guard<std::mutex> l(mutex);
       last_logged.clear();

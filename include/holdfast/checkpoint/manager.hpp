@@ -34,11 +34,14 @@
 //     wait_until_finished() and by the next save(), restore() or restore_step().
 //   - Async saves: at most one in flight (the next save() waits for it); restore(),
 //     restore_step(), repair(), wait_until_finished() and destruction wait for it.
-//   - all_steps() lists a step exactly when restore_step() of it finds a complete checkpoint:
-//     retained, and (checksums on) every file its metadata records there with its recorded
-//     size (one lstat per file, no byte read; a checkpoint recording no files is listed as
-//     before); latest_step() never throws. all_identities() gives the same checkpoints' identities
-//     (step and history, metadata.hpp); every save records the history begin_history() set last
+//   - Only checkpoints that count are listed, restored and counted by retention (listing.hpp):
+//     holdfast's metadata of the step, and every file it records there with its recorded size
+//     (one read and one lstat per file, no byte summed); an empty or hand-made directory, or one
+//     whose metadata is damaged or whose recorded file is gone, is skipped with one log line
+//     per process. all_steps() lists a step exactly when restore_step() of it finds a complete
+//     retained checkpoint that counts; latest_step() never throws. all_identities() gives the
+//     same checkpoints' identities (step and history, metadata.hpp), never throwing for a
+//     damaged file (it is not listed); every save records the history begin_history() set last
 //     (the handler's restore agreement sets the launch's, so checkpoints of one step from different
 //     launches never match), or none (unknown) before it is called.
 //   - Retention (retention.hpp) never deletes the latest nor a checkpoint of the pinned step.
@@ -61,6 +64,10 @@
 //     all_identities, latest_step) sums nothing: it stats the recorded files (above), so a
 //     missing or resized file takes its step out of the listings and out of restore()'s
 //     choice; a flipped byte (same size) is found by restore()/restore_step() only.
+//   - Retention's candidates are the checkpoints that count: one that does not is neither
+//     counted among the kept nor deleted (repair() deletes it); a recovered pointer holds only
+//     those that count. Each kept checkpoint is judged once per manager (those it saved or
+//     listed at open are known to count), so a save judges nothing again.
 // Caveats:
 //   - flock belongs to the open file description: a child forked while a manager lives shares
 //     its writer lock (exec drops it, descriptors are O_CLOEXEC). Do not fork while an async
@@ -73,10 +80,10 @@
 //   - A writer that lost its lease (paused longer than lease_stale_after) throws
 //     checkpoint_locked from its saves; the checkpoint it was committing stays unnamed.
 //   - A step whose async save fails counts for should_save() until the failure is rethrown.
-//   - A corrupt checkpoint stays where it is (a read_only reader changes nothing); it still
-//     counts for should_save() and for checkpoints() and latest(), for all_steps() too when
-//     only its bytes are bad (same size: listing does not read them), and retention removes it
-//     in time.
+//   - A checkpoint corrupt only in its bytes (same sizes: listing does not read them) still
+//     counts: it is listed, counts for should_save() and retention removes it in time; one that
+//     does not count stays where it is until repair(), and checkpoints() still names it (every
+//     complete retained directory). A read_only reader changes nothing.
 //   - With checksums off, restores do not check recorded sums either; verify_step() always does.
 //   - An async save writes the metadata on the background thread: a writer that creates
 //     holdfast-metadata.json itself fails there (EEXIST, rethrown later), not in save().
@@ -99,6 +106,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>  // std::invalid_argument: a bad history id
 #include <string>
 #include <string_view>
@@ -301,10 +309,13 @@ class checkpoint_manager {
   /// one, and a multiple of save_interval_steps or save_interval elapsed since the last save.
   bool should_save(std::int64_t step) const { return s_->should_save(step); }
 
-  /// The latest checkpoint (recovered from disk when the pointer is bad), or nothing.
+  /// The latest checkpoint that counts (the pointer's, else the newest that counts; recovered
+  /// from disk when the pointer is bad), or nothing.
   std::optional<checkpoint_info> latest() const { return s_->latest(); }
 
-  /// Every complete retained checkpoint, oldest first (the latest last).
+  /// Every complete retained checkpoint, oldest first (the latest last), counting as a checkpoint
+  /// or not: what is on disk (verify() names those that do not count; the listings that choose
+  /// a restore, all_steps() and latest(), leave them out).
   std::vector<checkpoint_info> checkpoints() const { return s_->complete_list(); }
 
   /// Loads the latest checkpoint with the reader given to set_reader (when one is set), holding
@@ -326,13 +337,13 @@ class checkpoint_manager {
     return s_->read_latest(r);
   }
 
-  /// Steps of every complete retained checkpoint, ascending, each once (checksums on: only
-  /// those whose recorded files are all there with their sizes; stat only).
+  /// Steps of every complete retained checkpoint that counts (holdfast's metadata, every
+  /// recorded file there with its size; one read and one stat per file), ascending, each once.
   std::vector<std::int64_t> all_steps() const { return s_->all_steps(); }
 
   /// The identity (step and history, metadata.hpp) of each checkpoint all_steps() lists, in the
-  /// same order: of each step the one restore_step() loads. Throws format_error naming a
-  /// metadata file that is damaged (not an unknown history).
+  /// same order: of each step the one restore_step() loads (a damaged metadata file is not
+  /// listed, so it never throws for one).
   std::vector<checkpoint_identity> all_identities() const { return s_->all_identities(); }
 
   /// Starts a history: every checkpoint saved from now on records `history` (the handler gives
@@ -354,6 +365,18 @@ class checkpoint_manager {
   /// The hang bounds recorded in the checkpoint the last restore()/restore_step() loaded;
   /// nothing when none was restored or it records none.
   std::optional<hang_bounds> restored_hang_bounds() const noexcept { return s_->restored_hang; }
+
+  /// The hang bounds the newest retained checkpoint records, read without restoring it (the
+  /// handler holds its restore to the restore bound they carry); nothing when there is no
+  /// checkpoint, it records none, or its metadata cannot be read.
+  std::optional<hang_bounds> newest_hang_bounds() const noexcept {
+    try {
+      auto list = s_->listed();
+      return list.empty() ? std::nullopt : s_->hang_bounds_at(list.back().path);
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
 
   /// The newest step of all_steps(), or nothing when there is none or it cannot be read.
   std::optional<std::int64_t> latest_step() const noexcept {
@@ -451,6 +474,7 @@ class checkpoint_manager<Store>::impl
 
  public:
   using base::complete_list;
+  using base::counted_list;
   using base::dir;
   using base::find_step;
   using base::latest;
@@ -469,6 +493,7 @@ class checkpoint_manager<Store>::impl
   using base::sweep;
   using base::verify;
   using base::write_pointer;
+  using typename base::counted;
   using typename base::view;
 
   static constexpr std::int64_t no_pin = std::numeric_limits<std::int64_t>::min();
@@ -508,8 +533,11 @@ class checkpoint_manager<Store>::impl
       detail::store_sync_dir<durability_type, io_type>(created[i]);
     lock.acquire();
     sweep();
-    auto steps = base::all_steps();  // every retained step counts for should_save()
-    if (!steps.empty()) last_step = steps.back();
+    auto list = counted_list();  // every retained checkpoint that counts, for should_save()
+    for (const auto& c : list) {
+      known.insert(c.info.name);
+      if (!last_step || c.info.step > *last_step) last_step = c.info.step;
+    }
   }
 
   std::chrono::system_clock::time_point now() const {
@@ -575,6 +603,7 @@ class checkpoint_manager<Store>::impl
 
   void read_step(std::int64_t step, const reader_type& reader) {
     restored_hang.reset();
+    refuse_uncounted(step);
     bool found = read_locked([&] { return find_step(step); },
                              [&](const checkpoint_info& c) {
                                if (options.checksums) {
@@ -589,9 +618,25 @@ class checkpoint_manager<Store>::impl
                   "no complete retained checkpoint of step " + std::to_string(step));
   }
 
+  // restore_step() of a step only a checkpoint that does not count holds (listing.hpp) throws
+  // checkpoint_corrupt naming it and why, rather than ENOENT.
+  void refuse_uncounted(std::int64_t step) const {
+    if (find_step(step)) return;
+    auto c = base::find_retained(step);
+    if (!c) return;  // none at all: ENOENT below
+    checkpoint_integrity r = detail::checkpoint_verify_files<io_type>(
+        c->path, step, detail::checkpoint_check_depth::sizes);
+    if (!r.corrupt()) {  // no metadata file: not a checkpoint holdfast saved
+      r.status = integrity_status::bad_metadata;
+      r.file = std::string(metadata_file_name);
+      r.detail = "missing: not a checkpoint holdfast saved";
+    }
+    throw corrupt(r);
+  }
+
   checkpoint_integrity verify_step(std::int64_t step) const {
     checkpoint_integrity r;
-    bool found = read_locked([&] { return find_step(step); },
+    bool found = read_locked([&] { return base::find_retained(step); },
                              [&](const checkpoint_info& c) { r = check(c); });
     if (!found)
       throw error(ENOENT, "checkpoint verify", dir,
@@ -626,34 +671,36 @@ class checkpoint_manager<Store>::impl
   }
 
   // Of each retained step, the checkpoint restore_step() loads (find_step's: listed last),
-  // ascending by step, left out when (checksums on) a file its metadata records is missing or
-  // of another size: one stat per recorded file, no byte read.
-  std::vector<checkpoint_info> listed() const {
-    auto list = complete_list();
-    std::vector<checkpoint_info> out;
+  // ascending by step, of those that count (listing.hpp: holdfast's metadata of the step and
+  // every file it records there with its size; one read and one stat per recorded file, no byte
+  // summed), with its identity from the same read.
+  std::vector<counted> listed_counted() const {
+    auto list = counted_list();
+    std::vector<counted> out;
     for (auto c = list.rbegin(); c != list.rend(); ++c)
-      if (std::none_of(out.begin(), out.end(), [&](const auto& x) { return x.step == c->step; }))
-        out.push_back(*c);
-    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
-    if (options.checksums)
-      out.erase(std::remove_if(out.begin(), out.end(),
-                               [](const checkpoint_info& c) {
-                                 return !detail::checkpoint_files_present<io_type>(c.path, c.step);
-                               }),
-                out.end());
+      if (std::none_of(out.begin(), out.end(),
+                       [&](const counted& x) { return x.info.step == c->info.step; }))
+        out.push_back(std::move(*c));
+    std::sort(out.begin(), out.end(),
+              [](const counted& a, const counted& b) { return a.info.step < b.info.step; });
+    return out;
+  }
+
+  std::vector<checkpoint_info> listed() const {
+    std::vector<checkpoint_info> out;
+    for (auto& c : listed_counted()) out.push_back(std::move(c.info));
     return out;
   }
 
   std::vector<std::int64_t> all_steps() const {
     std::vector<std::int64_t> out;
-    for (const auto& c : listed()) out.push_back(c.step);
+    for (const auto& c : listed_counted()) out.push_back(c.info.step);
     return out;
   }
 
   std::vector<checkpoint_identity> all_identities() const {
     std::vector<checkpoint_identity> out;
-    for (const auto& c : listed())
-      out.push_back(detail::checkpoint_load_identity<io_type>(c.path, c.step));
+    for (auto& c : listed_counted()) out.push_back(std::move(c.identity));
     return out;
   }
 
@@ -664,7 +711,8 @@ class checkpoint_manager<Store>::impl
     std::string name, target, work;  // work: the staging dir (rename) or the target (marker)
     std::function<void()> deferred;
     detail::checkpoint_pointer old;
-    bool repairs = false;  // the old pointer was bad: this save rewrites it
+    std::vector<std::string> named;  // what the pointer file keeps (when well-formed)
+    bool repairs = false;            // the old pointer was bad: this save rewrites it
     std::chrono::system_clock::time_point time;
     std::optional<detail::json_value> metrics;
     std::optional<detail::json_value> metadata;  // written by commit(), with the files' sums
@@ -685,6 +733,7 @@ class checkpoint_manager<Store>::impl
     if (metrics) j.metrics = detail::json_value(*metrics);
     view v = read_view(true);
     j.repairs = v.recovered;  // garbled, dangling, or missing with checkpoints on disk
+    if (v.parsed) j.named = v.file.keep;
     j.old = std::move(v.p);
     j.name = fresh_name(step, j.old);
     j.target = path_of(j.name);
@@ -769,6 +818,7 @@ class checkpoint_manager<Store>::impl
         next.keep.push_back(k);
     }
     next.keep.push_back(j.name);
+    known.insert(j.name);
     apply_retention(next, j);
     write_pointer(next);  // before the deletions: a valid latest whatever happens next
     if (j.repairs)
@@ -776,7 +826,10 @@ class checkpoint_manager<Store>::impl
     if (!next.remove.empty()) {
       std::vector<std::string> left;
       for (const auto& r : next.remove)
-        if (!remove_checkpoint(r)) left.push_back(r);
+        if (!remove_checkpoint(r))
+          left.push_back(r);
+        else
+          known.erase(r);
       if (left != next.remove) {
         next.remove = std::move(left);
         write_pointer(next);  // after the deletions
@@ -802,12 +855,37 @@ class checkpoint_manager<Store>::impl
     return retention_policy::keep_last(options.max_to_keep);
   }
 
+  // How retention treats the kept checkpoint `k`: a candidate when it counts (listing.hpp),
+  // dropped from the pointer when it is gone, else left as it is. Judged once per manager: the
+  // checkpoints it saved or found counting are remembered in `known`. One that does not count
+  // is logged once per process.
+  enum class retention_role { candidate, gone, left };
+  retention_role role_in_retention(const std::string& k, const job& j) {
+    if (k == j.name || known.count(k) != 0) return retention_role::candidate;
+    const bool bare =
+        !options.write_metadata || std::find(j.named.begin(), j.named.end(), k) != j.named.end();
+    detail::checkpoint_judgement r = this->assess(k, bare, true);
+    if (r.gone) return retention_role::gone;
+    if (!r.counts) return retention_role::left;
+    known.insert(k);
+    return retention_role::candidate;
+  }
+
   // Moves the kept checkpoints the policy drops to the removal list, except the latest and
-  // those of the pinned step.
-  void apply_retention(detail::checkpoint_pointer& p, const job& j) const {
+  // those of the pinned step. Only the checkpoints that count are its candidates: one that does
+  // not (no or damaged metadata, a recorded file missing) is neither counted nor deleted; one
+  // that is gone (deleted by hand, or uncommitted) leaves the pointer.
+  void apply_retention(detail::checkpoint_pointer& p, const job& j) {
     retention_policy rp = policy();
     std::vector<retention_candidate> cands;
-    for (const auto& k : p.keep) {
+    std::vector<std::size_t> at;  // index in p.keep of each candidate
+    std::vector<bool> drop(p.keep.size(), false);
+    for (std::size_t i = 0; i < p.keep.size(); ++i) {
+      const std::string& k = p.keep[i];
+      const retention_role role = role_in_retention(k, j);
+      drop[i] = role == retention_role::gone;
+      if (role != retention_role::candidate) continue;
+      at.push_back(i);
       retention_candidate c;
       c.step = step_of(k);
       c.name = k;
@@ -832,13 +910,18 @@ class checkpoint_manager<Store>::impl
     }
     std::vector<bool> keep = rp.keeps(cands);
     const std::int64_t pin = pinned.load();
+    for (std::size_t c = 0; c < cands.size(); ++c) {
+      const std::size_t i = at[c];
+      drop[i] = !((c < keep.size() && keep[c]) || p.keep[i] == j.name || cands[c].step == pin);
+    }
     std::vector<std::string> kept;
     for (std::size_t i = 0; i < p.keep.size(); ++i) {
-      bool k = (i < keep.size() && keep[i]) || p.keep[i] == j.name || cands[i].step == pin;
-      if (k)
-        kept.push_back(std::move(p.keep[i]));
-      else
+      if (drop[i]) {
+        known.erase(p.keep[i]);
         p.remove.push_back(std::move(p.keep[i]));
+      } else {
+        kept.push_back(std::move(p.keep[i]));
+      }
     }
     p.keep = std::move(kept);
   }
@@ -912,6 +995,10 @@ class checkpoint_manager<Store>::impl
   std::thread inflight;
   std::exception_ptr failure;  // guarded by mutex
   std::int64_t failed_step = -1;
+
+  // The kept checkpoints known to count (saved by this manager, or judged so): retention
+  // judges each one once. Used by open_writer and commit only (one at a time).
+  std::set<std::string> known;
 
   detail::checkpoint_writer_lock<io_type> lock;  // the writer's; never taken when read_only
 };

@@ -20,14 +20,18 @@
 //   - Recovery instead of crash loops: a pointer that is garbled or truncated, or that names a
 //     checkpoint that is missing (or uncommitted in marker mode), or that is missing while
 //     complete checkpoints are on disk, is reported once through the log hook, and every query
-//     falls back to the complete checkpoints on disk (complete = renamed into place in rename
-//     mode, committed marker in marker mode; never a partial one), the newest (largest step,
-//     then generation) as the latest. Nothing here throws for a bad pointer; the next save (or
-//     repair()) rewrites it.
+//     falls back to the complete checkpoints on disk that count as checkpoints (complete =
+//     renamed into place in rename mode, committed marker in marker mode; never a partial one;
+//     counting: listing.hpp), the newest (largest step, then generation) as the latest. Nothing
+//     here throws for a bad pointer; the next save (or repair()) rewrites it.
 //   - A pointer is judged dangling or missing only when it reads the same twice: a reader slower
 //     than the writer does not mistake a pointer superseded a moment ago for a broken one.
-//   - The listings (complete_list, all_steps, find_step) name a checkpoint exactly when it is
-//     complete and retained, so restore_step() of a listed step finds it.
+//   - The listings (counted_list, find_step, latest) name a checkpoint exactly when it is
+//     complete, retained and counts as a checkpoint (listing.hpp: holdfast's metadata and every
+//     file it records), so restore_step() of a listed step finds it; one that does not count is
+//     logged once per process and left where it is. latest() is the pointer's latest when it
+//     counts, else the newest checkpoint that does. complete_list and find_retained name the
+//     complete retained ones, counting or not (what is on disk, for verify and diagnostics).
 // Caveats:
 //   - Recovery orders by step: after a garbled pointer the latest is the largest step even if
 //     an older step was saved again last, and checkpoints a garbled pointer listed for deletion
@@ -52,6 +56,7 @@
 #include "../log.hpp"      // log_fn: where a recovery is reported
 #include "../publish.hpp"  // basic_publisher::is_committed: marker mode's completeness
 #include "../store.hpp"    // directory_commit, detail::store_join, store_lstat, store_list_dir
+#include "listing.hpp"     // checkpoint_judge: which directories count as checkpoints
 #include "names.hpp"       // checkpoint_info, detail::checkpoint_parse_name
 #include "options.hpp"     // checkpoint_options: the prefix and the log hook
 
@@ -190,8 +195,9 @@ class checkpoint_directory {
     detail::checkpoint_pointer file;  // the pointer file as read, when well-formed
     pointer_state status = pointer_state::missing;
     std::string problem;
-    bool parsed = false;     // the pointer file is well-formed (p as read)
-    bool recovered = false;  // p was built from the complete checkpoints on disk
+    bool parsed = false;                      // the pointer file is well-formed (p as read)
+    bool recovered = false;                   // p was built from the complete checkpoints on disk
+    std::vector<skipped_checkpoint> skipped;  // recovered: complete on disk, not counting
   };
 
   // True when `name` is a directory and, in marker mode, committed.
@@ -267,9 +273,15 @@ class checkpoint_directory {
     if (v.status == pointer_state::missing && found.empty()) return v;  // a fresh run
     if (v.status == pointer_state::missing) v.problem = "there is no pointer file";
     detail::checkpoint_pointer r;
-    for (auto& name : found)  // a deletion the pointer lists is not brought back
-      if (!v.parsed || std::find(v.p.remove.begin(), v.p.remove.end(), name) == v.p.remove.end())
+    for (auto& name : found) {  // a deletion the pointer lists is not brought back
+      if (v.parsed && std::find(v.p.remove.begin(), v.p.remove.end(), name) != v.p.remove.end())
+        continue;
+      checkpoint_judgement j = assess(name, bare_ok(v, name), report);
+      if (j.counts)
         r.keep.push_back(std::move(name));
+      else if (!j.gone)
+        v.skipped.push_back({std::move(name), std::move(j.why)});
+    }
     if (v.parsed) r.remove = v.p.remove;
     if (!r.keep.empty()) r.latest = r.keep.back();
     v.p = std::move(r);
@@ -297,12 +309,66 @@ class checkpoint_directory {
     return checkpoint_info{step_of(name), name, path_of(name)};
   }
 
+  // --- what counts as a checkpoint (listing.hpp) -----------------------------------------------
+
+  // A kept checkpoint that counts, with its identity (from the same read of its metadata).
+  struct counted {
+    checkpoint_info info;
+    checkpoint_identity identity;
+  };
+
+  // Whether a directory `name` without a metadata file counts: the pointer file `v` was read
+  // from keeps it by name (holdfast 0.1.0 wrote none), or this manager writes none.
+  bool bare_ok(const view& v, const std::string& name) const {
+    return !options.write_metadata || (v.parsed && std::find(v.file.keep.begin(), v.file.keep.end(),
+                                                             name) != v.file.keep.end());
+  }
+
+  // Judges the checkpoint `name`; one skipped is logged once per process (when `report`).
+  checkpoint_judgement assess(const std::string& name, bool bare, bool report) const {
+    const std::string path = path_of(name);
+    checkpoint_judgement j = checkpoint_judge<io_type>(path, step_of(name), bare);
+    if (!j.counts && !j.gone && !complete(name)) j.gone = true;  // deleted or uncommitted since
+    if (report && !j.counts && !j.gone && checkpoint_first_report(path, j.why))
+      log(checkpoint_skipped_line(path, step_of(name), j.why));
+    return j;
+  }
+
+  // The complete checkpoints `v` keeps that count, oldest first (the latest last); those that
+  // do not are added to `skipped` (when given) and, when `report`, logged once per process.
+  std::vector<counted> counted_of(const view& v, bool report,
+                                  std::vector<skipped_checkpoint>* skipped = nullptr) const {
+    std::vector<counted> out;
+    if (skipped) skipped->insert(skipped->end(), v.skipped.begin(), v.skipped.end());
+    for (const auto& k : v.p.keep) {
+      if (!v.recovered && !complete(k)) continue;
+      checkpoint_judgement j = assess(k, bare_ok(v, k), report);
+      if (j.counts)
+        out.push_back({info_of(k), std::move(j.identity)});
+      else if (!j.gone && skipped)
+        skipped->push_back({k, std::move(j.why)});
+    }
+    return out;
+  }
+
+  // The latest checkpoint: the pointer's when it counts, else the newest one that counts
+  // (largest step; of one step, the one kept last). One gone since the pointer was read (a
+  // slow reader, the writer's retention) is still named: readers resolve again (reader_lock).
   std::optional<checkpoint_info> latest() const {
     view v = read_view(true);
     if (v.p.latest.empty()) return std::nullopt;
-    return info_of(v.p.latest);
+    checkpoint_judgement j = assess(v.p.latest, bare_ok(v, v.p.latest), true);
+    if (j.counts || j.gone) return info_of(v.p.latest);
+    std::optional<checkpoint_info> best;
+    for (auto& c : counted_of(v, true))
+      if (!best || c.info.step >= best->step) best = std::move(c.info);
+    return best;
   }
 
+  // The complete retained checkpoints that count, oldest first (the latest last).
+  std::vector<counted> counted_list() const { return counted_of(read_view(true), true); }
+
+  // The complete retained checkpoints, counting or not, oldest first (the latest last).
   std::vector<checkpoint_info> complete_list() const {
     view v = read_view(true);
     std::vector<checkpoint_info> out;
@@ -311,16 +377,16 @@ class checkpoint_directory {
     return out;
   }
 
-  std::vector<std::int64_t> all_steps() const {
-    std::vector<std::int64_t> steps;
-    for (const auto& c : complete_list()) steps.push_back(c.step);
-    std::sort(steps.begin(), steps.end());
-    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-    return steps;
+  // The complete retained checkpoint of `step` that counts, listed last, if any.
+  std::optional<checkpoint_info> find_step(std::int64_t step) const {
+    auto list = counted_list();
+    for (auto c = list.rbegin(); c != list.rend(); ++c)
+      if (c->info.step == step) return c->info;
+    return std::nullopt;
   }
 
-  // The complete retained checkpoint of `step` listed last, if any.
-  std::optional<checkpoint_info> find_step(std::int64_t step) const {
+  // The complete retained checkpoint of `step` listed last, counting or not, if any.
+  std::optional<checkpoint_info> find_retained(std::int64_t step) const {
     auto list = complete_list();
     for (auto c = list.rbegin(); c != list.rend(); ++c)
       if (c->step == step) return *c;

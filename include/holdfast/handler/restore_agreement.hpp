@@ -27,8 +27,10 @@
 //     throws agreement_timeout, as following it would.)
 //   - A task that never starts makes the agreement throw agreement_timeout naming it, on every
 //     task; a store that cannot be reached to record or read the outcome throws
-//     agreement_unreachable; a list or an outcome that is not the grammar, or a checkpoint's
-//     damaged metadata (all_identities), throws format_error.
+//     agreement_unreachable; a list or an outcome that is not the grammar throws format_error.
+//   - A checkpoint of this task that does not count (damaged metadata, a recorded file gone, an
+//     empty hand-made directory: checkpoint/listing.hpp) is not in its list, named once in the
+//     log, and never fails the start: the agreement picks the newest step every task holds.
 //   - Without those members each task restores its own latest checkpoint (weaker: a worker whose
 //     last save failed resumes from an older step than its peers).
 // Caveats:
