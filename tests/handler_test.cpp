@@ -53,6 +53,20 @@ using handler_t = holdfast::preemption_handler<config_t, kv_t>;
 using memory_handler_t =
     holdfast::preemption_handler<config_t, kv_t, holdfast_test::memory_checkpoints>;
 
+// memory_checkpoints whose every save takes one known time: where the time a save takes is part
+// of the behaviour under test (the grace path reserves what the first save took for the final
+// one), a save to this shared machine's disk varies too much (4 to 430 ms in one series).
+struct timed_memory_checkpoints {
+  static constexpr milliseconds cost{100};
+  holdfast_test::memory_checkpoints inner;
+  void save(std::int64_t step) {
+    std::this_thread::sleep_for(cost);
+    inner.save(step);
+  }
+  std::optional<std::int64_t> restore() { return inner.restore(); }
+};
+using timed_handler_t = holdfast::preemption_handler<config_t, kv_t, timed_memory_checkpoints>;
+
 // Progress of every worker, waited on by the test thread with a deadline.
 struct board {
   std::mutex m;
@@ -99,6 +113,7 @@ struct scenario {
   int dead_task = -1;      // stops calling run() at dead_at, without a notice
   std::int64_t dead_at = -1;
   bool save_override = false;
+  bool lockstep = false;  // steps coupled as by a collective: none ends two steps ahead of another
   std::string run_id = "run";
 };
 
@@ -157,6 +172,9 @@ holdfast::checkpoint_manager<> make_ckpt(job& j, int task, outcome& out, handler
 holdfast_test::memory_checkpoints make_ckpt(job&, int, outcome& out, memory_handler_t*) {
   return {&out.st};
 }
+timed_memory_checkpoints make_ckpt(job&, int, outcome& out, timed_handler_t*) {
+  return {holdfast_test::memory_checkpoints{&out.st}};
+}
 
 // Once the test set a task's flag, its poller has latched it before the task's next step: a
 // notice is the moment it was set, never first seen after the save that served it (on a loaded
@@ -187,6 +205,8 @@ void worker(job& j, int task, const scenario& sc, outcome& out) {
           }
           ++out.st.acc;
           busy(us);
+          // a collective: the step ends once every other worker is at most one step behind
+          if (sc.lockstep) (void)j.b.wait_all(h.total_run_calls() - 1, 20s, {task});
         });
       } catch (...) {
         out.error_ms =
@@ -375,9 +395,16 @@ TEST_CASE("threads: grace path → exactly two saves, before the grace period en
   sc.grace = 2000ms;
   sc.grace_margin = 500ms;
   sc.step_us = {10000, 10000, 10000, 10000};
+  // Coupled as a training job's steps are (by their collectives): the countdown reserves 6 mean
+  // steps for the workers to reach the final step. Independent sleeps drift apart on a loaded
+  // machine (asan beside a CPU hog: the noticed worker reached the final step 460 ms after the
+  // others, 40 ms before the grace period's end).
+  sc.lockstep = true;
   sc.noticed = {2};
   double ms = 0;
-  auto out = run_job(j, sc, &ms);
+  // Saves of one known cost: the reserve is what the first save took (with saves on the disk, a
+  // final run() of 1.6 s on every worker, the first's 50 ms, ended 2979 ms after the notice).
+  auto out = run_job<timed_handler_t>(j, sc, &ms);
   for (auto& o : out) {
     CHECK(o.error == "");
     CHECK(o.st.saves == 2);
