@@ -1,7 +1,9 @@
 // two_tier_checkpoints: saves land in the local tier, a background copier publishes them to the
 // durable tier with their identity; retention per tier; a hung durable mount never blocks a
 // local save; wait_for_durable reports what it did not copy; a new node (empty local tier)
-// restores from the durable tier, also through the handler's restore agreement.
+// restores from the durable tier, also through the handler's restore agreement; each copy's
+// time reaches the save-interval policy; a preemption save's copy goes before a superseded one;
+// durable_step() follows a restore.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/resource.h>  // getpriority: the copier's nice value
@@ -12,6 +14,7 @@
 #include <chrono>
 #include <fstream>
 #include <future>
+#include <holdfast/checkpoint/save_policy.hpp>
 #include <holdfast/checkpoint/two_tier.hpp>
 #include <holdfast/handler.hpp>
 #include <holdfast/kv/filesystem.hpp>
@@ -132,6 +135,58 @@ struct nice_recording_io : holdfast::posix_io {
   }
 };
 using nice_store = holdfast::basic_store<holdfast::basic_local_filesystem<nice_recording_io>>;
+
+// A durable mount whose fsyncs take slow_fsync_ms() each (a slow shared filesystem).
+std::atomic<int>& slow_fsync_ms() {
+  static std::atomic<int> ms{0};
+  return ms;
+}
+struct slow_io : holdfast::posix_io {
+  static int fsync(int fd) noexcept {
+    if (int ms = slow_fsync_ms().load(); ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return holdfast::posix_io::fsync(fd);
+  }
+};
+using slow_store = holdfast::basic_store<holdfast::basic_local_filesystem<slow_io>>;
+
+// A durable mount whose writes wait while write_gate() is shut, counting the writes that waited:
+// a copy held inside its stream of the local files.
+std::atomic<bool>& write_gate() {
+  static std::atomic<bool> shut{false};
+  return shut;
+}
+std::atomic<int>& gated_writes() {
+  static std::atomic<int> n{0};
+  return n;
+}
+struct gated_io : holdfast::posix_io {
+  static ssize_t write(int fd, const void* buf, std::size_t n) noexcept {
+    if (write_gate().load()) {
+      gated_writes().fetch_add(1);
+      while (write_gate().load()) std::this_thread::sleep_for(1ms);
+    }
+    return holdfast::posix_io::write(fd, buf, n);
+  }
+};
+using gated_store = holdfast::basic_store<holdfast::basic_local_filesystem<gated_io>>;
+using gated_tiers = holdfast::two_tier_checkpoints<holdfast::store, gated_store>;
+
+// Waits until `cond()` or `limit`; returns cond().
+template <class Cond>
+bool eventually(Cond cond, std::chrono::milliseconds limit = 20s) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!cond() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  return cond();
+}
+
+// The entries of `dir` whose name starts with `prefix`.
+std::vector<std::string> entries_starting(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& name : holdfast::detail::store_list_dir<holdfast::posix_io>(dir))
+    if (name.rfind(prefix, 0) == 0) out.push_back(name);
+  return out;
+}
 
 }  // namespace
 
@@ -534,4 +589,150 @@ TEST_CASE("two tiers: with local_sums on, the local copy is checked by its own s
   CHECK(r.from->rfind(d / "durable", 0) == 0);
   CHECK(log.get().find("the local copy of step 3 did not load") != std::string::npos);
   CHECK(log.get().find("its durable copy's sums") == std::string::npos);  // its own
+}
+
+TEST_CASE("two tiers: each durable copy's time reaches the save-interval policy (record_copy)") {
+  // C is 0 here (no save is recorded: Daly's interval is 0) and min_interval is 0, so the policy's
+  // interval is the copies' cost alone: 0 until a copy is fed, then at least the slow mount's
+  // fsync. The training thread asks the policy while the copier feeds it (ThreadSanitizer).
+  holdfast_test::temp_dir d("tiers-policy");
+  log_sink log;
+  holdfast::save_interval_options po;
+  po.min_interval = holdfast::save_seconds(0);
+  po.mtbi_prior = 1h;
+  slow_fsync_ms() = 40;
+  auto t = make<holdfast::two_tier_checkpoints<holdfast::store, slow_store>>(
+      d / "local", d / "durable", opts(2, 2, log));
+  // [snippet two-tier-copy-costs]
+  holdfast::save_interval_policy policy(po);  // the training loop's
+  t.feed_copy_costs(policy);  // the copier calls policy.record_copy(took) after each copy
+  // [/snippet two-tier-copy-costs]
+  policy.start(std::chrono::steady_clock::now());
+  CHECK(policy.interval(std::chrono::steady_clock::now()).count() == 0);
+  t.save(1);  // C stays 0 (save_when_due would measure the local save)
+  bool copied = eventually([&] {
+    (void)policy.interval(std::chrono::steady_clock::now());  // read while the copier writes
+    return policy.copy_cost().count() > 0;
+  });
+  slow_fsync_ms() = 0;
+  REQUIRE(copied);
+  REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+  const double copy = policy.copy_cost().count();
+  CHECK(copy >= 0.04);  // at least one of the durable save's fsyncs
+  const auto now = std::chrono::steady_clock::now();
+  CHECK(policy.interval(now).count() == doctest::Approx(copy));  // never shorter than a copy
+  CHECK(policy.interval(now).count() >= copy);
+  CHECK(!policy.should_save(*policy.last_save() + std::chrono::milliseconds(30)));  // < a copy
+
+  // on_copy: the step and the time of each copy, on the copier's thread; {} stops it.
+  std::mutex m;
+  std::vector<std::pair<std::int64_t, double>> seen;
+  t.on_copy([&](std::int64_t step, std::chrono::duration<double> took) {
+    std::lock_guard<std::mutex> l(m);
+    seen.emplace_back(step, took.count());
+  });
+  t.save(2);
+  REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+  t.on_copy({});
+  t.save(3);
+  REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+  std::lock_guard<std::mutex> l(m);
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].first == 2);
+  CHECK(seen[0].second > 0);
+  CHECK(policy.copy_cost().count() == copy);  // steps 2 and 3 did not reach the policy
+}
+
+TEST_CASE("two tiers: a newer save's copy goes before a superseded one") {
+  // Step 1 is copied (its time measured); step 2's copy is then held inside its stream of the
+  // local files (the durable mount's writes wait at a gate) while newer saves come.
+  holdfast_test::temp_dir d("tiers-supersede");
+  log_sink log;
+  write_gate() = false;
+  gated_writes() = 0;
+  gated_tiers t(d / "local", holdfast::directory_commit::rename, d / "durable",
+                holdfast::directory_commit::rename, opts(4, 4, log));
+  t.set_writer(write_step);
+  t.save(1);
+  REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+  write_gate() = true;
+  t.save(2);
+  const bool held = eventually([] { return gated_writes().load() > 0; });
+  if (!held) write_gate() = false;
+  REQUIRE(held);  // the copy of step 2 is in flight, inside its writer
+  holdfast::checkpoint_manager<> durable(holdfast::read_only, d / "durable",
+                                         holdfast::directory_commit::rename);
+
+  SUBCASE("a queued copy is replaced: the newest step's copy starts next") {
+    t.save(3);
+    t.save(4);                                           // replaces 3, not started
+    CHECK(t.wait_for_durable(in(50ms)) == steps{2, 4});  // 2 in flight, 4 pending
+    write_gate() = false;
+    CHECK(t.wait_for_durable(in(20s)) == steps{});
+    CHECK(durable.all_steps() == steps{1, 2, 4});  // no preemption: the copy in flight finishes
+    CHECK(log.get().find("step 3 was replaced by step 4's before it started") != std::string::npos);
+  }
+  SUBCASE("a preemption save abandons the older copy in flight and its copy starts next") {
+    t.set_durable_deadline(in(60s));  // the handler's, before its preemption save
+    t.save(3);
+    write_gate() = false;
+    CHECK(t.wait_for_durable(in(20s)) == steps{});
+    CHECK(durable.all_steps() == steps{1, 3});
+    CHECK(t.durable_step() == 3);
+    CHECK(log.get().find("durable copy of step 2 was abandoned") != std::string::npos);
+    CHECK(log.get().find("failed") == std::string::npos);         // abandoned is not failed
+    CHECK(entries_starting(d / "durable", ".staging-").empty());  // the durable save cleaned up
+    CHECK(t.all_steps() == steps{1, 2, 3});                       // the local tier keeps step 2
+    t.save(4);                                                    // the copier goes on as before
+    CHECK(t.wait_for_durable(in(20s)) == steps{});
+    CHECK(durable.all_steps() == steps{1, 3, 4});
+  }
+  SUBCASE("a preemption save whose copy would not end by the deadline lets the older one finish") {
+    t.set_durable_deadline(std::chrono::steady_clock::now());  // no time left for a copy
+    t.save(3);
+    write_gate() = false;
+    CHECK(t.wait_for_durable(in(20s)) == steps{});
+    CHECK(durable.all_steps() == steps{1, 2, 3});
+    CHECK(log.get().find("abandoned") == std::string::npos);
+  }
+  write_gate() = false;
+}
+
+TEST_CASE("two tiers: durable_step() follows a restore of an older step") {
+  holdfast_test::temp_dir d("tiers-restore");
+  log_sink log;
+  {
+    auto t = make<tiers>(d / "local", d / "durable", opts(5, 5, log));
+    t.begin_history("launch-1");
+    for (std::int64_t s = 1; s <= 4; ++s) {
+      t.save(s);
+      REQUIRE(t.wait_for_durable(in(20s)) == steps{});
+    }
+    REQUIRE(t.durable_step() == 4);
+    t.restore_step(2);  // the restore agreement chose an older step
+    CHECK(t.durable_step() == 2);
+    t.begin_history("launch-2");
+    t.save(3);  // the new line's step 3
+    CHECK(t.wait_for_durable(in(20s)) == steps{});
+    CHECK(t.durable_step() == 3);
+    holdfast::checkpoint_manager<> durable(holdfast::read_only, d / "durable",
+                                           holdfast::directory_commit::rename);
+    REQUIRE(durable.latest());
+    CHECK(durable.latest()->step == 3);  // the durable tier's latest, as durable_step() says
+  }
+  // A new node: at start, the durable tier's latest (saved last: 3 of launch-2, not 4), then
+  // after its restore of step 1, step 1.
+  auto fresh = make<tiers>(d / "local-new", d / "durable", opts(5, 5, log));
+  CHECK(fresh.durable_step() == 3);
+  fresh.restore_step(1);
+  CHECK(fresh.durable_step() == 1);
+
+  // No durable step at or below the restored one: none.
+  holdfast_test::temp_dir e("tiers-restore-none");
+  auto only_local = make<tiers>(e / "local", e / "durable", opts(5, 5, log));
+  only_local.save(5);
+  REQUIRE(only_local.wait_for_durable(in(20s)) == steps{});
+  only_local.local().save(2);  // straight into the local tier: no durable copy of step 2
+  only_local.restore_step(2);
+  CHECK(!only_local.durable_step());
 }

@@ -7,7 +7,11 @@
 // Protocol:
 //   1. save(step): the local manager's save (the user's writer, crash-safe as manager.hpp
 //      says; synchronous). Then the step becomes the copier's one pending request: a newer
-//      request replaces one not yet started (it is never copied).
+//      request replaces one not yet started (it is never copied), so the newest step's copy is
+//      the next to start. A preemption save (one after set_durable_deadline(t)) also abandons
+//      the copy in flight of another step when its own copy, at the copies' mean time, ends by
+//      t: the copier stops streaming it, the durable save removes its staging directory, and
+//      the preemption step's copy starts.
 //   2. The copier takes the request, holds LOCK_SH on the local checkpoint (reader_lock.hpp:
 //      local retention cannot delete it while it is copied) and saves it in the durable tier
 //      with the durable manager's own crash-safe save: a writer that streams the local files
@@ -16,11 +20,26 @@
 // Guarantees:
 //   - save() returns once the local tier committed: a durable copy that hangs (a dead mount)
 //     or fails never blocks or fails a save; a new request while a copy hangs replaces the
-//     pending one.
-//   - The local tier never deletes a step whose copy is pending or in flight, nor the newest
-//     step committed in the durable tier (its retention keeps them on top of the user's local
-//     policy), and the durable manager never deletes its latest: the newest step complete in
-//     both tiers is deleted by neither.
+//     pending one. Copies run in the order of the saves; at most one runs; a request replaced
+//     or a copy abandoned is logged, never reported as failed.
+//   - An abandoned copy leaves the durable tier as it was (the durable save's own cleanup of a
+//     writer that throws); it is abandoned only between files and 1 MiB chunks of the stream,
+//     so a copy stuck in the durable save's syncs (a dead mount) is not, and without a measured
+//     copy (the object's first) none is.
+//   - on_copy(hook) / feed_copy_costs(policy): after each durable copy committed, the hook is
+//     called on the copier's thread with the step and the time the copy took (from taking the
+//     request to the durable save's return: the local read, the writes, the syncs), under the
+//     copier's lock; never after this object's destruction began. feed_copy_costs gives it to a
+//     save_interval_policy's record_copy, so the learned interval is never shorter than a copy.
+//   - durable_step() is the step of the last durable copy this object committed (or, before
+//     one, the durable tier's latest at start); after a restore_step()/restore() of step s it
+//     is the newest durable step not above s (nothing when there is none): the steps above s
+//     are of the line the restore left, and neither durable_step(), the local retention's
+//     extra rule nor unfinished() names them (a failed copy above s is forgotten).
+//   - The local tier never deletes a step whose copy is pending or in flight, nor
+//     durable_step() (its retention keeps them on top of the user's local policy), and the
+//     durable manager never deletes its latest: the newest step complete in both tiers is
+//     deleted by neither.
 //   - The durable copy of a step has the local checkpoint's identity (step and history), save
 //     time, metrics and hang bounds (set_hang_bounds() reaches the local tier's saves; the copier
 //     gives the durable save the bounds the local copy's metadata records).
@@ -70,6 +89,9 @@
 //   - Opening, and reading the durable tier (all_steps, restore), on a dead mount block as the
 //     mount does; saving does not.
 //   - The copier uses the durable manager alone; pin() reaches both managers (an atomic).
+//   - Abandoning trades the copy in flight for the preemption step's: when the mean
+//     underestimates the preemption step's copy and it misses the deadline, the durable tier
+//     keeps neither (it keeps the step before).
 //   - A checkpoint holding anything but regular files and directories fails its copy (EINVAL).
 //   - With local_sums off, a local copy with no durable copy of its identity yet (the copier is
 //     behind, the copy failed or was superseded), or whose durable copy records no sums
@@ -84,12 +106,14 @@
 #include <unistd.h>        // syscall
 
 #include <algorithm>
+#include <atomic>  // the copier's abandon flag
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>  // strerror: a copier_nice that was not set
 #include <exception>
+#include <functional>  // std::function: on_copy's hook
 #include <map>
 #include <memory>
 #include <mutex>
@@ -133,13 +157,18 @@ struct two_tier_options {
 
 namespace detail {
 
+// Thrown by two_tier_copy_tree when its copy was abandoned (a preemption save's copy goes first).
+struct two_tier_abandoned {};
+
 // Copies the tree `from` into the existing directory `to` (streaming), all but the top-level
-// metadata file when `top`. In reads through InIo, out writes through OutIo.
+// metadata file when `top`. In reads through InIo, out writes through OutIo. Throws
+// two_tier_abandoned, before a file or a chunk, once `abandon` is set.
 template <class InIo, class OutIo>
 void two_tier_copy_tree(const std::string& from, const std::string& to, bool top,
-                        std::vector<char>& buffer) {
+                        std::vector<char>& buffer, const std::atomic<bool>& abandon) {
   for (const std::string& name : store_list_dir<InIo>(from)) {
     if (top && name == checkpoint_metadata_file_name) continue;
+    if (abandon.load()) throw two_tier_abandoned{};
     const std::string src = store_join(from, name);
     const std::string dst = store_join(to, name);
     struct stat st {};
@@ -147,7 +176,7 @@ void two_tier_copy_tree(const std::string& from, const std::string& to, bool top
       throw error(ENOENT, "two-tier copy", src, "vanished from the local checkpoint");
     if (S_ISDIR(st.st_mode)) {
       if (OutIo::mkdir(dst.c_str(), 0755) != 0) throw error(errno, "mkdir", dst);
-      two_tier_copy_tree<InIo, OutIo>(src, dst, false, buffer);
+      two_tier_copy_tree<InIo, OutIo>(src, dst, false, buffer, abandon);
     } else if (S_ISREG(st.st_mode)) {
       auto in = open_file_if_exists<InIo>(src, O_RDONLY | O_NOFOLLOW);
       if (!in) throw error(ENOENT, "two-tier copy", src, "vanished from the local checkpoint");
@@ -156,6 +185,7 @@ void two_tier_copy_tree(const std::string& from, const std::string& to, bool top
       if (fd < 0) throw error(errno, "open", dst);
       basic_fd<OutIo> out(fd, dst);
       for (;;) {
+        if (abandon.load()) throw two_tier_abandoned{};
         std::size_t got = read_full(in, buffer.data(), buffer.size());
         if (got > 0) write_all(out, buffer.data(), got);
         if (got < buffer.size()) break;
@@ -259,8 +289,26 @@ class two_tier_checkpoints {
   }
   /// What the last wait_until_finished() did not copy.
   const std::vector<std::int64_t>& unfinished() const noexcept { return s_->unfinished; }
-  /// The newest step this object committed to the durable tier (or found there at start).
+  /// The step of the last durable copy this object committed (or the durable tier's latest at
+  /// start); after a restore of step s, the newest durable step not above s.
   std::optional<std::int64_t> durable_step() const { return s_->sh->durable_newest(); }
+
+  /// Calls `hook(step, took)` on the copier's thread after each durable copy committed, `took`
+  /// being how long the copy took; under the copier's lock (quick, and never into this object;
+  /// what it throws is logged and ignored). Empty: none. Never called once this object's
+  /// destruction began.
+  void on_copy(std::function<void(std::int64_t, std::chrono::duration<double>)> hook) {
+    std::lock_guard<std::mutex> l(s_->sh->m);
+    s_->sh->on_copy = std::move(hook);
+  }
+  /// Feeds each durable copy's time to `policy.record_copy` (a save_interval_policy, which takes
+  /// it from the copier's thread): its interval is then never shorter than a copy. `policy`
+  /// must outlive this object, or on_copy({}) must come first.
+  template <class Policy>
+  void feed_copy_costs(Policy& policy) {
+    on_copy(
+        [&policy](std::int64_t, std::chrono::duration<double> took) { policy.record_copy(took); });
+  }
 
   /// Steps complete and readable in either tier, ascending, each once.
   std::vector<std::int64_t> all_steps() const {
@@ -292,6 +340,11 @@ class two_tier_checkpoints {
   /// The hang bounds recorded in the copy the last restore()/restore_step() loaded, whichever
   /// tier it came from; nothing when none loaded or it records none.
   std::optional<hang_bounds> restored_hang_bounds() const noexcept { return s_->restored_hang; }
+  /// The hang bounds the newest checkpoint of the local tier records, else the durable tier's.
+  std::optional<hang_bounds> newest_hang_bounds() const noexcept {
+    if (auto b = s_->local.newest_hang_bounds()) return b;
+    return s_->sh->durable.newest_hang_bounds();
+  }
   /// Pins `step` in both tiers (nullopt unpins).
   void pin(std::optional<std::int64_t> step) noexcept {
     s_->local.pin(step);
@@ -329,7 +382,10 @@ class two_tier_checkpoints {
         : log(std::move(lg)),
           durable(std::move(dir), mode, with_copy_clock(std::move(o))),
           local_reader(read_only, std::move(local_dir), local_mode, std::move(lo)) {
-      if (auto st = durable.latest_step()) newest = st;
+      try {
+        if (auto c = durable.latest()) newest = c->step;  // saved last (latest_step: largest)
+      } catch (const error&) {  // unreadable: nothing known durable until a copy commits
+      }
     }
 
     // The durable save's clock reads the local checkpoint's save time while it copies.
@@ -369,6 +425,27 @@ class two_tier_checkpoints {
       return unfinished_locked();
     }
 
+    // A request for `step`'s copy: it replaces one not yet started (returned, for a log); with
+    // `deadline` (a preemption save's), the copy in flight of another step is abandoned when
+    // this one's, at the copies' mean time, ends by then.
+    std::optional<std::int64_t> request(
+        std::int64_t step, std::optional<std::chrono::steady_clock::time_point> deadline) {
+      std::lock_guard<std::mutex> l(m);
+      std::optional<std::int64_t> replaced = std::exchange(pending, step);
+      if (replaced == step) replaced.reset();
+      if (deadline && in_flight && *in_flight != step && copy_mean &&
+          std::chrono::steady_clock::now() + *copy_mean <= *deadline)
+        abandon.store(true);
+      return replaced;
+    }
+
+    // After a restore of `step`: the durable steps above it are of the line the restore left.
+    void restored(std::int64_t step, std::optional<std::int64_t> durable_at_or_below) {
+      std::lock_guard<std::mutex> l(m);
+      newest = durable_at_or_below;
+      if (failed && *failed > step) failed.reset();
+    }
+
     void run(int nice) {
       if (nice != 0) detail::two_tier_lower_priority(nice, log);
       std::vector<char> buffer(std::size_t{1} << 20);
@@ -380,27 +457,51 @@ class two_tier_checkpoints {
           if (stop) return;
           step = *std::exchange(pending, std::nullopt);
           in_flight = step;
+          abandon.store(false);  // a flag set for the copy before this one came too late
         }
+        const auto start = std::chrono::steady_clock::now();
         std::string failure;
+        bool abandoned = false, hook_failed = false;
         try {
           copy(step, buffer);
+        } catch (const detail::two_tier_abandoned&) {
+          abandoned = true;
         } catch (const std::exception& e) {
           failure = e.what();
         } catch (...) {
           failure = "a non-standard exception";
         }
+        const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
         {
           std::lock_guard<std::mutex> l(m);
           in_flight.reset();
           copy_time.reset();
-          if (failure.empty()) {
-            newest = newest ? std::max(*newest, step) : step;
-            if (failed && *failed <= step) failed.reset();
+          if (abandoned) {
+            // superseded: neither durable nor failed
+          } else if (failure.empty()) {
+            newest = step;  // copies run in the order of the saves: the durable tier's latest
+            failed.reset();
+            const auto t = std::chrono::duration_cast<std::chrono::steady_clock::duration>(took);
+            copy_mean = copy_mean ? *copy_mean + (t - *copy_mean) * 3 / 10 : t;
+            if (on_copy) {
+              try {
+                on_copy(step, took);
+              } catch (...) {  // the hook's failure is not the copy's
+                hook_failed = true;
+              }
+            }
           } else {
             failed = step;
           }
         }
         cv.notify_all();
+        if (hook_failed)
+          detail::log_line(log, "two-tier: the on_copy hook threw after the copy of step " +
+                                    std::to_string(step) + " (ignored)");
+        if (abandoned)
+          detail::log_line(log, "two-tier: the durable copy of step " + std::to_string(step) +
+                                    " was abandoned: a preemption save's copy goes first (the "
+                                    "local tier keeps it)");
         if (!failure.empty())
           detail::log_line(log, "two-tier: the durable copy of step " + std::to_string(step) +
                                     " to '" + durable.directory() +
@@ -421,7 +522,7 @@ class two_tier_checkpoints {
         if (meta && !meta->history.empty()) durable.begin_history(meta->history);
         if (meta && meta->hang) durable.set_hang_bounds(*meta->hang);
         auto writer = [&](const std::string& to) {
-          detail::two_tier_copy_tree<in_io, out_io>(dir, to, true, buffer);
+          detail::two_tier_copy_tree<in_io, out_io>(dir, to, true, buffer, abandon);
         };
         if (meta && meta->metrics.is_object())
           durable.save(st, writer, meta->metrics.as_object());
@@ -435,6 +536,9 @@ class two_tier_checkpoints {
     std::condition_variable cv;
     std::optional<std::int64_t> pending, in_flight, failed, newest;  // newest: durable
     std::optional<std::chrono::system_clock::time_point> copy_time;
+    std::optional<std::chrono::steady_clock::duration> copy_mean;  // of the committed copies
+    std::function<void(std::int64_t, std::chrono::duration<double>)> on_copy;
+    std::atomic<bool> abandon{false};  // the copy in flight: stop streaming it
     bool stop = false;
     durable_manager_type durable;     // the copier's (and pin's) only
     local_manager_type local_reader;  // read_only: the copier's LOCK_SH on the local copy
@@ -457,6 +561,7 @@ class two_tier_checkpoints {
         std::lock_guard<std::mutex> l(sh->m);
         sh->stop = true;
         sh->pending.reset();
+        sh->on_copy = nullptr;  // a copy left to its thread calls no hook of the caller's
       }
       sh->cv.notify_all();
       bool hanging;
@@ -496,12 +601,13 @@ class two_tier_checkpoints {
     void log(const std::string& line) const { detail::log_line(options.log, line); }
 
     checkpoint_info request(checkpoint_info info) {
-      {
-        std::lock_guard<std::mutex> l(sh->m);
-        sh->pending = info.step;  // replaces one not yet started
-      }
+      const std::optional<std::int64_t> replaced = sh->request(info.step, durable_deadline);
       sh->cv.notify_all();
       last_save = std::chrono::steady_clock::now();
+      if (replaced)
+        log("two-tier: the durable copy of step " + std::to_string(*replaced) +
+            " was replaced by step " + std::to_string(info.step) +
+            "'s before it started (saves come faster than copies)");
       return info;
     }
 
@@ -581,7 +687,19 @@ class two_tier_checkpoints {
       return out;
     }
 
+    // Loads `step` from either tier; then durable_step() follows it.
     void restore_step(std::int64_t step) {
+      load_step(step);
+      std::optional<std::int64_t> at_or_below;
+      try {
+        for (std::int64_t s : durable_reader.all_steps())
+          if (s <= step) at_or_below = s;
+      } catch (const error&) {  // the durable tier does not list: no durable step is known
+      }
+      sh->restored(step, at_or_below);
+    }
+
+    void load_step(std::int64_t step) {
       auto read = [this](const std::string& d, std::int64_t st) {
         if (reader) reader(d, st);
       };
