@@ -59,6 +59,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>  // torch_watch's spawn_fn
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -128,13 +129,14 @@ class torch_handoff {
   std::string value_;
 };
 
-/// A watch's state, shared by the torch_watch and its helper thread, which may outlive it.
+/// One followed key's state, shared by the torch_watch and the helper thread that waits for the
+/// key, which may outlive the watch. A watch has one such slot per key it follows at once.
 struct torch_watch_state {
   std::shared_ptr<torch_handoff> handoff;  // torch_kv's: where the thread leaves what it read
   std::mutex mutex;
-  std::condition_variable cv;    // follow() and the watch's end wake the thread
-  holdfast::detail::waker bell;  // the watch's fd(): signalled when the followed key exists
-  std::string followed;          // the full c10d key to wait for; empty: none yet
+  std::condition_variable cv;                      // follow() and the watch's end wake the thread
+  std::shared_ptr<holdfast::detail::waker> bell;   // the watch's fd(), shared by its slots
+  std::string followed;          // the full c10d key to wait for; empty: none
   std::uint64_t generation = 0;  // counts follow() calls that changed or re-armed it
   std::uint64_t rung = 0;        // the generation whose key was seen (the bell rung)
   std::string waiting_on;        // the key of the wait in progress; empty: none
@@ -142,23 +144,32 @@ struct torch_watch_state {
   bool stop = false;             // the watch is gone: exit after the current wait
 };
 
-/// The watch of torch_kv::watch (kv.hpp, "Waiting on a store"; see torch_kv).
+/// The watch of torch_kv::watch (kv.hpp, "Waiting on a store"; see torch_kv): one helper thread
+/// per key followed at once (c10d's wait(keys) waits for all of its keys, the handler needs any),
+/// all ringing one eventfd.
 class torch_watch {
  public:
   using clock = std::chrono::steady_clock;
+  /// Starts the helper thread of a new slot (torch_kv's: its own connection, made by the thread).
+  using spawn_fn = std::function<void(std::shared_ptr<torch_watch_state>)>;
 
-  torch_watch(std::shared_ptr<torch_watch_state> s, std::string key_prefix, std::string prefix,
-              std::chrono::milliseconds poll)
-      : s_(std::move(s)),
+  torch_watch(std::shared_ptr<torch_watch_state> first, spawn_fn spawn, std::string key_prefix,
+              std::string prefix, std::chrono::milliseconds poll)
+      : bell_(first->bell),
+        spawn_(std::move(spawn)),
         key_prefix_(std::move(key_prefix)),
         prefix_(std::move(prefix)),
         poll_(poll),
-        last_take_(clock::now()) {}
+        last_take_(clock::now()) {
+    slots_.push_back(std::move(first));
+  }
   torch_watch(torch_watch&&) noexcept = default;
   torch_watch& operator=(torch_watch&& o) noexcept {
     if (this != &o) {
       end();
-      s_ = std::move(o.s_);
+      slots_ = std::move(o.slots_);
+      bell_ = std::move(o.bell_);
+      spawn_ = std::move(o.spawn_);
       key_prefix_ = std::move(o.key_prefix_);
       prefix_ = std::move(o.prefix_);
       poll_ = o.poll_;
@@ -167,61 +178,87 @@ class torch_watch {
     }
     return *this;
   }
-  /// Tells the thread to exit; it does so after its current wait (at most one slice), alone.
+  /// Tells the threads to exit; each does so after its current wait (at most one slice), alone.
   ~torch_watch() { end(); }
 
-  /// An eventfd, readable once the followed key exists (or the thread's wait failed).
-  int fd() const noexcept { return s_->bell.fd(); }
+  /// An eventfd, readable once a followed key exists (or a thread's wait failed).
+  int fd() const noexcept { return bell_->fd(); }
   /// True until the first take(), whose resync is known already.
   bool buffered() const noexcept { return first_; }
-  /// Now before the first take(); time_point::max() while the thread waits for the followed
-  /// key; the last take() plus the poll interval while it cannot (its wait failed, or it is
-  /// still in a wait for a key that follow() replaced, which lasts at most one slice).
+  /// Now before the first take(); time_point::max() while the threads wait for the followed
+  /// keys; the last take() plus the poll interval while one cannot (its wait failed, or it is
+  /// still in a wait for a key that follow() replaced, which lasts at most one slice). A slot
+  /// that follows nothing now (a follow() of fewer keys: a round's wait names one) is no reason
+  /// to poll, whatever its thread is still waiting for.
   clock::time_point due() const noexcept {
     if (first_) return last_take_;  // the watch's creation
-    std::lock_guard<std::mutex> lock(s_->mutex);
-    const bool stale = !s_->waiting_on.empty() && s_->waiting_on != s_->followed;
-    return s_->failing || stale ? last_take_ + poll_ : clock::time_point::max();
+    for (const auto& s : slots_) {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      if (s->followed.empty()) continue;
+      const bool stale = !s->waiting_on.empty() && s->waiting_on != s->followed;
+      if (s->failing || stale) return last_take_ + poll_;
+    }
+    return clock::time_point::max();
   }
   /// Never blocks: resync on the first take, when the bell rang, and when due() has passed
-  /// (the caller re-reads the followed key with try_get); never events.
+  /// (the caller re-reads the followed keys with try_get); never events.
   holdfast::kv_changes take() {
     holdfast::kv_changes c;
     c.resync = std::exchange(first_, false);
-    if (s_->bell.drain()) c.resync = true;
+    if (bell_->drain()) c.resync = true;
     const auto now = clock::now();
     if (now >= due()) c.resync = true;
     last_take_ = now;
     return c;
   }
-  /// The key (below the watched prefix) to wait for now; the bell rings once it exists (at once
-  /// when it exists already), then the watch is quiet until the next follow().
-  void follow(const std::string& key) {
-    holdfast::validate_key(key, "torch store watch");
-    if (key.compare(0, prefix_.size(), prefix_) != 0)
-      throw holdfast::error(EINVAL, "torch store watch", key, "not below the watched prefix");
-    std::string full = key_prefix_ + key;
-    {
-      std::lock_guard<std::mutex> lock(s_->mutex);
-      if (full == s_->followed && s_->rung != s_->generation) return;  // being waited for
-      s_->handoff->drop(s_->followed);  // what the last wake-up read: not for this wait
-      s_->followed = std::move(full);
-      ++s_->generation;
+  /// The keys (below the watched prefix) to wait for now; the bell rings once one exists (at
+  /// once when one exists already), then the watch is quiet until the next follow().
+  void follow(const std::vector<std::string>& keys) {
+    std::vector<std::string> full;
+    for (const auto& key : keys) {
+      holdfast::validate_key(key, "torch store watch");
+      if (key.compare(0, prefix_.size(), prefix_) != 0)
+        throw holdfast::error(EINVAL, "torch store watch", key, "not below the watched prefix");
+      full.push_back(key_prefix_ + key);
     }
-    s_->cv.notify_all();
+    while (slots_.size() < full.size()) {  // a thread (and a connection) per key, kept
+      auto s = std::make_shared<torch_watch_state>();
+      s->handoff = slots_.front()->handoff;
+      s->bell = bell_;
+      spawn_(s);
+      slots_.push_back(std::move(s));
+    }
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      follow_in(*slots_[i], i < full.size() ? std::move(full[i]) : std::string());
   }
 
  private:
-  void end() noexcept {
-    if (!s_) return;
+  // Slot `s` waits for `full` from now on ("": for nothing).
+  static void follow_in(torch_watch_state& s, std::string full) {
     {
-      std::lock_guard<std::mutex> lock(s_->mutex);
-      s_->stop = true;
+      std::lock_guard<std::mutex> lock(s.mutex);
+      if (full == s.followed && (full.empty() || s.rung != s.generation)) return;  // as it is
+      s.handoff->drop(s.followed);  // what the last wake-up read: not for this wait
+      s.followed = std::move(full);
+      ++s.generation;
     }
-    s_->cv.notify_all();
+    s.cv.notify_all();
   }
 
-  std::shared_ptr<torch_watch_state> s_;
+  void end() noexcept {
+    for (const auto& s : slots_) {
+      {
+        std::lock_guard<std::mutex> lock(s->mutex);
+        s->stop = true;
+      }
+      s->cv.notify_all();
+    }
+    slots_.clear();
+  }
+
+  std::vector<std::shared_ptr<torch_watch_state>> slots_;  // one per key followed at once
+  std::shared_ptr<holdfast::detail::waker> bell_;
+  spawn_fn spawn_;
   std::string key_prefix_;  // torch_kv's namespace ("holdfast-kv/<run>/<restart>/")
   std::string prefix_;      // the watched prefix, as the caller names keys
   std::chrono::milliseconds poll_;
@@ -234,18 +271,27 @@ class torch_watch {
 /// - insert: compareSet(key, "", value); created iff the answer is our value (holdfast's values
 ///   name their writer, so an equal value is ours). A created key is then set() to the same
 ///   value once more, which wakes waiters on servers that do not wake them on compareSet.
-/// - try_get: check, then get (three requests on a TCPStore: CHECK, then WAIT and GET), unless
-///   a watch's thread has just read the key (below). Not one compareSet(key, x, x), which
-///   answers a missing key's x on every c10d store: the libuv server wakes the key's waiters
-///   on it, key or not (a spurious wake of every watch on it). put: set. erase: deleteKey.
+/// - try_get: check, then compareSet(key, x, x) (two requests, neither a wait), unless a
+///   watch's thread has just read the key (below). x is a value holdfast never stores: on a
+///   present key the answer is its value and nothing is written; on a key erased since the
+///   check the answer is x, read as missing. Not get(), a wait for the key and then a read,
+///   which blocks until the store's timeout (300 s by default) on a key erased in between. Not
+///   the compareSet alone, which answers a missing key's x on every c10d store: the libuv
+///   server wakes the key's waiters on it, key or not (a spurious wake of every watch on it);
+///   after the check, that happens only for a key erased between the two requests (a watch
+///   following it rings once, and its caller's try_get finds the key missing). put: set.
+///   erase: deleteKey.
 /// - get(key, timeout) and get_many(keys, timeout): wait(keys, timeout) on a clone of the store,
 ///   then get / one multiGet there; at a get_many's timeout each key is checked alone and the
 ///   present ones read with one multiGet (nullopt names exactly the missing ones).
-/// - watch(prefix): a helper thread on a clone of its own (the first watch's made at
-///   construction) blocks in wait({followed key}, slice); when the key exists it reads the
-///   value (one compareSet, safe on a present key) for the caller's next try_get of it, then
-///   rings the watch's eventfd; follow(key) hands it the next key. An idle watch costs two
-///   requests (WAIT, CANCEL_WAIT) per slice (default 30 s). The thread cannot be interrupted
+/// - watch(prefix): a helper thread per key followed at once, each on a clone of its own (the
+///   first watch's first made at construction, the others by their threads when follow() first
+///   names that many keys: the handler's idle watcher follows up to three, the claim, the next
+///   periodic decision and the hang verdict) blocks in wait({its key}, slice); when the key
+///   exists it reads the value (one compareSet, safe on a present key) for the caller's next
+///   try_get of it, then rings the watch's one eventfd; follow(keys) hands each its next key.
+///   An idle watch costs two requests (WAIT, CANCEL_WAIT) per followed key and slice (default
+///   30 s). The thread cannot be interrupted
 ///   inside c10d's wait, so a watch's end does not join it: the thread owns its state and its
 ///   clone (shared_ptr, intrusive_ptr) and exits by itself after its current wait, at most one
 ///   slice later.
@@ -289,13 +335,17 @@ class torch_kv {
       return 0;
     });
   }
-  /// The value, or nothing when the key does not exist: check, then get; or what a watch's
-  /// thread read for this key at its last wake-up, if no follow() came since (torch_handoff).
+  /// The value, or nothing when the key does not exist; never waits: check, then a
+  /// compareSet that writes nothing (see the class comment); or what a watch's thread read for
+  /// this key at its last wake-up, if no follow() came since (torch_handoff).
   std::optional<std::string> try_get(const std::string& key) {
     const std::string k = full(key, "torch store try_get");
     if (auto v = handoff_->take(k)) return v;  // a watch's thread just read it
     if (!guarded("check", key, [&] { return store_->check({k}); })) return std::nullopt;
-    return text(guarded("get", key, [&] { return store_->get(k); }));
+    static const std::vector<std::uint8_t> x = to_bytes(std::string_view("\0holdfast\0", 10));
+    auto v = guarded("compareSet", key, [&] { return store_->compareSet(k, x, x); });
+    if (v == x) return std::nullopt;  // erased since the check
+    return text(v);
   }
   /// Waits up to `timeout` for the key; nothing when it did not appear.
   std::optional<std::string> get(const std::string& key, std::chrono::milliseconds timeout) {
@@ -332,13 +382,19 @@ class torch_kv {
     if (!p.empty() && p.back() != '/') p += '/';
     auto state = std::make_shared<torch_watch_state>();
     state->handoff = handoff_;
+    state->bell = std::make_shared<holdfast::detail::waker>();
     c10::intrusive_ptr<c10d::Store> client;
     {
       std::lock_guard<std::mutex> lock(spare_->mutex);
       client = std::move(spare_->client);
     }
     std::thread(follow_keys, state, std::move(client), store_, slice_).detach();
-    return torch_watch(std::move(state), prefix_, std::move(p), poll_);
+    // A slot for a second or third key followed at once: its thread makes its own connection.
+    auto spawn = [source = store_, slice = slice_](std::shared_ptr<torch_watch_state> s) {
+      std::thread(follow_keys, std::move(s), c10::intrusive_ptr<c10d::Store>(), source, slice)
+          .detach();
+    };
+    return torch_watch(std::move(state), std::move(spawn), prefix_, std::move(p), poll_);
   }
 
   /// Every operation, but watch only where the store can be cloned.
@@ -460,7 +516,7 @@ class torch_kv {
         s->rung = generation;
         if (value) s->handoff->offer(key, std::move(*value));
       }
-      if (result != timed_out) s->bell.notify();
+      if (result != timed_out) s->bell->notify();
       if (result == failed)  // the caller polls meanwhile (due())
         s->cv.wait_for(lock, std::chrono::seconds(1), [&] { return s->stop; });
     }
@@ -1653,7 +1709,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("due_in", &ht::py_torch_watch::due_in)
       .def("take", [](ht::py_torch_watch& self) { return self.live().take().resync; })
       .def("follow",
-           [](ht::py_torch_watch& self, const std::string& key) { self.live().follow(key); })
+           [](ht::py_torch_watch& self, const std::string& key) { self.live().follow({key}); })
+      .def("follow", [](ht::py_torch_watch& self, const std::vector<std::string>& keys) {
+        self.live().follow(keys);
+      })
       .def("close", &ht::py_torch_watch::close);
 
   py::class_<ht::py_handler>(m, "Handler")

@@ -73,7 +73,7 @@ case_() {  # NAME COMMAND...: runs one case, its output in $scratch/NAME.log (sh
 # [snippet cases]
 ddp=("$python" examples/pytorch/preemptible_ddp.py)
 
-case_ ddp-default "${ddp[@]}" --dir "$scratch/default"
+case_ ddp-default bash tests/no_tmp_litter.sh "${ddp[@]}"  # its own run dir: nothing left in TMPDIR
 case_ ddp-kill "${ddp[@]}" --dir "$scratch/kill" --kill
 case_ ddp-file "${ddp[@]}" --dir "$scratch/file" --kv="file://$scratch/kv-file"
 if [ -z "$only" ] || [[ ",$only," == *",ddp-etcd,"* ]]; then

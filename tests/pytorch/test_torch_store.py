@@ -314,6 +314,60 @@ def try_get_answers_through_prefix_and_hash_stores_and_wakes_no_watch():
     check(not readable(w.fd(), 0.3), "a try_get woke the watch")
 
 
+@case
+def try_get_of_a_key_erased_after_its_check_does_not_block():
+    """A key erased between try_get's check and its read (a round's keys cleaned up meanwhile):
+    nothing, at once. c10d's get() is a wait for the key, then a read: it blocks until the
+    store's timeout (10 s here), which try_get must not."""
+    server = sup.start_server()
+    inner = sup.connect(server.port, timeout=10)
+
+    class EraseAfterCheck(dist.Store):  # check() answers, then the key named by .erase goes
+        erase = None
+
+        def set(self, k, v):
+            inner.set(k, v)
+
+        def get(self, k):
+            return inner.get(k)
+
+        def check(self, keys):
+            present = inner.check(keys)
+            if present and self.erase in keys:
+                inner.delete_key(self.erase)
+            return present
+
+        def compare_set(self, k, expected, desired):
+            return inner.compare_set(k, expected, desired)
+
+        def delete_key(self, k):
+            return inner.delete_key(k)
+
+        def wait(self, keys, timeout=None):
+            return inner.wait(keys, timeout) if timeout else inner.wait(keys)
+
+        def multi_get(self, keys):
+            return inner.multi_get(keys)
+
+    store = EraseAfterCheck()  # kept: torch's trampoline needs its Python object alive
+    kv = ext._TorchKV(store, "race", 0)
+    kv.put("k/1", "one")
+    check(kv.try_get("k/1") == "one", "a present key reads")
+    store.erase = "holdfast-kv/race/0/k/1"
+    t0 = time.monotonic()
+    try:
+        got = kv.try_get("k/1")
+    except hf.Error as e:  # the old check-then-get: DistStoreError after the store's timeout
+        got = e
+    took = time.monotonic() - t0
+    check(got is None, f"a key erased after the check: {got!r}, not None")
+    check(took < 3.0, f"try_get took {took:.2f} s: it waited for the erased key")
+    check(not inner.check(["holdfast-kv/race/0/k/1"]), "try_get wrote nothing")
+    store.erase = None
+    kv.put("k/1", "again")
+    check(kv.try_get("k/1") == "again", "the key put again reads")
+
+
 # ---- the Handler over the store, in worker processes ------------------------------------------
 
 
