@@ -146,7 +146,7 @@ TEST_CASE("filesystem watch: through an any_kv (make_kv) the same descriptor wak
   REQUIRE(w.take().resync);
   CHECK_FALSE(w.buffered());
   CHECK(w.due() == clock_type::time_point::max());  // a local filesystem: no re-check
-  w.follow({"run/ctl/r0/claim"});                  // filesystem watches need no follow: ignored
+  w.follow({"run/ctl/r0/claim"});                   // filesystem watches need no follow: ignored
   holdfast::any_kv_watch moved = std::move(w);      // the watch object moves
   CHECK_FALSE(readable_within(moved, 50ms));        // idle: quiet
   filesystem_kv other(tmp.path(), kv_namespace("run", "0"));  // another handle, same files

@@ -134,9 +134,9 @@ class torch_handoff {
 struct torch_watch_state {
   std::shared_ptr<torch_handoff> handoff;  // torch_kv's: where the thread leaves what it read
   std::mutex mutex;
-  std::condition_variable cv;                      // follow() and the watch's end wake the thread
-  std::shared_ptr<holdfast::detail::waker> bell;   // the watch's fd(), shared by its slots
-  std::string followed;          // the full c10d key to wait for; empty: none
+  std::condition_variable cv;                     // follow() and the watch's end wake the thread
+  std::shared_ptr<holdfast::detail::waker> bell;  // the watch's fd(), shared by its slots
+  std::string followed;                           // the full c10d key to wait for; empty: none
   std::uint64_t generation = 0;  // counts follow() calls that changed or re-armed it
   std::uint64_t rung = 0;        // the generation whose key was seen (the bell rung)
   std::string waiting_on;        // the key of the wait in progress; empty: none
@@ -1710,9 +1710,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("take", [](ht::py_torch_watch& self) { return self.live().take().resync; })
       .def("follow",
            [](ht::py_torch_watch& self, const std::string& key) { self.live().follow({key}); })
-      .def("follow", [](ht::py_torch_watch& self, const std::vector<std::string>& keys) {
-        self.live().follow(keys);
-      })
+      .def("follow", [](ht::py_torch_watch& self,
+                        const std::vector<std::string>& keys) { self.live().follow(keys); })
       .def("close", &ht::py_torch_watch::close);
 
   py::class_<ht::py_handler>(m, "Handler")

@@ -66,10 +66,10 @@
 //     periodic decision (ctl/save/<k>, with periodic saves) and the hang verdict key (ctl/hang,
 //     with hang detection), so decisions beside the rounds reach it as they reach a watch of the
 //     whole prefix; the outcome key while waiting for it; the awaited ack and the outcome key
-//     while collecting. Each wake-up is a resync, after which the followed keys are read again. A store with a native get_many
-//     (kv_supports(kv, kv_op::get_many)) has the claimant read the acks in batches instead of
-//     through the ack watch: one get_many over every ack not read yet, in slices of
-//     min(time left, max(watch_interval, 1 s)), the outcome key read between slices.
+//     while collecting. Each wake-up is a resync, after which the followed keys are read again. A
+//     store with a native get_many (kv_supports(kv, kv_op::get_many)) has the claimant read the
+//     acks in batches instead of through the ack watch: one get_many over every ack not read yet,
+//     in slices of min(time left, max(watch_interval, 1 s)), the outcome key read between slices.
 //     A store that can list but has neither (in_process_kv) has the claimant list the round's
 //     acks and make a blocking get of an ack the list lacked, in the same slices.
 //     handler_options::watch_interval remains the fallback: the slice of a blocking get for
