@@ -585,7 +585,7 @@ TEST_CASE("a relaunch's set-up before its first step is held to the warm-up floo
     CHECK(h.hang_bound(hang_phase::step) == std::chrono::nanoseconds(200ms));  // no warm-up
     CHECK(h.hang_bound(hang_phase::start) == std::chrono::nanoseconds(ro.hang.warmup_floor));
     std::this_thread::sleep_for(600ms);  // the set-up
-    for (int i = 0; i < 20; ++i) h.run([] { std::this_thread::sleep_for(2ms); });
+    for (int i = 0; i < 5; ++i) h.run([] { std::this_thread::sleep_for(2ms); });
     CHECK(r.size() == 0);
     CHECK(recorded_verdicts(kv, "setup").empty());
     // past the first boundary: a stuck step is found at the learned bound
@@ -607,7 +607,7 @@ TEST_CASE("a relaunch's set-up before its first step is held to the warm-up floo
         config_t(flag_notice(flag_poll{&flag}, 1ms), holdfast::no_exit{}), kv, {0, 1, "setup"},
         relaunched_checkpoints{learned_20ms_steps(), 0ms, nullptr}, o);
     std::this_thread::sleep_for(600ms);
-    for (int i = 0; i < 20; ++i) h.run([] { std::this_thread::sleep_for(2ms); });
+    for (int i = 0; i < 5; ++i) h.run([] { std::this_thread::sleep_for(2ms); });
     h.shutdown();
   });
   auto res = restart.wait(30s);

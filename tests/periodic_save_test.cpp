@@ -494,3 +494,32 @@ TEST_CASE("periodic saves: a save that fails with ENOSPC is every other task's p
   const long long at0 = std::stoll(l0), at1 = std::stoll(l1);
   CHECK(at0 - at1 < std::chrono::nanoseconds(2s).count());  // one watch interval + scheduling
 }
+
+TEST_CASE("periodic saves: over two tiers the copies' time reaches task 0's save interval") {
+  // One task saving periodically into two_tier_checkpoints: the handler hands the policy's
+  // record_copy to the copier (periodic_save_options::copied), so after a copy the policy's
+  // copy cost is that copy's time, with no call of the user's (it was 0: nothing called it).
+  holdfast_test::temp_dir d("periodic-copies");
+  using tiers = holdfast::two_tier_checkpoints<>;
+  using tier_handler = holdfast::preemption_handler<config_t, holdfast::in_process_kv, tiers>;
+  holdfast::two_tier_options to;
+  to.log = [](std::string_view) {};
+  tiers t(d / "local", holdfast::directory_commit::rename, d / "durable",
+          holdfast::directory_commit::rename, to);
+  t.set_writer([](const std::string& dir) { std::ofstream(dir + "/data") << "state"; });
+  holdfast::save_interval_policy policy(every(100ms));
+  policy.start(std::chrono::steady_clock::now());
+  holdfast::in_process_kv kv(holdfast::kv_namespace("copies", "0"));
+  holdfast::handler_options o;
+  o.ack_timeout = 20s;
+  o.watch_interval = 20ms;
+  o.periodic_saves = holdfast::agreed_periodic_saves(policy);
+  o.periodic_saves.lead_time = 50ms;
+  tier_handler h(quiet_config(), kv, {0, 1, "run"}, std::move(t), o);
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while ((!h.checkpointer().durable_step() || policy.copy_cost().count() <= 0.0) &&
+         std::chrono::steady_clock::now() < deadline)
+    h.run([] { std::this_thread::sleep_for(1ms); });
+  REQUIRE(h.checkpointer().durable_step());
+  CHECK(policy.copy_cost().count() > 0.0);
+}

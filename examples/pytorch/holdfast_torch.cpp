@@ -950,7 +950,7 @@ class handler_iface {
   virtual int exit_code() const noexcept = 0;
   virtual const std::string& key_scope() const noexcept = 0;
   virtual const holdfast::cluster_info& cluster() const noexcept = 0;
-  virtual void shutdown() noexcept = 0;
+  virtual void shutdown(bool failed) noexcept = 0;
   virtual holdfast::any_kv& kv() noexcept = 0;
   virtual void pause_hang_detection() noexcept = 0;
   virtual holdfast::hang_bounds learned_hang_bounds() const noexcept = 0;
@@ -980,7 +980,7 @@ class handler_impl final : public handler_iface {
   int exit_code() const noexcept override { return exit_code_; }
   const std::string& key_scope() const noexcept override { return h_.key_scope(); }
   const holdfast::cluster_info& cluster() const noexcept override { return h_.cluster(); }
-  void shutdown() noexcept override { h_.shutdown(); }
+  void shutdown(bool failed) noexcept override { h_.shutdown(failed); }
   holdfast::any_kv& kv() noexcept override { return kv_; }
   void pause_hang_detection() noexcept override { h_.pause_hang_detection(); }
   holdfast::hang_bounds learned_hang_bounds() const noexcept override {
@@ -1225,8 +1225,9 @@ class py_handler {
   ~py_handler() { close(); }
 
   /// Stops the watcher and the notice (without the GIL), then frees the handler. Idempotent;
-  /// total_run_calls, restored_step, exit_code and the rest stay readable.
-  void close() {
+  /// total_run_calls, restored_step, exit_code and the rest stay readable. `failed`: the job
+  /// ends with an exception (no liveness "done": the peers are not told it finished cleanly).
+  void close(bool failed = false) {
     if (!h_) return;
     final_.total = h_->total_run_calls();
     final_.restored = h_->restored_step();
@@ -1236,7 +1237,7 @@ class py_handler {
     final_.num_tasks = h_->cluster().num_tasks;
     final_.scope = h_->key_scope();
     py::gil_scoped_release nogil;
-    h_->shutdown();
+    h_->shutdown(failed);
     h_.reset();
   }
 
@@ -1746,7 +1747,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "What the hang detector learned: {step_s, save_s, restore_s, steps} and the bounds "
            "in force now: {step_bound_s, save_bound_s, restore_bound_s} (None: hang_policy "
            "'none').")
-      .def("close", &ht::py_handler::close);
+      .def("close", &ht::py_handler::close, py::arg("failed") = false);
 
   py::class_<ht::py_cache>(m, "Cache")
       .def(py::init<std::uint64_t, const std::string&, std::uint64_t>(), py::arg("length"),

@@ -102,7 +102,8 @@ class FormatError(Error):
 
 class HangDetected(Error):
     """A task stayed in a step, a save or the restore past its hang bound: `task` (the one that
-    hung), `phase` ("step", "save", "restore", "frozen"), `step` (None: unknown), `elapsed_s`,
+    hung), `phase` ("step", "save", "restore", "frozen", "start"), `step` (None: unknown),
+    `elapsed_s`,
     `bound_s`. Raised by Handler.run on every worker with hang_policy="report" when the verdict
     ends an agreement round; hang_policy="restart" exits the process instead."""
     task = -1
@@ -573,7 +574,7 @@ class Handler(_ext.Handler):
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self.close(failed=exc[0] is not None)  # a failure writes no liveness "done"
         return False
 
 

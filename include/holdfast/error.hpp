@@ -170,7 +170,7 @@ class hang_detected : public error {
         bound_ms_(bound_ms) {}
   /// The task that hung.
   int hung_task() const noexcept { return task_; }
-  /// Where: "step", "save", "restore" or "frozen".
+  /// Where: "step", "save", "restore", "frozen" or "start" (before the first step boundary).
   const std::string& phase() const noexcept { return phase_; }
   /// The step it was at; -1 unknown.
   std::int64_t step() const noexcept { return step_; }

@@ -296,7 +296,8 @@ class two_tier_checkpoints {
   /// Calls `hook(step, took)` on the copier's thread after each durable copy committed, `took`
   /// being how long the copy took; under the copier's lock (quick, and never into this object;
   /// what it throws is logged and ignored). Empty: none. Never called once this object's
-  /// destruction began.
+  /// destruction began. A preemption_handler with periodic saves sets it on task 0 (to the
+  /// policy's record_copy), replacing a hook set before.
   void on_copy(std::function<void(std::int64_t, std::chrono::duration<double>)> hook) {
     std::lock_guard<std::mutex> l(s_->sh->m);
     s_->sh->on_copy = std::move(hook);

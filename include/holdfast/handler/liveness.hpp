@@ -182,9 +182,9 @@ class liveness_monitor {
 
   /// finish() within `deadline` (an exit that must not wait for the store): stops the thread
   /// and, when it has ended by then, writes "done" under a kv_call_deadline of `deadline`. A
-  /// thread still inside a store call then is left to end by itself (finish() or the
-  /// destructor joins it) and nothing is written: the key expires, as a process's that exits
-  /// does. Never throws.
+  /// thread still inside a store call then is left to end by itself and nothing is written
+  /// now (the key expires with the process, as an exiting process's does); a later finish()
+  /// or the destructor joins it and writes "done". Never throws.
   void finish_by(std::chrono::steady_clock::time_point deadline) noexcept {
     if (!thread_.joinable()) return;
     {

@@ -43,6 +43,10 @@ struct periodic_save_options {
   std::function<void(std::chrono::duration<double> cost,
                      std::chrono::steady_clock::time_point finished)>
       saved;
+  /// Task 0: a durable copy of one of its saves committed after `took` (a Checkpointer with
+  /// on_copy(), two_tier_checkpoints, calls it on its copier's thread; the handler hands it
+  /// over at construction): the interval is then never shorter than a copy.
+  std::function<void(std::chrono::duration<double> took)> copied;
   /// How long every task may take to learn a decision (the watch's latency, a loaded machine):
   /// S is at least this far ahead at the mean step time.
   std::chrono::milliseconds lead_time{std::chrono::seconds(1)};

@@ -20,6 +20,8 @@
 //   - saved(cost, finished) is record_save(cost, finished), then history->note_save(wall clock
 //     now, the policy's C) when a history is given: the next incarnation starts from C, and a
 //     killed one's run time ends at its last save.
+//   - copied(took) is record_copy(took): with a two-tier Checkpointer (on_copy), the handler
+//     hands it to the copier, so the interval is never shorter than a durable copy.
 // Caveats:
 //   - The returned options refer to `policy` and `history`: both must outlive the handler.
 //   - Only task 0's hooks are called; the history is written only where it is given.
@@ -51,6 +53,7 @@ periodic_save_options agreed_periodic_saves(
     policy.record_save(cost, finished);
     if (history) history->note_save(std::chrono::system_clock::now(), policy.save_cost());
   };
+  o.copied = [&policy](save_seconds took) { policy.record_copy(took); };
   return o;
 }
 

@@ -119,12 +119,13 @@
 //     waited for before the preemption save (a periodic save in flight never races it) and
 //     again right after it, so a preemption save is durable (commit, fsyncs, rename, pointer
 //     done) when it is measured and before training goes on or the Exit policy runs. Then the Exit
-//     policy runs (the liveness key's "done" first, given at most 750 ms whatever the store
+//     policy runs (the liveness key's "done" first, given at most 500 ms whatever the store
 //     does); when it returns (no_exit) run() returns run_status::stopped, the step is not run,
 //     and the handler is re-armed. A save that throws (the preemption save, the grace path's,
 //     a periodic one: a full disk) is this worker's error, as a step's is: published, so every
 //     other worker raises peer_error from its next run(), and rethrown from run(). A handler
-//     destroyed by that exception's unwinding writes no "done" to its liveness key.
+//     destroyed by that exception's unwinding, or shut down with shutdown(true), writes no
+//     "done" to its liveness key; shutdown() and a plain destruction write it.
 //   - Grace path: the grace ends at min(notice time + grace, the notice's announced deadline);
 //     the final claim is made once now > end - 6 x mean step time (TF's rule) - 2 x (what the
 //     first agreement and save took + one watch interval) - handler_options::grace_margin, so
@@ -140,7 +141,10 @@
 //     (run_status::saved; the blocking part timed, not an async Checkpointer's background) or,
 //     when already past S, skips it and logs (never another step). Task 0 records the longest
 //     cost the tasks reported (saved/<task>) in the policy, and erases the decisions every task
-//     reported: O(1) decision keys for any number of saves.
+//     reported: O(1) decision keys for any number of saves. With a Checkpointer that has
+//     on_copy() (two_tier_checkpoints), task 0's handler sets it at construction to
+//     periodic_save_options::copied (the policy's record_copy), so the interval is never
+//     shorter than a durable copy.
 //   - Preemption save and a durable tier: a Checkpointer with set_durable_deadline()
 //     (two_tier_checkpoints) is told, before the save, min(notice time + grace, the announced
 //     deadline) - grace_margin for a worker with a notice of its own, so its
@@ -299,6 +303,12 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     config_.start();
     notice_started_ = true;
     if (periodic_decider_) periodic_due_ = options_.periodic_saves.next_due(steady::now());
+    if constexpr (detail::detect<detail::ckpt_on_copy, Checkpointer>::value) {
+      if (periodic_decider_ && options_.periodic_saves.copied)  // the copies' cost, too
+        checkpointer_.on_copy(
+            [copied = options_.periodic_saves.copied](
+                std::int64_t, std::chrono::duration<double> took) { copied(took); });
+    }
     start_watcher();
   }
 
@@ -418,9 +428,12 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   }
 
   /// Stops the watcher and the notice policy; the handler then only runs steps. Idempotent.
-  void shutdown() noexcept {
-    if (std::uncaught_exceptions() > uncaught_at_start_)
-      abandon_liveness();  // destroyed by a failure: no clean "done" for the peers
+  /// `failed`: the handler ends with a failure its caller caught (a step's or a save's
+  /// exception, a peer's error): its liveness key gets no "done", as on a destruction by an
+  /// exception's unwinding, which needs no flag.
+  void shutdown(bool failed = false) noexcept {
+    if (failed || std::uncaught_exceptions() > uncaught_at_start_)
+      abandon_liveness();  // a failure: no clean "done" for the peers
     else
       finish_liveness();
     stop_watcher();
@@ -841,7 +854,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   }
 
   // How long an exit after a save waits for the liveness thread and its "done" at most.
-  static constexpr std::chrono::milliseconds exit_liveness_bound{750};
+  static constexpr std::chrono::milliseconds exit_liveness_bound{500};
 
   Checkpointer checkpointer_;
   liveness_slot<Kv> liveness_;  // where the store leases liveness keys

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>  // ckpt_on_copy's hook type
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -61,6 +62,9 @@ using ckpt_hang_bounds_out = decltype(std::declval<T&>().set_hang_bounds(hang_bo
 template <class T>
 using ckpt_hang_bounds_in = std::enable_if_t<std::is_convertible_v<
     decltype(std::declval<const T&>().restored_hang_bounds()), std::optional<hang_bounds>>>;
+template <class T>  // a hook for each durable copy's time (two_tier_checkpoints)
+using ckpt_on_copy = decltype(std::declval<T&>().on_copy(
+    std::function<void(std::int64_t, std::chrono::duration<double>)>{}));
 template <class T>  // the bounds the newest checkpoint records, read before the restore
 using ckpt_hang_bounds_newest =
     std::enable_if_t<std::is_convertible_v<decltype(std::declval<const T&>().newest_hang_bounds()),
