@@ -97,7 +97,9 @@ namespace holdfast_torch {
 //   - Each new connection costs a reverse DNS lookup of the peer's address on both ends (c10d
 //     names its sockets in messages; ::ffff:127.0.0.1 is not in /etc/hosts): where the
 //     resolver drops a query, a connect takes 5 s (one in ten on this machine). So torch_kv
-//     makes its two clones at construction, none while an agreement is under way.
+//     makes its clones at construction (the blocking client, and one per key a watch follows at
+//     once: three), none while an agreement is under way. Measured: a handler whose second
+//     watch thread connected at its first idle wait had a notice reach the claim 4.7 s late.
 //   - The classic (non-libuv) server does not wake waiters on compareSet, only on set, add,
 //     append and multiSet; the libuv server wakes them on all of these, and on every
 //     compareSet of the key, even one that writes nothing (so try_get is never a compareSet).
@@ -285,9 +287,9 @@ class torch_watch {
 ///   then get / one multiGet there; at a get_many's timeout each key is checked alone and the
 ///   present ones read with one multiGet (nullopt names exactly the missing ones).
 /// - watch(prefix): a helper thread per key followed at once, each on a clone of its own (the
-///   first watch's first made at construction, the others by their threads when follow() first
-///   names that many keys: the handler's idle watcher follows up to three, the claim, the next
-///   periodic decision and the hang verdict) blocks in wait({its key}, slice); when the key
+///   first watch's three made at construction, for the up to three keys the handler's idle
+///   watcher follows: the claim, the next periodic decision and the hang verdict; a later
+///   watch's by its threads) blocks in wait({its key}, slice); when the key
 ///   exists it reads the value (one compareSet, safe on a present key) for the caller's next
 ///   try_get of it, then rings the watch's one eventfd; follow(keys) hands each its next key.
 ///   An idle watch costs two requests (WAIT, CANCEL_WAIT) per followed key and slice (default
@@ -312,7 +314,11 @@ class torch_kv {
         slice_(std::max(slice, std::chrono::milliseconds(1))) {
     if (!store_) throw holdfast::error(EINVAL, "torch store", "", "no store");
     blocking_ = try_clone(store_);
-    if (blocking_) spare_->client = try_clone(store_);
+    if (blocking_) {
+      spare_->client = try_clone(store_);
+      for (int i = 0; i < extra_followed_keys; ++i)
+        if (auto c = try_clone(store_)) spare_->slots.push_back(std::move(c));
+    }
   }
 
   /// Insert-once: true when this call created the key.
@@ -389,10 +395,20 @@ class torch_kv {
       client = std::move(spare_->client);
     }
     std::thread(follow_keys, state, std::move(client), store_, slice_).detach();
-    // A slot for a second or third key followed at once: its thread makes its own connection.
-    auto spawn = [source = store_, slice = slice_](std::shared_ptr<torch_watch_state> s) {
-      std::thread(follow_keys, std::move(s), c10::intrusive_ptr<c10d::Store>(), source, slice)
-          .detach();
+    // A slot for a second or third key followed at once: a connection made at construction
+    // (a new one costs the server a reverse DNS lookup, seconds where the resolver drops it,
+    // during which it answers nobody: never while the handler may be agreeing), else its own.
+    auto spawn = [source = store_, slice = slice_,
+                  spare = spare_](std::shared_ptr<torch_watch_state> s) {
+      c10::intrusive_ptr<c10d::Store> client;
+      {
+        std::lock_guard<std::mutex> lock(spare->mutex);
+        if (!spare->slots.empty()) {
+          client = std::move(spare->slots.back());
+          spare->slots.pop_back();
+        }
+      }
+      std::thread(follow_keys, std::move(s), std::move(client), source, slice).detach();
     };
     return torch_watch(std::move(state), std::move(spawn), prefix_, std::move(p), poll_);
   }
@@ -559,9 +575,13 @@ class torch_kv {
 
   c10::intrusive_ptr<c10d::Store> store_;     // the job's own client: the quick operations
   c10::intrusive_ptr<c10d::Store> blocking_;  // a clone: get and get_many wait here (or null)
+  // The handler's idle watcher follows up to three keys (the claim, the next periodic
+  // decision, the hang verdict): a watch's first slot and two more.
+  static constexpr int extra_followed_keys = 2;
   struct spare_clone {
     std::mutex mutex;
-    c10::intrusive_ptr<c10d::Store> client;  // the first watch's connection
+    c10::intrusive_ptr<c10d::Store> client;              // the first watch's connection
+    std::vector<c10::intrusive_ptr<c10d::Store>> slots;  // its second and third keys'
   };
   std::shared_ptr<spare_clone> spare_ = std::make_shared<spare_clone>();  // copies share it
   std::shared_ptr<torch_handoff> handoff_ = std::make_shared<torch_handoff>();
