@@ -334,10 +334,10 @@ TEST_CASE(
   };
   const std::pair<const char*, int> ends[] = {
       {"exit_with", 42}, {"wait_then_exit", 43}, {"exit", 44}, {"remove_temp_files", 45}};
-  for (const auto& [how, code] : ends) {
-    CAPTURE(how);
-    const std::string end = how;
-    const int status = code;
+  for (const auto& e : ends) {  // not a structured binding: C++17 lambdas (CAPTURE) can't use one
+    const std::string end = e.first;
+    const int status = e.second;
+    CAPTURE(end);
     holdfast_test::child worker([&] {
       hf::multiprocess_file_cache cache(hf::create_cache, 8, in(dir));  // alive at the exit
       CHILD_REQUIRE(cache.put(0, "sample"));
