@@ -1053,8 +1053,10 @@ void crash_trials(const std::string& root, int runs, std::uint64_t seed) {
     if (fs::exists(cdir + "/latest") &&
         read_file(cdir + "/latest").find("\ndelete ") != std::string::npos)
       ++mid_delete;
-    for (const auto& e : entries(cdir))
-      if (e.rfind(".staging-", 0) == 0 || e.rfind(".holdfast-tmp.", 0) == 0) ++mid_save;
+    for (const auto& e : entries(cdir))  // commit-marker mode writes a step in place: one whose
+      if (e.rfind(".staging-", 0) == 0 || e.rfind(".holdfast-tmp.", 0) == 0 ||  // files are not
+          (e.rfind("step-", 0) == 0 && !complete(cdir + "/" + e, std::stoll(e.substr(5)))))
+        ++mid_save;  // all there yet was cut short too
 
     holdfast_test::kill_io::arm(0);
     manager m(s, "r", {2});

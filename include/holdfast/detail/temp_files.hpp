@@ -26,6 +26,7 @@
 #include <cstdlib>  // atexit
 #include <mutex>
 #include <string>
+#include <thread>  // this_thread::sleep_for: a bounded wait for the lock
 #include <utility>
 #include <vector>
 
@@ -36,9 +37,20 @@ namespace detail {
 
 // This process's temp files, each with the pid that registered it.
 struct temp_file_list {
-  std::timed_mutex m;
+  std::mutex m;
   std::vector<std::pair<std::string, pid_t>> files;
 };
+
+// Locks `m` within about 100 ms, so an exit never waits on a thread stuck holding it; false:
+// not locked. (try_lock in a loop, not std::timed_mutex: its clocklock is invisible to
+// ThreadSanitizer, which then reports the unlock.)
+inline bool temp_files_lock(std::mutex& m) noexcept {
+  for (int i = 0; i < 100; ++i) {
+    if (m.try_lock()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
 
 // The list once a file was registered (null before): never destroyed, as exit() uses it last.
 inline std::atomic<temp_file_list*>& temp_file_slot() noexcept {
@@ -56,16 +68,15 @@ inline void temp_file_add(std::string path) {
     std::atexit(temp_files_at_exit);  // exit() and a return from main remove what is left
     return l;
   }();
-  std::lock_guard<std::timed_mutex> g(list->m);
+  std::lock_guard<std::mutex> g(list->m);
   list->files.emplace_back(std::move(path), ::getpid());
 }
 
 // Forgets `path` (its owner removed it).
 inline void temp_file_forget(const std::string& path) noexcept {
   temp_file_list* list = temp_file_slot().load(std::memory_order_acquire);
-  if (!list) return;
-  std::unique_lock<std::timed_mutex> g(list->m, std::chrono::milliseconds(100));
-  if (!g.owns_lock()) return;
+  if (!list || !temp_files_lock(list->m)) return;
+  std::lock_guard<std::mutex> g(list->m, std::adopt_lock);
   const pid_t me = ::getpid();
   list->files.erase(
       std::remove_if(list->files.begin(), list->files.end(),
@@ -80,9 +91,8 @@ inline void temp_file_forget(const std::string& path) noexcept {
 /// that ends the process without destructors.
 inline void remove_temp_files() noexcept {
   detail::temp_file_list* list = detail::temp_file_slot().load(std::memory_order_acquire);
-  if (!list) return;
-  std::unique_lock<std::timed_mutex> g(list->m, std::chrono::milliseconds(100));
-  if (!g.owns_lock()) return;
+  if (!list || !detail::temp_files_lock(list->m)) return;
+  std::lock_guard<std::mutex> g(list->m, std::adopt_lock);
   const pid_t me = ::getpid();
   for (const auto& f : list->files)
     if (f.second == me) ::unlink(f.first.c_str());
