@@ -5,7 +5,9 @@
 // the target sees the old version or the new one, whole.
 //
 // Protocol of publish(target, bytes, mode), every call through the Io policy:
-//   0. lstat the target: a directory there is refused (EISDIR), before any temp is written;
+//   0. (durable) lstat the target: a directory there is refused (EISDIR), before any temp is
+//      written (an exchange would move it aside); without the exchange, the rename of step 7
+//      refuses it itself (EISDIR) and the temp is unlinked, so no syscall is added for it;
 //   1. open "<dir>/.holdfast-tmp.<pid>.<16 hex>.<name>" O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|
 //      O_CLOEXEC, mode 0600 (a new suffix on EEXIST);
 //   2. write everything (short writes and EINTR finished);
@@ -197,8 +199,10 @@ class basic_publisher {
       throw error(EINVAL, "publish", target, "the target must name a file");
   }
 
-  // publish replaces files: an existing directory at the target is refused before any temp is
-  // written (a rename over it would fail, and an exchange would move the directory aside).
+  // publish replaces files: under an exchange (durable) an existing directory at the target is
+  // refused before any temp is written, since the exchange would move the directory aside; a
+  // plain rename refuses it atomically (EISDIR), so the other policies pay no lstat for it (one
+  // syscall in six of a 4 KiB publish without syncs).
   static void refuse_directory(const std::string& target) {
     struct stat st {};
     if (Io::lstat(target.c_str(), &st) == 0) {
@@ -221,7 +225,9 @@ class basic_publisher {
   bool run(const std::string& target, Writer& writer, mode_t mode, bool once) const {
     auto [dir, name] = detail::split_path(target);
     check_name(target, name);
-    if (!once) refuse_directory(target);
+    if constexpr (Durability::sync_parent) {
+      if (!once) refuse_directory(target);
+    }
     fd_type fd = detail::create_temp<Io>(temp_dir_.empty() ? dir : temp_dir_, name);
     detail::unlink_guard<Io> temp(fd.path());
     writer(static_cast<const fd_type&>(fd));
@@ -235,7 +241,7 @@ class basic_publisher {
     if (once) return link_once(target, temp, dirfd);
     if constexpr (!Durability::sync_parent) {
       if (Io::rename(temp.path().c_str(), target.c_str()) != 0) {
-        if (errno == EISDIR) throw_is_directory(target);  // made since refuse_directory
+        if (errno == EISDIR) throw_is_directory(target);  // the kernel's refusal
         throw error(errno, "rename", target);
       }
       temp.release();
