@@ -369,24 +369,21 @@ TEST_CASE(
                   std::ios::trunc)
         << "{\"format\": \"holdfast-checkpoint-met";  // torn
   };
+  // A launch of both tasks over a store of its own: each starts and restores `step`.
+  auto every_task_restores = [&](std::uint64_t launch_no, std::int64_t step) {
+    holdfast::in_process_kv kv({"job", launch_no});
+    auto r = launch(
+        dir, 2, [&](int) { return kv; }, nothing);
+    for (int t = 0; t < 2; ++t) {
+      INFO("launch " << launch_no << ", task " << t << ": "
+                     << r.errors[static_cast<std::size_t>(t)]);
+      CHECK(r.errors[static_cast<std::size_t>(t)].empty());
+      CHECK(r.restored[static_cast<std::size_t>(t)] == step);
+      CHECK(r.acc[static_cast<std::size_t>(t)] == step);
+    }
+  };
   damage(1, 20);  // an older one
-  holdfast::in_process_kv kv({"job", 0});
-  auto r = launch(
-      dir, 2, [&](int) { return kv; }, nothing);
-  for (int t = 0; t < 2; ++t) {
-    INFO("task " << t << ": " << r.errors[static_cast<std::size_t>(t)]);
-    CHECK(r.errors[static_cast<std::size_t>(t)].empty());
-    CHECK(r.restored[static_cast<std::size_t>(t)] == 30);
-    CHECK(r.acc[static_cast<std::size_t>(t)] == 30);
-  }
+  every_task_restores(0, 30);
   damage(0, 30);  // and task 0's newest: 10 is the newest both hold that counts
-  holdfast::in_process_kv kv1({"job", 1});
-  r = launch(
-      dir, 2, [&](int) { return kv1; }, nothing);
-  for (int t = 0; t < 2; ++t) {
-    INFO("task " << t << ": " << r.errors[static_cast<std::size_t>(t)]);
-    CHECK(r.errors[static_cast<std::size_t>(t)].empty());
-    CHECK(r.restored[static_cast<std::size_t>(t)] == 10);
-    CHECK(r.acc[static_cast<std::size_t>(t)] == 10);
-  }
+  every_task_restores(1, 10);
 }

@@ -59,6 +59,18 @@ struct slow_saves {
 using handler_t = holdfast::preemption_handler<config_t, holdfast::etcd_kv, slow_saves, steady,
                                                holdfast::hang_restart>;
 
+// A client of the etcd at `url` for `run`; `leased`: a worker's, its liveness keys under a lease
+// of `ttl`, else an observer's.
+holdfast::etcd_kv etcd_client(const std::string& url, const std::string& run, bool leased) {
+  holdfast::etcd_options eo;
+  eo.endpoints = {url};
+  if (leased) {
+    eo.lease_ttl = ttl;
+    eo.leased_prefix = holdfast::liveness_leased_prefix(run);
+  }
+  return holdfast::etcd_kv(eo, {run, "0"});
+}
+
 enum class where { step, save };
 
 // One repetition: 3 workers; `victim` is stopped in a step or in a save. Returns how long after
@@ -72,11 +84,7 @@ steady::duration frozen_run(const std::string& run, int victim, where at) {
   for (int t = 0; t < n; ++t)
     workers.push_back(std::make_unique<holdfast_test::child>([&, t] {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      holdfast::etcd_options eo;
-      eo.endpoints = {url};
-      eo.lease_ttl = ttl;
-      eo.leased_prefix = holdfast::liveness_leased_prefix(run);
-      holdfast::etcd_kv kv(eo, {run, "0"});
+      holdfast::etcd_kv kv = etcd_client(url, run, true);
       std::atomic<std::int64_t> notice_ns{0};
       holdfast::handler_options o;
       o.ack_timeout = 10s;
@@ -115,9 +123,7 @@ steady::duration frozen_run(const std::string& run, int victim, where at) {
   v.kill(SIGCONT);
   (void)v.wait(10s);
   // exactly one verdict, naming the victim as frozen
-  holdfast::etcd_options eo;
-  eo.endpoints = {url};
-  holdfast::etcd_kv kv(eo, {run, "0"});
+  holdfast::etcd_kv kv = etcd_client(url, run, false);
   int verdicts = 0;
   for (auto& e : kv.list("holdfast/" + run + "/ctl")) {
     auto val = holdfast::parse_agreement_value(e.second);
@@ -200,11 +206,7 @@ TEST_CASE("a frozen worker that resumes learns the verdict naming it and gets it
   for (int t = 0; t < n; ++t)
     workers.push_back(std::make_unique<holdfast_test::child>([&, t] {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      holdfast::etcd_options eo;
-      eo.endpoints = {url};
-      eo.lease_ttl = ttl;
-      eo.leased_prefix = holdfast::liveness_leased_prefix(run);
-      holdfast::etcd_kv kv(eo, {run, "0"});
+      holdfast::etcd_kv kv = etcd_client(url, run, true);
       std::atomic<std::int64_t> notice_ns{0};
       holdfast::handler_options o;
       o.ack_timeout = 10s;
@@ -247,9 +249,7 @@ TEST_CASE("a frozen worker that resumes learns the verdict naming it and gets it
       stderr, "hang-timing frozen-resume learned %lld ms after SIGCONT\n",
       static_cast<long long>(
           std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - resumed).count()));
-  holdfast::etcd_options eo;
-  eo.endpoints = {url};
-  holdfast::etcd_kv observer(eo, {run, "0"});
+  holdfast::etcd_kv observer = etcd_client(url, run, false);
   const std::string key = holdfast::liveness_key("holdfast/" + run + "/", victim);
   std::optional<std::string> back;
   for (const auto until = steady::now() + 5s; steady::now() < until;) {

@@ -47,6 +47,25 @@ constexpr auto ttl = 2s;
 // The acceptance bound: 2 x TTL + 1 s from the signal to the verdict.
 constexpr long long bound_ms = 2 * 2000 + 1000;
 
+// An etcd at `url` (the shared server by default): plain options (an observer), or with the
+// run's liveness keys under a lease of `ttl`.
+holdfast::etcd_options shared_options(const std::string& url = holdfast_test::shared_etcd().url()) {
+  holdfast::etcd_options o;
+  o.endpoints = {url};
+  return o;
+}
+holdfast::etcd_options leased_options(const std::string& run,
+                                      const std::string& url = holdfast_test::shared_etcd().url()) {
+  holdfast::etcd_options o = shared_options(url);
+  o.lease_ttl = ttl;
+  o.leased_prefix = holdfast::liveness_leased_prefix(run);
+  return o;
+}
+// Lets the shared etcd answer again at scope exit, whatever the test did to it.
+struct thaw_at_exit {
+  ~thaw_at_exit() { holdfast_test::shared_etcd().thaw(); }
+};
+
 // One line a worker reports: "seen <task>" (its successor's key was seen alive) or
 // "frozen <task> <named> <silent ms>" (its on_frozen fired).
 struct report {
@@ -92,11 +111,7 @@ class ring {
     kids_[idx(task)] = std::make_unique<holdfast_test::child>([=] {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       ::close(p[1]);
-      holdfast::etcd_options o;
-      o.endpoints = {url};
-      o.lease_ttl = ttl;
-      o.leased_prefix = holdfast::liveness_leased_prefix(run);
-      holdfast::etcd_kv kv(o, {run, "0"});
+      holdfast::etcd_kv kv(leased_options(run, url), {run, "0"});
       auto say = [report_fd](const std::string& line) {
         const std::string l = line + "\n";
         (void)!::write(report_fd, l.data(), l.size());  // one write: lines never interleave
@@ -227,9 +242,7 @@ TEST_CASE("liveness: a clean finish is no verdict, a SIGKILL is one") {
   for (int t = 0; t < 4; ++t) r.start(t);
   r.await_seen({0, 1, 2, 3});
   // Every change of task 1's key, from now on (the first take: a snapshot, "alive ...").
-  holdfast::etcd_options o;
-  o.endpoints = {holdfast_test::shared_etcd().url()};
-  holdfast::etcd_kv observer(o, {r.run(), "0"});
+  holdfast::etcd_kv observer(shared_options(), {r.run(), "0"});
   const std::string key1 = holdfast::liveness_key("holdfast/" + r.run() + "/", 1);
   auto w = observer.watch("holdfast/" + r.run() + "/live/1");
   const auto t0 = clk::now();
@@ -306,8 +319,7 @@ TEST_CASE("liveness: available only where the store leases the liveness keys") {
   }
   CHECK(mem.list("").empty());  // not even "done"
 
-  holdfast::etcd_options o;
-  o.endpoints = {holdfast_test::shared_etcd().url()};
+  holdfast::etcd_options o = shared_options();
   holdfast::etcd_kv plain(o, {"avail", "0"});
   CHECK_FALSE(liveness_monitor<holdfast::etcd_kv>::available(plain, scope, 0));
   o.lease_ttl = 5s;
@@ -372,13 +384,9 @@ bool wait_until(Done done, std::chrono::milliseconds timeout) {
 TEST_CASE("liveness: a lease etcd lost is granted again, the key put back, and nobody named") {
   const std::string run = "regrant-" + std::to_string(clk::now().time_since_epoch().count());
   const std::string scope = "holdfast/" + run + "/";
-  holdfast::etcd_options o;
-  o.endpoints = {holdfast_test::shared_etcd().url()};
-  holdfast::etcd_kv observer(o, {run, "0"});
-  o.lease_ttl = ttl;
-  o.leased_prefix = holdfast::liveness_leased_prefix(run);
-  std::vector<holdfast::etcd_kv> kvs{holdfast::etcd_kv(o, {run, "0"}),
-                                     holdfast::etcd_kv(o, {run, "0"})};
+  holdfast::etcd_kv observer(shared_options(), {run, "0"});
+  std::vector<holdfast::etcd_kv> kvs{holdfast::etcd_kv(leased_options(run), {run, "0"}),
+                                     holdfast::etcd_kv(leased_options(run), {run, "0"})};
   std::mutex mu;
   std::condition_variable named;
   int verdicts = 0;
@@ -433,12 +441,8 @@ TEST_CASE("liveness: a lease etcd lost is granted again, the key put back, and n
 TEST_CASE("liveness: lease_alive() is false while the lease may be gone, true once granted again") {
   const std::string run = "cutoff-" + std::to_string(clk::now().time_since_epoch().count());
   const std::string scope = "holdfast/" + run + "/";
-  holdfast::etcd_options o;
-  o.endpoints = {holdfast_test::shared_etcd().url()};
-  holdfast::etcd_kv observer(o, {run, "0"});
-  o.lease_ttl = ttl;
-  o.leased_prefix = holdfast::liveness_leased_prefix(run);
-  holdfast::etcd_kv kv(o, {run, "0"});
+  holdfast::etcd_kv observer(shared_options(), {run, "0"});
+  holdfast::etcd_kv kv(leased_options(run), {run, "0"});
   holdfast::liveness_monitor<holdfast::etcd_kv> mon(kv, scope, 0, 1, nullptr);  // no successor
   const std::string key = holdfast::liveness_key(scope, 0);
   REQUIRE(wait_until([&] { return observer.try_get(key).has_value(); }, 10s));
@@ -447,9 +451,7 @@ TEST_CASE("liveness: lease_alive() is false while the lease may be gone, true on
   bool was_false = false;
   {
     holdfast_test::shared_etcd().freeze();
-    struct thaw_at_exit {
-      ~thaw_at_exit() { holdfast_test::shared_etcd().thaw(); }
-    } thaw;
+    thaw_at_exit thaw;
     const auto t0 = clk::now();
     was_false = wait_until([&] { return !kv.lease_alive(); }, ttl + 1500ms);
     MESSAGE("cut off -> lease_alive() false after " << holdfast_test::ms_since(t0) << " ms");
@@ -467,21 +469,15 @@ TEST_CASE("liveness: lease_alive() is false while the lease may be gone, true on
 TEST_CASE("liveness: finish_by ends by its deadline whatever etcd does") {
   const std::string run = "finish-by-" + std::to_string(clk::now().time_since_epoch().count());
   const std::string scope = "holdfast/" + run + "/";
-  holdfast::etcd_options o;
-  o.endpoints = {holdfast_test::shared_etcd().url()};
-  holdfast::etcd_kv observer(o, {run, "0"});
-  o.lease_ttl = ttl;
-  o.leased_prefix = holdfast::liveness_leased_prefix(run);
-  holdfast::etcd_kv kv(o, {run, "0"});
+  holdfast::etcd_kv observer(shared_options(), {run, "0"});
+  holdfast::etcd_kv kv(leased_options(run), {run, "0"});
   const std::string key = holdfast::liveness_key(scope, 0);
   {
     // task 0 of 2: its thread watches a successor that never starts (a watch held on etcd)
     holdfast::liveness_monitor<holdfast::etcd_kv> mon(kv, scope, 0, 2, nullptr);
     REQUIRE(wait_until([&] { return observer.try_get(key).has_value(); }, 10s));
     holdfast_test::shared_etcd().freeze();
-    struct thaw_at_exit {
-      ~thaw_at_exit() { holdfast_test::shared_etcd().thaw(); }
-    } thaw;
+    thaw_at_exit thaw;
     const auto t0 = clk::now();
     mon.finish_by(t0 + 750ms);
     const long long took = holdfast_test::ms_since(t0);
@@ -519,14 +515,6 @@ using exit_config = holdfast::termination_config<holdfast_test::flag_notice, not
 using leased_handler =
     holdfast::preemption_handler<exit_config, holdfast::etcd_kv, etcd_freezing_checkpoints>;
 
-holdfast::etcd_options leased_options(const std::string& run) {
-  holdfast::etcd_options o;
-  o.endpoints = {holdfast_test::shared_etcd().url()};
-  o.lease_ttl = ttl;
-  o.leased_prefix = holdfast::liveness_leased_prefix(run);
-  return o;
-}
-
 }  // namespace
 
 // The exit after a preemption save: etcd stops answering right after the save (the notice's
@@ -534,9 +522,7 @@ holdfast::etcd_options leased_options(const std::string& run) {
 // key's "done" is given 500 ms, not the store's timeouts).
 TEST_CASE("liveness: the handler's exit after a save is at most 1 s late, whatever etcd does") {
   const std::string run = "exit-" + std::to_string(clk::now().time_since_epoch().count());
-  struct thaw_at_exit {
-    ~thaw_at_exit() { holdfast_test::shared_etcd().thaw(); }
-  } thaw;
+  thaw_at_exit thaw;
   holdfast::etcd_kv kv(leased_options(run), {run, "0"});
   std::atomic<bool> flag{false};
   noting_exit ex;

@@ -98,22 +98,17 @@ std::size_t keys_under(const holdfast::in_process_kv& kv, const std::string& pre
   return kv.list(prefix).size();
 }
 
-}  // namespace
-
-TEST_CASE("periodic saves: every task saves at the same steps, several times, with O(1) keys") {
-  // Three tasks at one step time; task 0's policy says a save every 150 ms. Every task's saves
-  // are the same list of steps (the invariant), there are several, and the decisions' keys do
-  // not pile up: at most the last two remain, whatever the number of saves.
-  constexpr int n = 3;
-  constexpr std::int64_t last = 1000;
+// `n` tasks of Handler over `kv` in lock step, each running `last` steps of 1 ms, task 0's
+// `policy` deciding a save every interval (lead time 100 ms); each task's saves go to st[task],
+// skipped decisions to `log`. Returns each task's error ("" when it ran to the end).
+template <class Handler, class Kv>
+std::vector<std::string> run_in_lockstep(Kv& kv, int n, std::int64_t last,
+                                         holdfast::save_interval_policy& policy,
+                                         std::vector<holdfast_test::worker_state>& st,
+                                         log_sink& log) {
   lockstep together(n);
-  holdfast::in_process_kv kv(holdfast::kv_namespace("periodic", "0"));
-  holdfast::save_interval_policy policy(every(100ms));
-  policy.start(std::chrono::steady_clock::now());
-  std::vector<holdfast_test::worker_state> st(n);
-  log_sink log;
   std::vector<std::thread> threads;
-  std::vector<std::string> errors(n);
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
   for (int t = 0; t < n; ++t)
     threads.emplace_back([&, t] {
       try {
@@ -123,8 +118,8 @@ TEST_CASE("periodic saves: every task saves at the same steps, several times, wi
         o.periodic_saves = holdfast::agreed_periodic_saves(policy);
         o.periodic_saves.lead_time = 100ms;
         o.periodic_saves.log = log.fn();
-        memory_handler h(quiet_config(), kv, {t, n, "run"},
-                         holdfast_test::memory_checkpoints{&st[static_cast<std::size_t>(t)]}, o);
+        Handler h(quiet_config(), kv, {t, n, "run"},
+                  holdfast_test::memory_checkpoints{&st[static_cast<std::size_t>(t)]}, o);
         while (h.total_run_calls() < last) {
           h.run([] { std::this_thread::sleep_for(1ms); });
           together.step(t, h.total_run_calls());
@@ -135,6 +130,23 @@ TEST_CASE("periodic saves: every task saves at the same steps, several times, wi
       together.leave(t);
     });
   for (auto& th : threads) th.join();
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("periodic saves: every task saves at the same steps, several times, with O(1) keys") {
+  // Three tasks at one step time; task 0's policy says a save every 150 ms. Every task's saves
+  // are the same list of steps (the invariant), there are several, and the decisions' keys do
+  // not pile up: at most the last two remain, whatever the number of saves.
+  constexpr int n = 3;
+  constexpr std::int64_t last = 1000;
+  holdfast::in_process_kv kv(holdfast::kv_namespace("periodic", "0"));
+  holdfast::save_interval_policy policy(every(100ms));
+  policy.start(std::chrono::steady_clock::now());
+  std::vector<holdfast_test::worker_state> st(n);
+  log_sink log;
+  const auto errors = run_in_lockstep<memory_handler>(kv, n, last, policy, st, log);
   for (int t = 0; t < n; ++t) CHECK(errors[static_cast<std::size_t>(t)] == "");
   INFO("task 0 saved at " << holdfast::format_step_list(st[0].saved_steps)
                           << "; log: " << log.get());
@@ -385,7 +397,6 @@ TEST_CASE(
   // lock step, a save every 100 ms, the same list of saved steps on both.
   constexpr int n = 2;
   constexpr std::int64_t last = 600;
-  lockstep together(n);
   holdfast_test::key_wait_kv kv{holdfast::in_process_kv(holdfast::kv_namespace("follow", "0"))};
   using follow_handler = holdfast::preemption_handler<config_t, holdfast_test::key_wait_kv,
                                                       holdfast_test::memory_checkpoints>;
@@ -393,29 +404,7 @@ TEST_CASE(
   policy.start(std::chrono::steady_clock::now());
   std::vector<holdfast_test::worker_state> st(n);
   log_sink log;
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(n);
-  for (int t = 0; t < n; ++t)
-    threads.emplace_back([&, t] {
-      try {
-        holdfast::handler_options o;
-        o.ack_timeout = 20s;
-        o.watch_interval = 20ms;
-        o.periodic_saves = holdfast::agreed_periodic_saves(policy);
-        o.periodic_saves.lead_time = 100ms;
-        o.periodic_saves.log = log.fn();
-        follow_handler h(quiet_config(), kv, {t, n, "run"},
-                         holdfast_test::memory_checkpoints{&st[static_cast<std::size_t>(t)]}, o);
-        while (h.total_run_calls() < last) {
-          h.run([] { std::this_thread::sleep_for(1ms); });
-          together.step(t, h.total_run_calls());
-        }
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(t)] = e.what();
-      }
-      together.leave(t);
-    });
-  for (auto& th : threads) th.join();
+  const auto errors = run_in_lockstep<follow_handler>(kv, n, last, policy, st, log);
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
   INFO("task 0 saved at " << holdfast::format_step_list(st[0].saved_steps) << ", task 1 at "
