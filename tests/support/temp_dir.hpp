@@ -2,8 +2,9 @@
 #pragma once
 
 #include <stdlib.h>  // mkdtemp
-#include <unistd.h>  // access, getpid
+#include <unistd.h>  // access, getpid, usleep
 
+#include <cstdio>  // fprintf: what the removal left
 #include <cstdlib>
 #include <filesystem>
 #include <initializer_list>
@@ -19,12 +20,22 @@ class temp_dir {
   explicit temp_dir(const std::string& tag = "t") : temp_dir(tag, {tmp_base()}) {}
   temp_dir(const temp_dir&) = delete;
   temp_dir& operator=(const temp_dir&) = delete;
+  /// Removes the directory; a writer still at work inside (a thread the test did not join)
+  /// can make one pass fail, so it tries a few times over ~0.5 s, then names what it left on
+  /// stderr (tests/run fails a run that leaves anything in its TMPDIR).
   ~temp_dir() {
     if (::getpid() != owner_) return;  // a forked child never removes the parent's directory
     std::error_code ec;
-    std::filesystem::permissions(path_, std::filesystem::perms::owner_all,
-                                 std::filesystem::perm_options::add, ec);
-    std::filesystem::remove_all(path_, ec);
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      if (attempt > 0) ::usleep(50 * 1000);
+      ec.clear();
+      std::filesystem::permissions(path_, std::filesystem::perms::owner_all,
+                                   std::filesystem::perm_options::add, ec);
+      std::filesystem::remove_all(path_, ec);
+      if (!ec && !std::filesystem::exists(path_, ec)) return;
+    }
+    std::fprintf(stderr, "temp_dir: could not remove %s: %s\n", path_.c_str(),
+                 ec ? ec.message().c_str() : "still there");
   }
   const std::string& path() const { return path_; }
   /// path() + "/" + name
