@@ -16,7 +16,9 @@
 // The protocol itself is step_agreement (agreement.hpp); the handler only drives it. This file
 // holds the training side (run(), save_checkpoint_if_preempted(), consult, save, exit); its
 // parts: watcher.hpp (the background thread and the state it shares), watch_cache.hpp,
-// store_retry.hpp, restore_agreement.hpp (construction), traits.hpp, options.hpp.
+// store_retry.hpp, restore_agreement.hpp (construction), periodic_schedule.hpp (task 0's
+// periodic decisions, every task's reports), checkpointer_calls.hpp (the Checkpointer's optional
+// members, called), raise.hpp (what a failed agreement throws), traits.hpp, options.hpp.
 //
 // The default Checkpointer: this header declares preemption_handler without one, so including it
 // (or any handler/ part) with a Checkpointer of your own does not compile checkpoint.hpp (the
@@ -114,18 +116,19 @@
 //     already; an unreachable store is this worker's alone). The step is not counted.
 //     agreement_under_way() says a round's outcome is still to come (within its deadline plus
 //     one ack_timeout): such a step can hold its own timeout until then.
-//   - Saving: the Config's save override when it has one (then the Checkpointer never saves),
-//     else Checkpointer::save(step); a Checkpointer with wait_until_finished() (async saves) is
-//     waited for before the preemption save (a periodic save in flight never races it) and
-//     again right after it, so a preemption save is durable (commit, fsyncs, rename, pointer
-//     done) when it is measured and before training goes on or the Exit policy runs. Then the Exit
-//     policy runs (the liveness key's "done" first, given at most 500 ms whatever the store
-//     does); when it returns (no_exit) run() returns run_status::stopped, the step is not run,
-//     and the handler is re-armed. A save that throws (the preemption save, the grace path's,
-//     a periodic one: a full disk) is this worker's error, as a step's is: published, so every
-//     other worker raises peer_error from its next run(), and rethrown from run(). A handler
-//     destroyed by that exception's unwinding, or shut down with shutdown(true), writes no
-//     "done" to its liveness key; shutdown() and a plain destruction write it.
+//   - Saving (checkpointer_calls.hpp: the Config's save override, else Checkpointer::save): a
+//     Checkpointer with wait_until_finished() (async saves) is waited for before the preemption
+//     save (a periodic save in flight never races it) and again right after it (one told the
+//     grace's end, set_durable_deadline: two_tier_checkpoints, only after it), so a preemption
+//     save is durable (commit, fsyncs, rename, pointer done) when it is measured and before
+//     training goes on or the Exit policy runs. Then the Exit policy runs (the liveness key's
+//     "done" first, given at most 500 ms whatever the store does); when it returns (no_exit) run()
+//     returns run_status::stopped, the step is not run, and the handler is re-armed. A save that
+//     throws (the preemption save, the grace path's, a periodic one: a full disk) is this worker's
+//     error, as a step's is: published, so every other worker raises peer_error from its next
+//     run(), and rethrown from run(). A handler destroyed by that exception's unwinding, or shut
+//     down with shutdown(true), writes no "done" to its liveness key; shutdown() and a plain
+//     destruction write it.
 //   - Grace path: the grace ends at min(notice time + grace, the notice's announced deadline);
 //     the final claim is made once now > end - 6 x mean step time (TF's rule) - 2 x (what the
 //     first agreement and save took + one watch interval) - handler_options::grace_margin, so
@@ -133,23 +136,13 @@
 //     its durable end (an async Checkpointer's commit included), so the reserve holds the
 //     final save's commit too.
 //   - Periodic saves (handler_options::periodic_saves, off by default; handler/periodic.hpp
-//     binds a save_interval_policy): every task saves at the same steps. Task 0 compares the
-//     time with the policy's next due time at each boundary (its only steady-state cost, no
-//     store traffic); when due it publishes "save at S" (ctl/save/<k>), S = its counter + a lead
-//     of max(min_lead_steps, lead_time / mean step time) steps. Every watcher learns S through
-//     the control watch and raises attention; each training thread saves at exactly S in run()
-//     (run_status::saved; the blocking part timed, not an async Checkpointer's background) or,
-//     when already past S, skips it and logs (never another step). Task 0 records the longest
-//     cost the tasks reported (saved/<task>) in the policy, and erases the decisions every task
-//     reported: O(1) decision keys for any number of saves. With a Checkpointer that has
-//     on_copy() (two_tier_checkpoints), task 0's handler sets it at construction to
-//     periodic_save_options::copied (the policy's record_copy), so the interval is never
-//     shorter than a durable copy.
-//   - Preemption save and a durable tier: a Checkpointer with set_durable_deadline()
-//     (two_tier_checkpoints) is told, before the save, min(notice time + grace, the announced
-//     deadline) - grace_margin for a worker with a notice of its own, so its
-//     wait_until_finished() waits for the durable copy at most until then (its unfinished()
-//     names what did not finish); it is not waited for before that save.
+//     binds a save_interval_policy): every task saves at the same steps, each S decided by task
+//     0 (periodic_schedule.hpp) and published in ctl/save/<k> (watcher.hpp); each training thread
+//     saves at exactly S in run() (run_status::saved; the blocking part timed, not an async
+//     Checkpointer's background) or, when already past S, skips it and logs (never another
+//     step). With a Checkpointer that has on_copy() (two_tier_checkpoints), task 0's handler sets
+//     it at construction to periodic_save_options::copied (the policy's record_copy), so the
+//     interval is never shorter than a durable copy.
 //   - Hang detection (the Hang policy, handler/hang.hpp; hang_report by default, hang_restart,
 //     hang_none): the training thread publishes which phase it is in (a step: from one run()
 //     boundary to the next; a save; the restore at construction) and since when, in one relaxed
@@ -214,10 +207,13 @@
 #include "../termination/exit.hpp"    // exit_context, exit_returns: the Exit policy
 #include "../termination/notice.hpp"  // can_set_waker_v: notices that wake the watcher
 #include "../version.hpp"
+#include "checkpointer_calls.hpp"  // detail::checkpointer_save, checkpointer_finish, ...
 #include "exception_info.hpp"
 #include "hang.hpp"
 #include "liveness.hpp"
 #include "options.hpp"
+#include "periodic_schedule.hpp"  // detail::periodic_schedule, put_periodic_report
+#include "raise.hpp"              // detail::raise_agreement_failure: what a failure throws
 #include "restore_agreement.hpp"
 #include "traits.hpp"
 #include "watcher.hpp"
@@ -279,9 +275,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
         checkpointer_(std::move(checkpointer)) {
     const auto t0 = std::chrono::steady_clock::now();
     if constexpr (detects_hangs) {  // the restore is held to the bound its predecessor learned
-      if constexpr (detail::detect<detail::ckpt_hang_bounds_newest, Checkpointer>::value) {
-        if (auto b = checkpointer_.newest_hang_bounds()) learner_.seed(*b);
-      }
+      if (auto b = detail::checkpointer_newest_hang_bounds(checkpointer_)) learner_.seed(*b);
     }
     guard_restore([&] {
       restored_ = detail::restore_at_start(
@@ -289,10 +283,9 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
           detail::restore_party<Clock>{cluster_, scope_, options_, machine_, store_});
     });
     if constexpr (detects_hangs) {
-      std::optional<hang_bounds> restored;  // the agreed checkpoint's (none: a fresh start)
-      if constexpr (detail::detect<detail::ckpt_hang_bounds_in, Checkpointer>::value)
-        restored = checkpointer_.restored_hang_bounds();
-      learner_.seed(restored.value_or(hang_bounds{}));
+      // the agreed checkpoint's (none: a fresh start)
+      learner_.seed(
+          detail::checkpointer_restored_hang_bounds(checkpointer_).value_or(hang_bounds{}));
       learner_.add_restore(std::chrono::steady_clock::now() - t0);
       // The set-up before the first step boundary is the start's: held to the warm-up floor.
       enter_phase(hang_phase::start, std::chrono::steady_clock::now());
@@ -302,13 +295,9 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(&waker_);
     config_.start();
     notice_started_ = true;
-    if (periodic_decider_) periodic_due_ = options_.periodic_saves.next_due(steady::now());
-    if constexpr (detail::detect<detail::ckpt_on_copy, Checkpointer>::value) {
-      if (periodic_decider_ && options_.periodic_saves.copied)  // the copies' cost, too
-        checkpointer_.on_copy(
-            [copied = options_.periodic_saves.copied](
-                std::int64_t, std::chrono::duration<double> took) { copied(took); });
-    }
+    periodic_.start();
+    if (periodic_.decides() && options_.periodic_saves.copied)  // the copies' cost, too
+      detail::checkpointer_on_copy(checkpointer_, options_.periodic_saves.copied);
     start_watcher();
   }
 
@@ -326,7 +315,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     if constexpr (detects_hangs) {  // after a pause or a no_exit save: watched from here
       if (!watching_) enter_step_phase(std::chrono::steady_clock::now());
     }
-    if (periodic_decider_ && steady::now() >= periodic_due_) decide_periodic();
+    if (periodic_.due()) decide_periodic();
     if (counter_and_attention_.load(std::memory_order_relaxed) & attention_bit) {
       st = consult();
       if (st == run_status::stopped) return st;
@@ -363,7 +352,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   run_status save_checkpoint_if_preempted() {
     stamp();
     run_status st = run_status::ran;
-    if (periodic_decider_ && steady::now() >= periodic_due_) decide_periodic();
+    if (periodic_.due()) decide_periodic();
     if (counter_and_attention_.load(std::memory_order_relaxed) & attention_bit) {
       st = consult();
       if (st == run_status::stopped) return st;
@@ -578,34 +567,20 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
 
   // ---- periodic saves (handler_options::periodic_saves) ---------------------------------------
 
-  // Task 0, when next_due has come: asks again (the interval may have grown with M), and when a
-  // save is due asks its watcher to publish "save at S", S = the run counter plus a lead of
-  // max(min_lead_steps, lead_time / mean step time) steps (lead_time at least two watch_intervals
-  // over a store without a watch; no decision before a step is timed); then asks nothing more
-  // until it has acted on S.
+  // Task 0, when its schedule is due (periodic_schedule.hpp): asks its watcher to publish the
+  // step S the schedule decides; over a store without a watch the lead is at least two
+  // watch_intervals (a decision is seen within a blocking get). No decision before a step is
+  // timed, and none more until it has acted on S.
   void decide_periodic() {
-    const auto now = steady::now();
-    const auto due = options_.periodic_saves.next_due(now);
-    if (due > now) {
-      periodic_due_ = due;
-      return;
-    }
-    const auto mean = std::chrono::duration_cast<std::chrono::nanoseconds>(mean_step_time());
-    if (mean.count() <= 0) return;  // no step timed yet: the lead in steps is unknown
-    // over a store without a watch a decision is seen within a blocking get (watch_interval)
-    const auto lead_time =
-        std::max(options_.periodic_saves.lead_time,
-                 evented_ ? std::chrono::milliseconds(0) : 2 * options_.watch_interval);
-    const auto lead_ns = std::chrono::nanoseconds(lead_time).count();
-    const std::int64_t lead = std::max<std::int64_t>(options_.periodic_saves.min_lead_steps,
-                                                     (lead_ns + mean.count() - 1) / mean.count());
-    periodic_requested_ = total_run_calls() + lead;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      periodic_publish_ = periodic_requested_;
-    }
-    wake_watcher();
-    periodic_due_ = steady::time_point::max();
+    periodic_.decide(std::chrono::duration_cast<std::chrono::nanoseconds>(mean_step_time()),
+                     evented_ ? std::chrono::milliseconds(0) : 2 * options_.watch_interval,
+                     total_run_calls(), [this](std::int64_t s) {
+                       {
+                         std::lock_guard<std::mutex> lock(mutex_);
+                         periodic_publish_ = s;
+                       }
+                       wake_watcher();
+                     });
   }
 
   // At a boundary with attention: acts on the decided steps this task has reached — saves at
@@ -615,7 +590,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     bool saved = false;
     if (periodic_retry_) {  // the publication failed: ask again after a lead time
       periodic_retry_ = false;
-      periodic_due_ = steady::now() + options_.periodic_saves.lead_time;
+      periodic_.retry();
     }
     while (!periodic_steps_.empty()) {
       const std::int64_t s = periodic_steps_.front();
@@ -638,8 +613,8 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
                          "periodic save at step " + std::to_string(s) + " skipped: task " +
                              std::to_string(cluster_.task) + " learned it at step " +
                              std::to_string(counter) + ", past it");
-        periodic_report(s, -1);
-        if (periodic_decider_ && s >= periodic_requested_) periodic_due_ = steady::now();
+        detail::put_periodic_report(kv_, scope_, cluster_.task, this->nonce_, s, -1);
+        periodic_.skipped(s);
       }
     }
     return saved;
@@ -660,63 +635,23 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   };
 
-  // The save override where the config has one, else the Checkpointer's save.
-  void save_checkpoint(std::int64_t step) {
-    if (config_.has_save_override())
-      config_.save_override()(step);
-    else
-      checkpointer_.save(step);
-  }
-
   // A periodic save at `step`: timed (its blocking part: an async or two-tier Checkpointer's
   // background work is not waited for), reported under saved/<task>, and on task 0 recorded with
   // the longest cost the other tasks reported.
   void periodic_save(std::int64_t step) {
     const save_phase phase(*this);
     const auto t0 = phase.start;
-    save_checkpoint(step);
+    detail::checkpointer_save(checkpointer_, config_, step);
     const auto end = steady::now();
     if constexpr (detects_hangs) learner_.add_save(end - t0);
     const auto cost_us = std::chrono::duration_cast<std::chrono::microseconds>(end - t0).count();
-    periodic_report(step, cost_us);
-    if (periodic_decider_) {
-      const std::int64_t others = periodic_others_cost_us_.load(std::memory_order_relaxed);
-      options_.periodic_saves.saved(
-          std::chrono::duration<double>(std::chrono::microseconds(std::max(cost_us, others))), end);
-      if (step >= periodic_requested_) periodic_due_ = options_.periodic_saves.next_due(end);
-    }
+    detail::put_periodic_report(kv_, scope_, cluster_.task, this->nonce_, step, cost_us);
+    if (periodic_.decides())
+      periodic_.saved(step, cost_us, periodic_others_cost_us_.load(std::memory_order_relaxed), end);
   }
 
-  // Puts "saved <step> <cost>" ("-": skipped) under saved/<task>, over the previous report. Best
-  // effort: a report not written keeps the decisions' keys a save longer, nothing more.
-  void periodic_report(std::int64_t step, std::int64_t cost_us) noexcept {
-    try {
-      agreement_value v;
-      v.what = agreement_value::kind::saved;
-      v.step = step;
-      v.cost_us = cost_us;
-      v.writer = cluster_.task;
-      v.nonce = this->nonce_;
-      kv_.put(periodic_report_key_name(scope_, cluster_.task), format_agreement_value(v));
-    } catch (...) {
-    }
-  }
-
-  [[noreturn]] void raise() {
-    const agreement_failure_info& f = machine_.failure();
-    if (f.kind == agreement_failure::timeout)
-      throw agreement_timeout(agreement_key_name(scope_, f.key, f.round), f.missing_tasks);
-    if (f.kind == agreement_failure::unreachable)
-      throw agreement_unreachable(agreement_key_name(scope_, f.key, f.round), f.message);
-    if (f.kind == agreement_failure::hang) {
-      auto a = parse_agreement_value(f.message);
-      if (auto v = a ? hang_verdict_of(*a) : std::nullopt)
-        throw hang_detected(v->task, hang_phase_name(v->phase), v->step, v->elapsed.count(),
-                            v->bound.count(), v->describe());
-      throw hang_detected(f.task, "unknown", -1, 0, 0, f.message);
-    }
-    throw peer_error(f.task, f.type_name, f.message);
-  }
+  // The failure the machine recorded, raised (raise.hpp).
+  [[noreturn]] void raise() { detail::raise_agreement_failure(machine_.failure(), scope_); }
 
   // Saves `step` and returns once it is durable: an async Checkpointer's save() returns when its
   // writer has run, and wait_until_finished() then covers the commit (fsyncs, rename, pointer).
@@ -729,9 +664,10 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     // background part that never races a save (its copier copies published checkpoints): it is
     // not waited for first, and the wait after is bounded by that end. Others: an async periodic
     // save in flight never races the preemption save.
-    if (!tell_durable_deadline()) finish_saves();
-    save_checkpoint(step);
-    finish_saves();  // to the durable end
+    if (!detail::checkpointer_tell_durable_deadline(checkpointer_, config_, options_.grace_margin))
+      detail::checkpointer_finish(checkpointer_);
+    detail::checkpointer_save(checkpointer_, config_, step);
+    detail::checkpointer_finish(checkpointer_);  // to the durable end
     last_save_duration_ = std::chrono::steady_clock::now() - t0;
     if constexpr (detects_hangs) learner_.add_save(last_save_duration_);
   }
@@ -771,39 +707,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   // the user's own): the next start begins from them. On a change of the bounds (rare) and
   // before each save of the handler's.
   void record_bounds() noexcept {
-    if constexpr (detects_hangs &&
-                  detail::detect<detail::ckpt_hang_bounds_out, Checkpointer>::value) {
-      try {
-        checkpointer_.set_hang_bounds(learner_.bounds());
-      } catch (...) {  // a bound not recorded costs the next start its warm-up, nothing more
-      }
-    }
-  }
-
-  // Tells a Checkpointer with set_durable_deadline() when this worker's grace period ends, less
-  // grace_margin (what the exit needs): min(notice time + grace, the announced deadline), when
-  // this worker has a notice with either. Returns whether the Checkpointer takes a deadline.
-  bool tell_durable_deadline() {
-    if constexpr (detail::detect<detail::ckpt_durable_deadline, Checkpointer>::value) {
-      std::optional<steady::time_point> end;
-      const auto grace = std::chrono::duration_cast<steady::duration>(config_.grace_period());
-      if (auto at = config_.noticed_at(); at && grace.count() > 0) end = *at + grace;
-      if (auto d = config_.announced_deadline()) {
-        const auto e = steady::now() + std::chrono::duration_cast<steady::duration>(
-                                           *d - std::chrono::system_clock::now());
-        end = end ? std::min(*end, e) : e;
-      }
-      if (end) checkpointer_.set_durable_deadline(*end - options_.grace_margin);
-      return true;
-    } else {
-      return false;
-    }
-  }
-
-  // Waits for the Checkpointer's background save, when it has one (wait_until_finished()).
-  void finish_saves() {
-    if constexpr (detail::detect<detail::ckpt_wait, Checkpointer>::value)
-      checkpointer_.wait_until_finished();
+    if constexpr (detects_hangs) detail::checkpointer_record_bounds(checkpointer_, learner_);
   }
 
   void exit_process() {
@@ -872,12 +776,9 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   bool watching_ = true;  // a step phase is stamped (pause and no_exit saves clear it)
   std::chrono::nanoseconds last_save_duration_{0};
   typename Clock::duration overhead_{};  // waiting + saving in this round's first phase
-  // periodic saves (training thread only)
   using steady = std::chrono::steady_clock;
-  const bool periodic_decider_ = options_.periodic_saves.enabled && cluster_.task == 0 &&
-                                 options_.periodic_saves.next_due && options_.periodic_saves.saved;
-  steady::time_point periodic_due_ = steady::time_point::max();  // task 0: when to ask next_due
-  std::int64_t periodic_requested_ = -1;  // task 0: the step it asked its watcher to publish
+  // periodic saves: task 0's decisions (training thread only)
+  detail::periodic_schedule periodic_{options_.periodic_saves, cluster_.task};
 };
 
 HOLDFAST_NAMESPACE_END
