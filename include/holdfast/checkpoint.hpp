@@ -17,6 +17,7 @@
 //   checkpoint/reader_lock.hpp  reading a checkpoint under LOCK_SH
 //   checkpoint/maintenance.hpp  checkpoint_report; deletions, the start-up sweep, verify, repair
 //   checkpoint/manager.hpp      read_only, checkpoint_manager<Store>: save, commit, async, restore
+//                               (its parts: manager/{callables,saving,retaining,reading}.hpp)
 //   checkpoint/save_policy.hpp  save_interval_policy (when to save: Daly's interval from the
 //                               measured cost and the learned MTBI), run_history, save_when_due
 //   checkpoint/two_tier.hpp     two_tier_checkpoints: a local tier, copied to a durable one

@@ -23,7 +23,7 @@
 //     and reasons reported, kept until the process ends), so a later listing by another manager
 //     of the same directory says nothing new.
 //   - A listing judges every checkpoint it keeps (one small read, one lstat per recorded file);
-//     the writer's retention judges each checkpoint once (manager.hpp).
+//     the writer's retention judges each checkpoint once (manager/retaining.hpp).
 #pragma once
 
 #include <sys/stat.h>  // S_ISDIR: is the directory still there

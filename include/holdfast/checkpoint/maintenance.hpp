@@ -65,8 +65,8 @@ struct checkpoint_report {
 namespace detail {
 
 // A checkpoint directory's upkeep, on top of what every query sees (checkpoint_directory); the
-// manager's state (manager.hpp) builds on it. Everything but verify() is the writer's, under
-// its writer lock.
+// manager's reading side (manager/reading.hpp) builds on it. Everything but verify() is the
+// writer's, under its writer lock.
 template <class Io, class Durability>
 class checkpoint_maintenance : public checkpoint_directory<Io, Durability> {
   using base = checkpoint_directory<Io, Durability>;

@@ -137,8 +137,8 @@ inline checkpoint_pointer parse_checkpoint_pointer(std::string_view text, const 
 }
 
 // A checkpoint directory as every query sees it: its paths and names, the log hook, and the
-// effective pointer (as read when sound, else recovered from the disk). The manager's state
-// (manager.hpp) builds on it; `mutex` guards options.log and last_logged for the derived
+// effective pointer (as read when sound, else recovered from the disk). The manager's parts
+// (manager/*.hpp) build on it; `mutex` guards options.log and last_logged for the derived
 // classes' other state too.
 template <class Io, class Durability>
 class checkpoint_directory {
