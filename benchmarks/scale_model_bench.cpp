@@ -7,7 +7,7 @@
 //                               row's time is the host CPU time of simulating it (no baseline);
 //                               "# handler/simulated" lines print the store traffic it made (per
 //                               worker and per agreement) and the simulated time it took.
-//                               <collect>: how the claimant reads the acks (watcher.hpp):
+//                               <collect>: how the claimant reads the acks (watcher/acks.hpp):
 //                               one_by_one (a blocking get per task: before issue 32, item 10),
 //                               list (a list of the round's acks, then a blocking get of the
 //                               awaited ack it lacked) or get_many (one wait for every ack not
@@ -109,7 +109,7 @@ struct sim_server {
   std::int64_t write_service = -1;  // ns per insert, put or erase; -1: `service`
 };
 
-// How the claimant reads the acks (watcher.hpp, "the claimant's acks in batches").
+// How the claimant reads the acks (handler/watcher/acks.hpp).
 enum class sim_collect : std::uint8_t { one_by_one, list, get_many };
 
 struct sim_params {
@@ -278,7 +278,7 @@ class simulation {
     std::int64_t wait_deadline = 0;
     std::vector<std::pair<std::string, std::optional<std::string>>> seen;  // ctl_seen_
     std::vector<int> inbox;  // writes delivered to its watch, not yet taken
-    // the claimant's batched collection (watcher.hpp's ack_batch)
+    // the claimant's batched collection (watcher/acks.hpp's ack_batch)
     std::string batch_prefix;
     std::unordered_map<std::string, std::string> present;
     bool batch_final = false;
@@ -636,7 +636,7 @@ class simulation {
     }
   }
 
-  // ---- the claimant's batched collection (watcher.hpp: batch_look, read_acks) --------------
+  // ---- the claimant's batched collection (watcher/acks.hpp: batch_look, read_acks) ---------
 
   // One look for the awaited ack: among those read, else a batch read for one slice of
   // min(time left, max(watch_interval, 1 s)).
@@ -776,7 +776,7 @@ class simulation {
       case why::ack_slice:
         if (p_.collect != sim_collect::one_by_one) {  // the get after a list that lacked it
           if (got) W.present.emplace(key, std::move(*got));
-          if (now_ >= W.wait_deadline) {  // watcher.hpp lists once more at the deadline
+          if (now_ >= W.wait_deadline) {  // watcher/acks.hpp lists once more at the deadline
             send(w, rq::list, why::ack_final_list, W.batch_prefix);
             break;
           }

@@ -13,8 +13,13 @@
 //   handler/preemption_handler.hpp  preemption_handler<Config, Kv, Checkpointer, Clock>: the
 //                                   training side (run, save_checkpoint_if_preempted, save, exit)
 //                                   and the handler's full list of guarantees and caveats
+//   handler/periodic_schedule.hpp   task 0's periodic-save schedule (S a lead ahead, the costs)
+//   handler/checkpointer_calls.hpp  save or the Config's override; the optional members
+//   handler/raise.hpp               the exception for each failure kind
 //   handler/watcher.hpp             the background thread: notices, triggers, the protocol's store
-//                                   operations, waiting for a key (one outcome-key rule)
+//                                   operations, waiting for a key (one outcome-key rule); its
+//                                   parts, bottom first, in handler/watcher/: state, hang_watch,
+//                                   watches, periodic_saves, acks, protocol, triggers, thread
 //   handler/watch_cache.hpp         a watch on a prefix and the values it brought
 //   handler/store_retry.hpp         transient store errors retried until a deadline; inserts
 //                                   exactly-once across retries
