@@ -348,7 +348,7 @@ class torch_kv {
     const std::string k = full(key, "torch store try_get");
     if (auto v = handoff_->take(k)) return v;  // a watch's thread just read it
     if (!guarded("check", key, [&] { return store_->check({k}); })) return std::nullopt;
-    static const std::vector<std::uint8_t> x = to_bytes(std::string_view("\0holdfast\0", 10));
+    const auto& x = never_stored();
     auto v = guarded("compareSet", key, [&] { return store_->compareSet(k, x, x); });
     if (v == x) return std::nullopt;  // erased since the check
     return text(v);
@@ -538,13 +538,19 @@ class torch_kv {
     }
   }
 
-  // The value of `key`, which exists, in one request: compareSet(key, x, x) answers the value
-  // and writes nothing, x being a value holdfast never stores (NUL bytes); nothing when the
-  // answer is x (the key erased since, or holding x) or the request failed: the caller reads.
-  // Not for a key that may be missing: the libuv server wakes the key's waiters on any
-  // compareSet.
-  static std::optional<std::string> read_present_key(c10d::Store& s, const std::string& key) {
+  // A value holdfast never stores (NUL bytes): compareSet(key, x, x) answers a present key's
+  // value and writes nothing.
+  static const std::vector<std::uint8_t>& never_stored() {
     static const std::vector<std::uint8_t> x = to_bytes(std::string_view("\0holdfast\0", 10));
+    return x;
+  }
+
+  // The value of `key`, which exists, in one request: compareSet(key, x, x) with x never_stored();
+  // nothing when the answer is x (the key erased since, or holding x) or the request failed:
+  // the caller reads. Not for a key that may be missing: the libuv server wakes the key's
+  // waiters on any compareSet.
+  static std::optional<std::string> read_present_key(c10d::Store& s, const std::string& key) {
+    const auto& x = never_stored();
     try {
       auto v = s.compareSet(key, x, x);
       if (v != x) return text(v);

@@ -23,12 +23,7 @@ import torch_store_support as sup  # noqa: E402
 hf = sup.load_holdfast()
 ext = hf.load_extension()
 
-CASES = []
-
-
-def case(fn):
-    CASES.append(fn)
-    return fn
+CASES, case = sup.case_list()
 
 
 check = sup.check

@@ -15,7 +15,6 @@ bounds are as loose as the behaviour they tell apart allows on a loaded 2-core m
 import errno
 import json
 import os
-import select
 import shutil
 import signal
 import sys
@@ -30,7 +29,7 @@ WORKER = len(sys.argv) == 3 and sys.argv[1] == "worker"
 hf = sup.load_holdfast()
 ext = hf.load_extension()
 
-CASES = []
+CASES, case = sup.case_list()
 # The cases' servers, kept until the process ends: watch threads still in a wait on a server
 # that closed would log c10d's connection errors.
 SERVERS = []
@@ -42,17 +41,8 @@ def server():
     return SERVERS[-1]
 
 
-def case(fn):
-    CASES.append(fn)
-    return fn
-
-
 check = sup.check
-
-
-def readable(fd, timeout):
-    r, _, _ = select.select([fd], [], [], timeout)
-    return bool(r)
+readable = sup.readable
 
 
 def full_key(run, key):

@@ -23,14 +23,9 @@ import torch_store_support as sup  # noqa: E402
 hf = sup.load_holdfast()
 ext = hf.load_extension()
 
-CASES = []
+CASES, case = sup.case_list()
 PERIOD = 0.25     # hang_period of every case
 ALLOWANCE = 1.5   # a loaded machine's wake-up latency on top of the bound + one period
-
-
-def case(fn):
-    CASES.append(fn)
-    return fn
 
 
 check = sup.check

@@ -20,14 +20,9 @@ import torch_store_support as sup  # noqa: E402
 
 hf = sup.load_holdfast()
 
-CASES = []
+CASES, case = sup.case_list()
 NOTICE_AT = 5      # the step after which the notice comes
 MAX_STEPS = 2000   # 2 ms each: a notice must end the loop long before
-
-
-def case(fn):
-    CASES.append(fn)
-    return fn
 
 
 check = sup.check

@@ -10,7 +10,6 @@ loose as the behaviour they tell apart allows on a loaded 2-core machine.
 
 import datetime
 import os
-import select
 import shutil
 import signal
 import statistics
@@ -26,20 +25,11 @@ hf = sup.load_holdfast()
 ext = hf.load_extension()
 import torch.distributed as dist  # noqa: E402
 
-CASES = []
-
-
-def case(fn):
-    CASES.append(fn)
-    return fn
+CASES, case = sup.case_list()
 
 
 check = sup.check
-
-
-def readable(fd, timeout):
-    r, _, _ = select.select([fd], [], [], timeout)
-    return bool(r)
+readable = sup.readable
 
 
 class Run:
@@ -251,12 +241,11 @@ def idle_watch_costs_two_requests_per_slice_and_closes_at_once():
           f"(in a {slice_s:.0f} s slice; bound {slice_s / 5:.0f} s)")
 
 
-@case
-def store_without_clone_has_no_watch_but_gets():
-    server = sup.start_server()
-    inner = sup.connect(server.port)
+def forwarding_store(inner):
+    """A Python dist.Store class whose operations forward to `inner`, without clone() (torch's
+    pure virtual there): a base for stores that change one operation."""
 
-    class NoClone(dist.Store):  # clone() not implemented: torch's pure virtual
+    class Forwarding(dist.Store):
         def set(self, k, v):
             inner.set(k, v)
 
@@ -277,6 +266,17 @@ def store_without_clone_has_no_watch_but_gets():
 
         def multi_get(self, keys):
             return inner.multi_get(keys)
+
+    return Forwarding
+
+
+@case
+def store_without_clone_has_no_watch_but_gets():
+    server = sup.start_server()
+    inner = sup.connect(server.port)
+
+    class NoClone(forwarding_store(inner)):  # clone() not implemented: torch's pure virtual
+        pass
 
     store = NoClone()  # kept: torch's trampoline needs its Python object alive
     kv = ext._TorchKV(store, "nc", 0)
@@ -322,32 +322,14 @@ def try_get_of_a_key_erased_after_its_check_does_not_block():
     server = sup.start_server()
     inner = sup.connect(server.port, timeout=10)
 
-    class EraseAfterCheck(dist.Store):  # check() answers, then the key named by .erase goes
+    class EraseAfterCheck(forwarding_store(inner)):  # check(), then the key .erase names goes
         erase = None
-
-        def set(self, k, v):
-            inner.set(k, v)
-
-        def get(self, k):
-            return inner.get(k)
 
         def check(self, keys):
             present = inner.check(keys)
             if present and self.erase in keys:
                 inner.delete_key(self.erase)
             return present
-
-        def compare_set(self, k, expected, desired):
-            return inner.compare_set(k, expected, desired)
-
-        def delete_key(self, k):
-            return inner.delete_key(k)
-
-        def wait(self, keys, timeout=None):
-            return inner.wait(keys, timeout) if timeout else inner.wait(keys)
-
-        def multi_get(self, keys):
-            return inner.multi_get(keys)
 
     store = EraseAfterCheck()  # kept: torch's trampoline needs its Python object alive
     kv = ext._TorchKV(store, "race", 0)

@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import queue
+import select
 import signal
 import socket
 import subprocess
@@ -29,6 +30,23 @@ def check(cond, what):
     """A test's assertion: AssertionError(what) unless cond."""
     if not cond:
         raise AssertionError(what)
+
+
+def case_list():
+    """A test file's cases and the decorator that adds one: `CASES, case = sup.case_list()`."""
+    cases = []
+
+    def case(fn):
+        cases.append(fn)
+        return fn
+
+    return cases, case
+
+
+def readable(fd, timeout):
+    """Whether `fd` turns readable within `timeout` seconds."""
+    r, _, _ = select.select([fd], [], [], timeout)
+    return bool(r)
 
 
 def run_cases(cases, argv):
