@@ -1,10 +1,9 @@
 // tests/support/handler_harness.hpp — what the handler tests and benchmarks share: a per-worker
 // notice for threads (a flag polled by the real polled_notice), a Checkpointer wired the default
-// way (checkpoint_manager with a writer and a reader) that logs every save, and the count of
-// this process's threads.
+// way (checkpoint_manager with a writer and a reader) that logs every save. (Thread checks:
+// thread_state.hpp.)
 #pragma once
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -21,8 +20,6 @@
 #include <thread>
 #include <vector>
 
-#include "sanitizers.hpp"
-
 namespace holdfast_test {
 
 /// polled_notice's poll for thread workers: noticed when the flag is set.
@@ -33,34 +30,6 @@ struct flag_poll {
 
 /// A notice per thread: the real polled_notice polling a flag every millisecond.
 using flag_notice = holdfast::polled_notice<flag_poll>;
-
-/// Threads of this process (entries of /proc/self/task). A count taken as a baseline includes a
-/// thread joined a moment ago until the kernel releases it; to check which threads an object
-/// starts and leaves, compare ids (thread_state.hpp: thread_ids(), settled_new_threads()).
-inline int thread_count() {
-  start_runtime_threads();
-  int n = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
-    while (dirent* e = ::readdir(d))
-      if (e->d_name[0] != '.') ++n;
-    ::closedir(d);
-  }
-  return n;
-}
-
-/// thread_count() once it equals `expected`, or its last value after `deadline`: a joined thread
-/// leaves /proc/self/task a moment after join() returns (the kernel reaps it after the futex
-/// wake), so a check right after a join must wait for the count, with a deadline.
-inline int settled_thread_count(int expected,
-                                std::chrono::milliseconds deadline = std::chrono::seconds(2)) {
-  const auto end = std::chrono::steady_clock::now() + deadline;
-  int n = thread_count();
-  while (n != expected && std::chrono::steady_clock::now() < end) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    n = thread_count();
-  }
-  return n;
-}
 
 /// Appends one line to `path` (O_APPEND: safe from several processes).
 inline void append_line(const std::string& path, const std::string& line) {
