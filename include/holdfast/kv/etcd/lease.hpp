@@ -207,7 +207,10 @@ class etcd_lease {
 
   // When etcd lost the lease: grants a new one, then puts each remembered key back with it
   // where the key does not exist. Throws as a request does; the next round goes on from there.
+  // With the lease held and nothing left to put back it takes no lock, so a leased write in
+  // flight (to a member that stalls) never holds up the next keep-alive.
   void restore() {
+    if (held_.load() && !restoring_.load()) return;
     std::lock_guard<std::mutex> lock(writes_);
     if (!held_.load()) {
       grant(timeout(), &cancel_);
@@ -258,9 +261,10 @@ class etcd_lease {
   std::atomic<std::int64_t> id_{0};
   std::atomic<bool> held_{false};       // etcd holds it, as far as the last answer said
   std::atomic<clock::rep> expires_{0};  // the last renewal's send time + TTL, steady ticks
-  std::mutex writes_;                   // leased writes, the re-grant; guards keys_, restoring_
+  std::mutex writes_;                   // leased writes, the re-grant; guards keys_; restoring_
+                                        // changes under it
   std::map<std::string, std::string> keys_;  // remembered leased keys (full etcd key -> value)
-  bool restoring_ = false;                   // a new lease; keys_ not all put back yet
+  std::atomic<bool> restoring_{false};       // a new lease; keys_ not all put back yet
   std::mutex mutex_;                         // the thread's wait: stopping_, woken_
   std::condition_variable cv_;
   bool stopping_ = false;
