@@ -1342,8 +1342,8 @@ TEST_CASE("threads: an async Checkpointer is waited for before and after the pre
 TEST_CASE("process: an async Checkpointer is waited for again before the Exit policy ends it") {
   holdfast_test::temp_dir dir("async-exit");
   const std::string log = dir / "calls";
+  job j(1);  // made here, so this process removes its directory (the child ends by its Exit)
   holdfast_test::child c([&] {
-    job j(1);
     outcome o;
     scenario sc;
     sc.n = 1;
