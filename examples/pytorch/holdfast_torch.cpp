@@ -51,7 +51,9 @@
 // torch.distributed, so every rank saves the same step; _SavePolicy reads no clock but
 // steady_clock's now and writes only its run history.
 #include <Python.h>
-#include <torch/extension.h>
+// pybind11 with torch's holder types (c10::intrusive_ptr), the c10d Store: not
+// <torch/extension.h>, which adds all of ATen and the C++ frontend (a third of the parse).
+#include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
