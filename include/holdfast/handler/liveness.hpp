@@ -184,7 +184,8 @@ class liveness_monitor {
   /// and, when it has ended by then, writes "done" under a kv_call_deadline of `deadline`. A
   /// thread still inside a store call then is left to end by itself and nothing is written
   /// now (the key expires with the process, as an exiting process's does); a later finish()
-  /// or the destructor joins it and writes "done". Never throws.
+  /// or the destructor joins it and writes "done", within the store's own timeouts (the call
+  /// in flight, then the write: over etcd up to twice its request_timeout). Never throws.
   void finish_by(std::chrono::steady_clock::time_point deadline) noexcept {
     if (!thread_.joinable()) return;
     {
