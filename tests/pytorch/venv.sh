@@ -8,7 +8,9 @@
 # torch-venv as root, else ~/.cache/holdfast/torch-venv), and is reused while the requirements
 # file is unchanged (a copy of it is kept inside the environment as the stamp). It is built on
 # Debian's /usr/bin/python3 (python3-venv, python3-dev for the extension's headers; tests/run
-# installs them). pip's progress goes to stderr; only the path goes to stdout.
+# installs them). pip's progress goes to stderr; only the path goes to stdout. It replaces only an
+# environment it made itself (the marker file holdfast-venv, or the stamp of an older version of
+# this script): one of yours named by HOLDFAST_VENV is refused, never deleted.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 req=$here/examples/pytorch/requirements.txt
@@ -22,11 +24,19 @@ if [ -x "$venv/bin/python" ] && cmp -s "$req" "$stamp"; then
   echo "$venv/bin/python"
   exit 0
 fi
+marker=$venv/holdfast-venv
+if [ -e "$venv" ] && [ ! -e "$marker" ] && [ ! -e "$stamp" ] && [ -n "$(ls -A "$venv")" ]; then
+  echo "tests/pytorch/venv.sh: $venv is not an environment this script made (no $marker);" \
+    "it is left alone: set HOLDFAST_VENV to a new directory, or install" \
+    "$(grep -v '^#' "$req" | xargs) into it and copy $req to $stamp" >&2
+  exit 1
+fi
 start=$SECONDS
 echo "tests/pytorch/venv.sh: creating $venv with $(grep -v '^#' "$req" | xargs)" >&2
 rm -rf "$venv"
 mkdir -p "$(dirname "$venv")"
 /usr/bin/python3 -m venv "$venv" >&2
+echo "made by holdfast's tests/pytorch/venv.sh; it replaces this environment when $req changes" >"$marker"
 "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$req" >&2
 cp "$req" "$stamp"
 echo "tests/pytorch/venv.sh: ready in $((SECONDS - start)) s" >&2
