@@ -25,14 +25,15 @@ if [ -x "$venv/bin/python" ] && cmp -s "$req" "$stamp"; then
   exit 0
 fi
 marker=$venv/holdfast-venv
+pins=$(grep -v '^#' "$req" | xargs)
 if [ -e "$venv" ] && [ ! -e "$marker" ] && [ ! -e "$stamp" ] && [ -n "$(ls -A "$venv")" ]; then
   echo "tests/pytorch/venv.sh: $venv is not an environment this script made (no $marker);" \
     "it is left alone: set HOLDFAST_VENV to a new directory, or install" \
-    "$(grep -v '^#' "$req" | xargs) into it and copy $req to $stamp" >&2
+    "$pins into it and copy $req to $stamp" >&2
   exit 1
 fi
 start=$SECONDS
-echo "tests/pytorch/venv.sh: creating $venv with $(grep -v '^#' "$req" | xargs)" >&2
+echo "tests/pytorch/venv.sh: creating $venv with $pins" >&2
 rm -rf "$venv"
 mkdir -p "$(dirname "$venv")"
 /usr/bin/python3 -m venv "$venv" >&2
