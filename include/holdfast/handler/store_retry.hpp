@@ -33,7 +33,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <type_traits>  // is_same_v: the steady clock needs no conversion
+#include <type_traits>  // is_same_v (the steady clock needs no conversion), is_void_v
 
 #include "../kv.hpp"                // is_transient_kv_error
 #include "../kv/call_deadline.hpp"  // kv_call_deadline: an attempt ends by the deadline
@@ -64,19 +64,15 @@ class store_retry {
   // error is thrown. A stop request ends the retries at once.
   template <class F>
   auto retrying(F&& fn, time_point deadline) const -> decltype(fn()) {
-    std::chrono::milliseconds backoff(5);
-    for (;;) {
-      try {
-        const kv_call_deadline bound(attempt_end(deadline));
-        return fn();
-      } catch (const std::exception& e) {
-        if (!is_transient_kv_error(e) || stop_.load() || Clock::now() >= deadline) throw;
-      }
-      // the last attempt is made at the deadline
-      const auto pause = std::min<typename Clock::duration>(backoff, deadline - Clock::now());
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait_for(lock, pause, [&] { return stop_.load(); });
-      backoff = std::min(2 * backoff, std::chrono::milliseconds(200));
+    using result = decltype(fn());
+    static_assert(!std::is_reference_v<result>, "a retried store call returns a value");
+    if constexpr (std::is_void_v<result>) {
+      retry_loop(attempt(fn), deadline);
+    } else {
+      std::optional<result> out;
+      auto once = [&] { out.emplace(fn()); };
+      retry_loop(attempt(once), deadline);
+      return std::move(*out);
     }
   }
 
@@ -111,6 +107,38 @@ class store_retry {
   }
 
  private:
+  // One attempt, called without knowing its type: the loop below is compiled once per Clock,
+  // not once per call site (it was a tenth of a handler test's generated code).
+  class attempt {
+   public:
+    template <class F>
+    explicit attempt(F& fn) : fn_(&fn), call_([](void* f) { (*static_cast<F*>(f))(); }) {}
+    void operator()() const { call_(fn_); }
+
+   private:
+    void* fn_;
+    void (*call_)(void*);
+  };
+
+  // Runs `once` until it returns, as retrying() says.
+  void retry_loop(attempt once, time_point deadline) const {
+    std::chrono::milliseconds backoff(5);
+    for (;;) {
+      try {
+        const kv_call_deadline bound(attempt_end(deadline));
+        once();
+        return;
+      } catch (const std::exception& e) {
+        if (!is_transient_kv_error(e) || stop_.load() || Clock::now() >= deadline) throw;
+      }
+      // the last attempt is made at the deadline
+      const auto pause = std::min<typename Clock::duration>(backoff, deadline - Clock::now());
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait_for(lock, pause, [&] { return stop_.load(); });
+      backoff = std::min(2 * backoff, std::chrono::milliseconds(200));
+    }
+  }
+
   // The least an attempt is given (the last one, made at the deadline).
   static constexpr std::chrono::milliseconds last_attempt{100};
 
