@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "support/child.hpp"
+#include "support/expect_error.hpp"
 #include "support/http_server.hpp"
 #include "support/sanitizers.hpp"
 #include "support/scoped_disposition.hpp"
@@ -603,8 +604,8 @@ TEST_CASE("file_notice: a failing stat is no notice, logged once, and polling go
   using holdfast::testing::io_op;
   holdfast_test::temp_dir dir("term");
   log_lines log;
-  fault_plan::arm(fault{io_op::stat, 1, EIO, 1, 5});
   holdfast::basic_file_notice<holdfast::testing::fault_io> n(dir / "x", 5ms, log.hook());
+  fault_plan::arm(fault{io_op::stat, 1, EIO, 1, 5});  // the polls' (not the directory check's)
   ::close(::open((dir / "x").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
   n.start();
   CHECK(eventually([&] { return n.noticed(); }));  // the 6th stat succeeds
@@ -613,6 +614,29 @@ TEST_CASE("file_notice: a failing stat is no notice, logged once, and polling go
   REQUIRE(log.size() == 1);
   CHECK(log.at(0).find("stat") != std::string::npos);
   CHECK(log.at(0).find("Input/output error") != std::string::npos);
+}
+
+TEST_CASE("file_notice: a path that could never appear is refused at construction") {
+  holdfast_test::temp_dir dir("term");
+  ::close(::open((dir / "file").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+  struct refused {
+    std::string path;
+    int errnum;
+    std::string named;  // what the message must name besides the path
+  };
+  for (const refused& r : {refused{"", EINVAL, "empty path"},
+                           refused{dir / "no-such-dir/preempt", ENOENT, dir / "no-such-dir"},
+                           refused{dir / "file/preempt", ENOTDIR, dir / "file"}}) {
+    CAPTURE(r.path);
+    const holdfast::error e = holdfast_test::error_from([&] { holdfast::file_notice n(r.path); });
+    CHECK(e.errnum() == r.errnum);
+    CHECK(e.path() == r.path);
+    CHECK(std::string(e.what()).find(r.named) != std::string::npos);
+  }
+  holdfast::file_notice here("preempt-never-made");  // relative: the working directory's
+  CHECK(here.path() == "preempt-never-made");
+  holdfast::file_notice root("/preempt-never-made");  // a file in /
+  CHECK(root.path() == "/preempt-never-made");
 }
 
 // ---- cloud notices against the fake metadata server ------------------------------------------
@@ -1432,6 +1456,43 @@ TEST_CASE("metadata URLs come from the SDKs' environment variables, else 169.254
     holdfast::gce_maintenance_notice m(o);
     CHILD_REQUIRE(m.poller().endpoint.host == "10.1.2.3");
     CHILD_REQUIRE(m.poller().target() == "/prefix/computeMetadata/v1/instance/maintenance-event");
+  });
+  auto r = c.wait(10s);
+  CHECK(r.failures == "");
+  CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("a metadata URL variable that is no URL fails at once, naming the variable") {
+  holdfast_test::child c([] {
+    // EINVAL naming `variable`, from `op`
+    auto names = [](const char* variable, auto op) {
+      try {
+        op();
+      } catch (const holdfast::error& e) {
+        return e.errnum() == EINVAL && e.path() == variable &&
+               std::string(e.what()).find(variable) != std::string::npos;
+      }
+      return false;
+    };
+    ::unsetenv("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+    for (const char* bad : {"127.0.0.1:port", ":8089", "http://"}) {
+      ::setenv("GCE_METADATA_HOST", bad, 1);
+      CHILD_REQUIRE(names("GCE_METADATA_HOST", [] { (void)holdfast::gce_metadata_url(); }));
+      CHILD_REQUIRE(names("GCE_METADATA_HOST", [] { holdfast::gce_preempted_notice n; }));
+      CHILD_REQUIRE(names("GCE_METADATA_HOST", [] { holdfast::gce_maintenance_notice n; }));
+    }
+    cloud_notice_options given;  // a URL of the caller's own: the variable is not read
+    given.url = "http://127.0.0.1:8089";
+    holdfast::gce_preempted_notice g(given);
+    CHILD_REQUIRE(g.poller().endpoint.port == 8089);
+    ::unsetenv("GCE_METADATA_HOST");
+    for (const char* bad : {"169.254.169.254", "https://169.254.169.254", "http://h:99999"}) {
+      ::setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", bad, 1);
+      CHILD_REQUIRE(
+          names("AWS_EC2_METADATA_SERVICE_ENDPOINT", [] { (void)holdfast::aws_metadata_url(); }));
+      CHILD_REQUIRE(
+          names("AWS_EC2_METADATA_SERVICE_ENDPOINT", [] { holdfast::aws_spot_notice n; }));
+    }
   });
   auto r = c.wait(10s);
   CHECK(r.failures == "");

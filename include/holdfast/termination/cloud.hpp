@@ -12,6 +12,8 @@
 //     so a spot notice is still seen where the instance allows IMDSv1, and asks for a token again
 //     after a minute, or at once when a GET without a token is refused (401).
 //   - AWS's `time` (ISO 8601 / RFC 3339) becomes deadline().
+//   - A metadata URL from the environment ($GCE_METADATA_HOST, $AWS_EC2_METADATA_SERVICE_ENDPOINT)
+//     that is not an http:// URL fails at once, the error naming the variable.
 //   - Waking: each has polled_notice's set_waker; the polling thread notifies the attached waker
 //     as soon as a poll finds the notice (has_notice_waker_v is true for all three).
 // Caveats:
@@ -56,25 +58,44 @@ struct cloud_notice_options {
   log_fn log;
 };
 
-/// The GCE metadata server: $GCE_METADATA_HOST (as Google's client libraries read it), else
-/// http://169.254.169.254 (the address of metadata.google.internal, without a DNS lookup).
+namespace detail {
+
+// The metadata URL an environment variable gives, checked here: a value that is no http:// URL
+// fails naming the variable (a parse error of the URL alone does not say where it came from).
+inline std::string metadata_url_from(const char* variable, std::string url) {
+  try {
+    (void)parse_http_url(url);
+  } catch (const std::exception& e) {
+    throw error(EINVAL, "environment", variable,
+                "not a metadata server URL: " + std::string(e.what()));
+  }
+  return url;
+}
+
+}  // namespace detail
+
+/// The GCE metadata server: $GCE_METADATA_HOST (as Google's client libraries read it: a host
+/// and optional port, or an http:// URL), else http://169.254.169.254 (the address of
+/// metadata.google.internal, without a DNS lookup). A bad value throws holdfast::error naming
+/// GCE_METADATA_HOST (EINVAL).
 inline std::string gce_metadata_url() {
   const char* host = std::getenv("GCE_METADATA_HOST");
   if (host && *host) {
     std::string h(host);
-    return h.compare(0, 7, "http://") == 0 ? h : "http://" + h;
+    return detail::metadata_url_from("GCE_METADATA_HOST",
+                                     h.compare(0, 7, "http://") == 0 ? h : "http://" + h);
   }
   return "http://169.254.169.254";
 }
 
 /// The AWS instance metadata service: $AWS_EC2_METADATA_SERVICE_ENDPOINT (as the AWS SDKs read
-/// it), else http://169.254.169.254.
+/// it), else http://169.254.169.254. A bad value throws holdfast::error naming the variable.
 inline std::string aws_metadata_url() {
   const char* url = std::getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT");
   if (url && *url) {
     std::string u(url);
     while (!u.empty() && u.back() == '/') u.pop_back();
-    return u;
+    return detail::metadata_url_from("AWS_EC2_METADATA_SERVICE_ENDPOINT", u);
   }
   return "http://169.254.169.254";
 }
@@ -285,9 +306,10 @@ struct aws_spot_poll {
   }
 };
 
-inline http_endpoint endpoint_or_default(const std::string& url, const std::string& fallback,
+// `url`, else `fallback()` (the environment's URL, so a bad variable is read only when used).
+inline http_endpoint endpoint_or_default(const std::string& url, std::string (*fallback)(),
                                          std::string& path) {
-  http_endpoint ep = parse_http_url(url.empty() ? fallback : url, &path);
+  http_endpoint ep = parse_http_url(url.empty() ? fallback() : url, &path);
   while (!path.empty() && path.back() == '/') path.pop_back();
   return ep;
 }
@@ -303,7 +325,7 @@ template <class Io>
 gce_metadata_poll<Io> make_gce_poll(const cloud_notice_options& o, std::string key,
                                     std::string expect, std::vector<std::string> known) {
   gce_metadata_poll<Io> p;
-  p.endpoint = endpoint_or_default(o.url, gce_metadata_url(), p.path);
+  p.endpoint = endpoint_or_default(o.url, gce_metadata_url, p.path);
   p.key = std::move(key);
   p.expect = std::move(expect);
   p.known = std::move(known);
@@ -356,7 +378,7 @@ class basic_aws_spot_notice : public polled_notice<detail::aws_spot_poll<Io>> {
  private:
   static detail::aws_spot_poll<Io> make(const cloud_notice_options& o) {
     detail::aws_spot_poll<Io> p;
-    p.endpoint = detail::endpoint_or_default(o.url, aws_metadata_url(), p.path);
+    p.endpoint = detail::endpoint_or_default(o.url, aws_metadata_url, p.path);
     p.timeouts = {o.connect_timeout, o.read_timeout};
     return p;
   }

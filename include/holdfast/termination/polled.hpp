@@ -15,6 +15,8 @@
 //     poll that found it returns (not at its next look). set_waker(nullptr) and destruction
 //     detach and wait for a notification in flight: after they return the waker may be
 //     destroyed. Every notice built on polled_notice wakes (file_notice, the cloud notices).
+//   - file_notice refuses, at construction, a path that could never appear: an empty one, or one
+//     whose directory does not exist (the error names the path and that directory).
 // Caveats:
 //   - polled_notice<F>::stop() waits for a poll in progress; F should be short, or take a
 //     `const std::atomic<bool>&` (true when stopping) and return early.
@@ -22,7 +24,7 @@
 //     up to one interval later. An attached waker must outlive the attachment.
 #pragma once
 
-#include <sys/stat.h>  // stat: file_notice's poll
+#include <sys/stat.h>  // stat, S_ISDIR: file_notice's poll and its directory check
 
 #include <algorithm>
 #include <atomic>
@@ -200,14 +202,29 @@ struct file_exists {
 template <class Io = posix_io>
 class basic_file_notice : public polled_notice<detail::file_exists<Io>> {
  public:
-  /// Watches `path`, checking every `interval` (1 s by default) with stat.
+  /// Watches `path`, checking every `interval` (1 s by default) with stat. A path that could
+  /// never appear is refused here (holdfast::error naming it): an empty one (EINVAL), one whose
+  /// directory does not exist or is not a directory (that stat's errno, ENOTDIR).
   explicit basic_file_notice(std::string path,
                              std::chrono::milliseconds interval = std::chrono::seconds(1),
                              log_fn log = log_to_stderr)
-      : polled_notice<detail::file_exists<Io>>(detail::file_exists<Io>{std::move(path)}, interval,
-                                               std::move(log)) {}
+      : polled_notice<detail::file_exists<Io>>(detail::file_exists<Io>{checked(std::move(path))},
+                                               interval, std::move(log)) {}
   /// The watched path.
   const std::string& path() const noexcept { return this->poller().path; }
+
+ private:
+  static std::string checked(std::string path) {
+    if (path.empty()) throw error(EINVAL, "file_notice", path, "an empty path never appears");
+    const std::size_t slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash ? slash : 1);
+    struct stat st {};
+    if (Io::stat(dir.c_str(), &st) != 0)
+      throw error(errno, "file_notice", path, "its directory '" + dir + "' cannot be read");
+    if (!S_ISDIR(st.st_mode))
+      throw error(ENOTDIR, "file_notice", path, "'" + dir + "' is not a directory");
+    return path;
+  }
 };
 /// file_notice over the POSIX calls.
 using file_notice = basic_file_notice<>;
