@@ -472,6 +472,27 @@ class CheckpointManager(_ext.CheckpointManager, _AutoSave):
         self._init_save_policy(save_policy, mtbi_prior_s, min_interval_s, max_interval_s, group)
 
 
+_STORES = "'torch', 'file:///dir', 'etcd://host:port[,host:port...][/prefix]' or 'etcds://...'"
+
+
+def _check_store(store):
+    """A store= value Handler can open, else ValueError listing every accepted form."""
+    ok = isinstance(store, str) and (
+        store == "torch" or store.lower().startswith(("file://", "etcd://", "etcds://")))
+    if not ok:
+        raise ValueError(f"store takes {_STORES}, not {store!r}")
+
+
+def _seconds(name, value):
+    """`value` as a float (seconds, or a factor), else ValueError naming the parameter."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} takes a number, not {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} takes a number (seconds: 30, not '30s'), not {value!r}") from None
+
+
 class Handler(_ext.Handler):
     """The preemption handler around each training step (holdfast::preemption_handler).
 
@@ -526,6 +547,11 @@ class Handler(_ext.Handler):
     learned_hang_bounds(): {step_s, save_s, restore_s, steps, step_bound_s, save_bound_s,
                 restore_bound_s}: what the detector measured and the bounds in force now.
 
+    A value it cannot use fails at construction, before any wait: ValueError naming the
+    parameter for a store= of no accepted form (the message lists them, "torch" included) and
+    for a duration or factor that is not a number (grace=30, not "30s"); holdfast.Error naming
+    the path for a notice_file that could never appear (its directory missing or not one).
+
     run(step_fn, *args, **kwargs) returns step_fn's result; raises Preempted (SystemExit with
     the preset's code) after the agreed save, PeerError when another task's step raised,
     AgreementTimeout naming tasks that did not answer. Use it from one thread.
@@ -543,6 +569,14 @@ class Handler(_ext.Handler):
             raise ValueError(f"hang_policy takes 'report', 'restart' or 'none', not {hang_policy!r}")
         if on_hang is not None and not callable(on_hang):
             raise TypeError("on_hang must be callable (or None)")
+        _check_store(store)
+        ack_timeout, grace_margin, watch_interval, store_poll, hang_multiplier, hang_period = (
+            _seconds(name, value) for name, value in (
+                ("ack_timeout", ack_timeout), ("grace_margin", grace_margin),
+                ("watch_interval", watch_interval), ("store_poll", store_poll),
+                ("hang_multiplier", hang_multiplier), ("hang_period", hang_period)))
+        grace = None if grace is None else _seconds("grace", grace)
+        hang_timeout = None if hang_timeout is None else _seconds("hang_timeout", hang_timeout)
         task = _env_int("RANK", 0) if task is None else int(task)
         num_tasks = _env_int("WORLD_SIZE", 1) if num_tasks is None else int(num_tasks)
         if run_id is None:
@@ -550,9 +584,9 @@ class Handler(_ext.Handler):
         run_id = str(run_id).replace("/", "_") or "default"
         restart = _env_int("TORCHELASTIC_RESTART_COUNT", 0) if restart is None else int(restart)
         if incarnation is None and store != "torch":
-            incarnation = _take_incarnation(store, run_id, task, float(ack_timeout))
+            incarnation = _take_incarnation(store, run_id, task, ack_timeout)
         elif incarnation is None and torch_store is None:
-            incarnation = _torch_incarnation(float(ack_timeout))
+            incarnation = _torch_incarnation(ack_timeout)
         if incarnation is not None:
             restart = int(incarnation)
         if store == "torch" and torch_store is None:
@@ -562,12 +596,10 @@ class Handler(_ext.Handler):
                                    "torch.distributed.init_process_group() first")
             torch_store = dist.distributed_c10d._get_default_store()
         super().__init__(preset, store, torch_store if store == "torch" else None, task,
-                         num_tasks, run_id, restart, checkpoints, float(ack_timeout),
-                         None if grace is None else float(grace), float(grace_margin),
-                         float(watch_interval), float(store_poll),
+                         num_tasks, run_id, restart, checkpoints, ack_timeout, grace,
+                         grace_margin, watch_interval, store_poll,
                          os.fspath(notice_file) if notice_file else "", hang_policy,
-                         None if hang_timeout is None else float(hang_timeout),
-                         float(hang_multiplier), int(hang_warmup_steps), float(hang_period),
+                         hang_timeout, hang_multiplier, int(hang_warmup_steps), hang_period,
                          int(hang_exit_code), on_hang)
 
     def __enter__(self):

@@ -1,0 +1,79 @@
+"""A Handler given a value it cannot use fails at once, naming the parameter and what it takes
+(issue 44, item 4): store= lists every accepted form, 'torch' included; grace= and the other
+durations name themselves (not "could not convert string to float"); a notice file that could
+never appear is refused, naming the path. One task over a file:// store.
+
+    /path/to/venv/bin/python tests/pytorch/test_bad_values.py [name ...]
+
+Exits non-zero when a case fails; the last line is "N passed, M failed".
+"""
+
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_store_support as sup  # noqa: E402
+
+hf = sup.load_holdfast()
+
+CASES, case = sup.case_list()
+check = sup.check
+FAST = 5.0  # seconds: a refusal never waits for the store or for peers
+
+
+def refused(d, exc, **kw):
+    """The exception Handler(**kw) raises (over a file:// store in `d` unless kw names one),
+    checked to be an `exc` raised within FAST seconds."""
+    ckpt = hf.CheckpointManager(os.path.join(d, "ckpt"), save=lambda d, s: None,
+                                restore=lambda d, s: None)
+    args = dict(store="file://" + os.path.join(d, "kv"), checkpoints=ckpt, task=0, num_tasks=1,
+                run_id="bad", restart=0)
+    args.update(kw)
+    t0 = time.monotonic()
+    try:
+        with hf.Handler(**args):
+            pass
+    except exc as e:
+        took = time.monotonic() - t0
+        check(took < FAST, f"{kw}: refused after {took:.1f} s")
+        return str(e)
+    raise AssertionError(f"Handler({kw}) was accepted")
+
+
+@case
+def a_bad_store_lists_every_accepted_form_torch_included():
+    with tempfile.TemporaryDirectory() as d:
+        for bad in ("toch", "/tmp/kv", "redis://h:1", ""):
+            msg = refused(d, ValueError, store=bad)
+            for form in ("store", "'torch'", "file://", "etcd://", "etcds://", repr(bad)):
+                check(form in msg, f"store={bad!r}: {form} not in {msg!r}")
+
+
+@case
+def a_bad_duration_names_its_parameter():
+    with tempfile.TemporaryDirectory() as d:
+        for name, bad in (("grace", "30s"), ("ack_timeout", "3m"), ("hang_timeout", "1h"),
+                          ("grace_margin", None), ("watch_interval", True)):
+            msg = refused(d, ValueError, **{name: bad})
+            check(msg.startswith(name + " takes a number"), f"{name}={bad!r}: {msg!r}")
+            check(repr(bad) in msg, f"{name}={bad!r}: the value not in {msg!r}")
+        msg = refused(d, ValueError, grace="30s")
+        check("could not convert" not in msg, msg)
+
+
+@case
+def a_notice_file_that_could_never_appear_is_refused():
+    with tempfile.TemporaryDirectory() as d:
+        missing = os.path.join(d, "no-such-dir", "preempt")
+        msg = refused(d, hf.Error, notice_file=missing)
+        check(missing in msg, f"the path not in {msg!r}")
+        check(os.path.join(d, "no-such-dir") in msg, f"the directory not in {msg!r}")
+        open(os.path.join(d, "file"), "w").close()
+        msg = refused(d, hf.Error, notice_file=os.path.join(d, "file", "preempt"))
+        check("not a directory" in msg, msg)
+
+
+if __name__ == "__main__":
+    sup.exit_now(sup.run_cases(CASES, sys.argv[1:]))
