@@ -176,6 +176,8 @@ TEST_CASE("multinode: a node cut off is unreachable and back once reconnected") 
     auto iso = isolated.wait(10s);
     INFO(iso.failures);
     CHECK(iso.ok());
+    // When node 1's member led, the other two elect a leader first: a put before that times out.
+    mn.wait_etcd_healthy({0, 2}, 10s);
     kv_on({mn.etcd_endpoint(0), mn.etcd_endpoint(2)}).put("during", "the cut");
     mn.reconnect(1);
     mn.wait_etcd_healthy({1}, 10s);
