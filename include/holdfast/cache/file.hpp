@@ -95,11 +95,6 @@ struct cache_file {
     const char* t = std::getenv("TMPDIR");
     return t && *t ? std::string(t) : std::string("/tmp");
   }
-  static std::string dir_of(const std::string& p) {
-    auto slash = p.rfind('/');
-    if (slash == std::string::npos) return ".";
-    return slash == 0 ? std::string("/") : p.substr(0, slash);
-  }
   static off_t to_off(std::uint64_t v) noexcept { return static_cast<off_t>(v); }
   static std::size_t to_size(std::uint64_t v) noexcept { return static_cast<std::size_t>(v); }
   static std::string str(std::uint64_t v) { return std::to_string(v); }

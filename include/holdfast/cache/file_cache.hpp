@@ -107,6 +107,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/path.hpp"  // parent_directory: the cache file's directory
 #include "../error.hpp"
 #include "../io.hpp"
 #include "file.hpp"      // detail::cache_file: the state and the open-time work
@@ -350,7 +351,7 @@ class basic_file_cache {
   bool preserve(const std::string& name) {
     state& s = *s_;
     std::string target =
-        name.find('/') == std::string::npos ? state::dir_of(s.path) + "/" + name : name;
+        name.find('/') == std::string::npos ? detail::parent_directory(s.path) + "/" + name : name;
     if (s.writable) {
       lock_guard guard(s);
       if (!link_to(target)) return false;
@@ -360,7 +361,7 @@ class basic_file_cache {
     }
     s.frozen = true;
     sync_file(s.fd);
-    sync_directory<Io>(state::dir_of(target));
+    sync_directory<Io>(detail::parent_directory(target));
     return true;
   }
 

@@ -350,7 +350,7 @@ class basic_store {
   void make_dirs(const std::string& path) const {
     auto created = detail::store_make_dirs<io_type>(path);
     if (!created.empty())
-      detail::store_sync_dir<durability_type, io_type>(detail::store_parent(created[0]));
+      detail::store_sync_dir<durability_type, io_type>(detail::parent_directory(created[0]));
     for (const auto& dir : created)
       if (dir != created.back()) detail::store_sync_dir<durability_type, io_type>(dir);
   }
@@ -387,7 +387,7 @@ class basic_store {
     struct stat est {};
     while (io_type::stat(existing.c_str(), &est) != 0) {
       if (errno != ENOENT) throw error(errno, "stat", existing);
-      std::string up = detail::store_parent(existing);
+      std::string up = detail::parent_directory(existing);
       if (up == existing) return false;
       existing = std::move(up);
     }
@@ -606,7 +606,7 @@ class basic_store {
         continue;
       }
       target = detail::store_join(remote, rel);
-      std::string parent = detail::store_parent(target);
+      std::string parent = detail::parent_directory(target);
       if (!made.count(parent)) {
         make_dirs(parent);
         made.insert(parent);

@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../detail/path.hpp"  // parent_directory
 #include "../error.hpp"
 #include "../io.hpp"
 #include "../publish.hpp"  // remove_tree, detail::sync_dir_fd
@@ -41,13 +42,6 @@ inline std::string store_join(const std::string& dir, std::string_view name) {
   if (dir.empty()) return std::string(name);
   if (dir.back() == '/') return dir + std::string(name);
   return dir + "/" + std::string(name);
-}
-
-inline std::string store_parent(const std::string& path) {
-  auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
 }
 
 // lstat: false when the path does not exist; throws on any other failure.
@@ -94,7 +88,7 @@ std::vector<std::string> store_make_dirs(const std::string& path, mode_t mode = 
     throw error(ENOTDIR, "mkdir", path);
   }
   if (errno != ENOENT) throw error(errno, "stat", path);
-  std::string parent = store_parent(path);
+  std::string parent = parent_directory(path);
   if (parent != path && parent != "." && parent != "/") created = store_make_dirs<Io>(parent, mode);
   if (Io::mkdir(path.c_str(), mode) != 0) {
     if (errno != EEXIST) throw error(errno, "mkdir", path);

@@ -41,6 +41,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../detail/path.hpp"   // parent_directory: file_notice checks its directory
 #include "../detail/waker.hpp"  // waker_slot: what the polling thread notifies
 #include "../error.hpp"
 #include "../io.hpp"
@@ -216,8 +217,7 @@ class basic_file_notice : public polled_notice<detail::file_exists<Io>> {
  private:
   static std::string checked(std::string path) {
     if (path.empty()) throw error(EINVAL, "file_notice", path, "an empty path never appears");
-    const std::size_t slash = path.find_last_of('/');
-    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash ? slash : 1);
+    const std::string dir = detail::parent_directory(path);
     struct stat st {};
     if (Io::stat(dir.c_str(), &st) != 0)
       throw error(errno, "file_notice", path, "its directory '" + dir + "' cannot be read");

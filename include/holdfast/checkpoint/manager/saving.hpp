@@ -148,7 +148,7 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
   void open_writer() {
     auto created = detail::store_make_dirs<io_type>(dir);
     if (!created.empty())
-      detail::store_sync_dir<durability_type, io_type>(detail::store_parent(created[0]));
+      detail::store_sync_dir<durability_type, io_type>(detail::parent_directory(created[0]));
     for (std::size_t i = 0; i + 1 < created.size(); ++i)
       detail::store_sync_dir<durability_type, io_type>(created[i]);
     lock.acquire();
