@@ -370,6 +370,9 @@ int run_worker(const options& o, Kv kv) {
           const holdfast::kv_call_deadline bound(clock_type::now() + 300ms);
           return fn();
         } catch (const std::exception& e) {
+          // Checked again here: the agreement may have failed while fn() waited, and then it is
+          // no longer under way, so timed_out() turns true and the store's error would escape.
+          if (handler.agreement_failed()) throw holdfast::step_abandoned{};
           if (!holdfast::is_transient_kv_error(e) || timed_out()) throw;
         }
         std::this_thread::sleep_for(20ms);
@@ -391,7 +394,10 @@ int run_worker(const options& o, Kv kv) {
       else
         missing.push_back(p);
     }
-    if (!missing.empty()) throw holdfast::agreement_timeout(prefix, missing);
+    if (!missing.empty()) {
+      if (handler.agreement_failed()) throw holdfast::step_abandoned{};  // as above
+      throw holdfast::agreement_timeout(prefix, missing);
+    }
     apply_update(m, grads);
     if (s >= 2) {  // cleanup of an older step's gradients: best effort, bounded
       try {
