@@ -99,6 +99,16 @@ TEST_CASE("kv url: refusals name the url and the offset") {
   } catch (const holdfast::format_error& e) {
     CHECK(std::string(e.what()).find("offset 9: NUL") != std::string::npos);
   }
+  try {  // DEL is a control byte as those below ' ' are (url_fuzz found a host holding one)
+    parse_kv_url(
+        "etcd://h\x7f"
+        "1:2379");
+    FAIL("accepted a DEL in a host");
+  } catch (const holdfast::format_error& e) {
+    CHECK(std::string(e.what()).find("offset 7: character '\\x7f' not allowed in a host") !=
+          std::string::npos);
+    CHECK(e.path() == "etcd://h\\x7f1:2379");
+  }
 }
 
 TEST_CASE("kv url: the secure form etcds:// with its query") {

@@ -150,7 +150,8 @@ inline std::string kv_url_member(std::string_view member, const std::string& url
     bad("character '@' not allowed in a host: no user info in a store URL (authenticate with "
         "user= and password_file= or password_env= in an etcds:// URL)");
   for (char c : member)
-    if (c == '?' || c == '#' || c == '%' || c == '\0' || static_cast<unsigned char>(c) <= ' ')
+    if (c == '?' || c == '#' || c == '%' || c == '\0' || static_cast<unsigned char>(c) <= ' ' ||
+        c == '\x7f')
       bad(std::string("character '") + (c == '\0' ? std::string("\\0") : std::string(1, c)) +
           "' not allowed in a host");
   const std::size_t close = member.rfind(']');
