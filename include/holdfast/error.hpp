@@ -9,6 +9,10 @@
 //     bytes as given.
 //   - Bad input (a malformed file, a corrupt cache or checkpoint, an invalid key) also derives from
 //     holdfast::error, so one catch clause sees every holdfast failure.
+//   - agreement_timeout and agreement_unreachable end their what() with what happened (the
+//     missing tasks and the bound; the cause's own message), not an errno's text: a timeout
+//     over a directory store never reads "Connection timed out", and an unreachable store's
+//     code() is the cause's errno.
 //   - Expected outcomes (a filled slot, an existing key, a timeout) are values, never exceptions.
 //   - holdfast::step_abandoned is not a failure and not a holdfast::error: a step throws it for
 //     the handler's run() to catch (a step's own catch of std::exception would swallow it).
@@ -19,6 +23,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <exception>  // std::exception: errnum_of
 #include <string>
 #include <system_error>
 #include <utility>
@@ -47,6 +52,21 @@ class error : public std::system_error {
   const std::string& path() const noexcept { return path_; }
   /// The errno value (same as code().value()).
   int errnum() const noexcept { return code().value(); }
+  /// "op 'path' (detail): <errno's text>", or without the errno's text where a subclass says
+  /// it would mislead (a timeout of a directory store is no "Connection timed out").
+  const char* what() const noexcept override {
+    return own_what_.empty() ? std::system_error::what() : own_what_.c_str();
+  }
+
+ protected:
+  /// As above, but what() ends with the detail: `errnum` is kept as code() only, its text not
+  /// appended (the detail says what happened, or carries the cause's own text).
+  struct no_errno_text {};
+  error(int errnum, std::string operation, std::string path, const std::string& detail,
+        no_errno_text)
+      : error(errnum, std::move(operation), std::move(path), detail) {
+    own_what_ = describe(operation_, path_, detail);
+  }
 
  private:
   static std::string describe(const std::string& op, const std::string& path,
@@ -59,6 +79,7 @@ class error : public std::system_error {
 
   std::string operation_;
   std::string path_;
+  std::string own_what_;  // what() when set (no_errno_text)
 };
 
 /// Malformed input file or message: names the file and the line or byte offset (errno EINVAL).
@@ -102,11 +123,16 @@ class checkpoint_corrupt : public error {
   std::string file_;
 };
 
-/// Workers did not all answer within the agreement deadline (errno ETIMEDOUT).
+/// Workers did not all answer within the agreement deadline (errno ETIMEDOUT). what() names
+/// the outcome key and the missing tasks, and the bound where the raiser knows it: "agree
+/// 'holdfast/r/restore/step' (no answer from tasks 1 within 600 s, handler_options::
+/// restore_timeout)". It ends there: whatever the store, no "Connection timed out".
 class agreement_timeout : public error {
  public:
-  agreement_timeout(std::string key, std::vector<int> missing_tasks)
-      : error(ETIMEDOUT, "agree", std::move(key), "no answer from tasks " + join(missing_tasks)),
+  agreement_timeout(std::string key, std::vector<int> missing_tasks, const std::string& bound = {})
+      : error(ETIMEDOUT, "agree", std::move(key),
+              "no answer from tasks " + join(missing_tasks) + (bound.empty() ? "" : " " + bound),
+              no_errno_text{}),
         missing_(std::move(missing_tasks)) {}
   /// The task ids that never answered.
   const std::vector<int>& missing_tasks() const noexcept { return missing_; }
@@ -124,13 +150,24 @@ class agreement_timeout : public error {
 };
 
 /// This worker could not reach the coordination store to read or record the outcome of an
-/// agreement before its deadline (errno EHOSTUNREACH). It did not save; its peers follow the
-/// outcome they recorded. The restore agreement keeps the restarted job on one step.
+/// agreement before its deadline, or at the start (handler_options::start_timeout). It did not
+/// save; its peers follow the outcome they recorded. The restore agreement keeps the restarted
+/// job on one step. code() is the cause's errno (the last store error's: ECONNREFUSED,
+/// ETIMEDOUT, ...; EHOSTUNREACH when the cause carried none), and what() ends with the cause's
+/// own message, no errno text added.
 class agreement_unreachable : public error {
  public:
-  agreement_unreachable(std::string key, const std::string& why)
-      : error(EHOSTUNREACH, "agree", std::move(key), why) {}
+  agreement_unreachable(std::string key, const std::string& why, int errnum = EHOSTUNREACH)
+      : error(errnum > 0 ? errnum : EHOSTUNREACH, "agree", std::move(key), why, no_errno_text{}) {}
 };
+
+namespace detail {
+/// The errno a store error carries (a std::system_error's code), else 0.
+inline int errnum_of(const std::exception& e) noexcept {
+  auto* s = dynamic_cast<const std::system_error*>(&e);
+  return s ? s->code().value() : 0;
+}
+}  // namespace detail
 
 /// Another worker's step failed; raised on every other worker (errno ECANCELED).
 class peer_error : public error {

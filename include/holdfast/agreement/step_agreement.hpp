@@ -205,6 +205,7 @@ struct agreement_failure_info {
   int task = -1;                            ///< peer or local: the task whose step threw
   std::string type_name;                    ///< peer or local: the exception's type name
   std::string message;                      ///< peer or local: its what(); unreachable: why
+  int errnum = 0;                           ///< unreachable: the store error's errno (0: none)
   std::vector<int> missing_tasks;           ///< timeout: tasks with no ack, as recorded
   agreement_key key = agreement_key::step;  ///< timeout, unreachable: the outcome key
   std::uint64_t round = 0;                  ///< timeout, unreachable: its round
@@ -342,13 +343,14 @@ class basic_step_agreement {
   /// goes on to record the round's outcome (list the acks, insert a timeout naming the missing
   /// tasks, or follow what is recorded); when recording fails too, it fails with kind
   /// unreachable: this worker never saves in this round and raises agreement_unreachable.
-  void on_store_failure(const std::string& why) {
+  void on_store_failure(const std::string& why, int errnum = 0) {
     if (inert()) return;
     outbox_.clear();
     if (recording_ || !agreeing()) {
       failure_ = agreement_failure_info{};
       failure_.kind = agreement_failure::unreachable;
       failure_.message = why;
+      failure_.errnum = errnum;
       failure_.key = step_key();
       failure_.round = round_;
       state_ = agreement_state::failed;

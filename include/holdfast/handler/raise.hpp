@@ -4,7 +4,8 @@
 //
 // Guarantees:
 //   - timeout: agreement_timeout naming the round's outcome key (under the run scope) and the
-//     missing tasks as recorded; unreachable: agreement_unreachable naming that key and why.
+//     missing tasks as recorded; unreachable: agreement_unreachable naming that key and why, with
+//     the store error's errno.
 //   - hang: hang_detected with the recorded verdict's task, phase, step, elapsed time and bound
 //     (handler/hang.hpp); a value that is no verdict still raises hang_detected (phase "unknown",
 //     step -1, the value as its message).
@@ -33,7 +34,7 @@ namespace detail {
   if (f.kind == agreement_failure::timeout)
     throw agreement_timeout(agreement_key_name(scope, f.key, f.round), f.missing_tasks);
   if (f.kind == agreement_failure::unreachable)
-    throw agreement_unreachable(agreement_key_name(scope, f.key, f.round), f.message);
+    throw agreement_unreachable(agreement_key_name(scope, f.key, f.round), f.message, f.errnum);
   if (f.kind == agreement_failure::hang) {
     auto a = parse_agreement_value(f.message);
     if (auto v = a ? hang_verdict_of(*a) : std::nullopt)

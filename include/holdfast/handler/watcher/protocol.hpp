@@ -36,7 +36,8 @@
 #include <utility>
 
 #include "../../agreement/keys.hpp"
-#include "../../kv.hpp"  // kv_pairs, has_kv_list_v: the machine's list of the acks
+#include "../../error.hpp"  // errnum_of: a store failure's errno for the machine
+#include "../../kv.hpp"     // kv_pairs, has_kv_list_v: the machine's list of the acks
 #include "../../version.hpp"
 #include "acks.hpp"
 
@@ -158,7 +159,7 @@ class watcher_protocol : public watcher_acks<Config, Kv, Clock, Hang> {
       }
     } catch (const std::exception& e) {
       if (!lock.owns_lock()) lock.lock();
-      if (!stop_.load()) machine_.on_store_failure(e.what());
+      if (!stop_.load()) machine_.on_store_failure(e.what(), detail::errnum_of(e));
     }
     return true;
   }

@@ -19,6 +19,7 @@
 #include <optional>
 #include <thread>
 
+#include "../../error.hpp"  // errnum_of: a store failure's errno for the machine
 #include "../../version.hpp"
 #include "../traits.hpp"  // to_clock: a notice's times on the handler's Clock
 #include "triggers.hpp"
@@ -93,7 +94,7 @@ class watcher_thread : public watcher_triggers<Config, Kv, Clock, Hang> {
         worked = protocol_step(lock);
       } catch (const std::exception& e) {  // not a store error (those are fed to the machine)
         if (!lock.owns_lock()) lock.lock();
-        machine_.on_store_failure(e.what());
+        machine_.on_store_failure(e.what(), detail::errnum_of(e));
         worked = true;
       }
       if (worked) {
