@@ -8,13 +8,18 @@
 // thread (fork + TSAN).
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/stat.h>  // chmod: a store directory this worker cannot write
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>  // std::remove
+#include <filesystem>
 #include <holdfast/agreement.hpp>
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -22,6 +27,7 @@
 #include <vector>
 
 #include "support/etcd_client.hpp"
+#include "support/http_server.hpp"  // refused_url, blackhole: an etcd out of reach at the start
 #include "support/process_job.hpp"
 #include "support/watch_follow.hpp"
 
@@ -383,4 +389,181 @@ TEST_CASE("etcd lease: a worker frozen past the lease TTL still follows the reco
     if (e.key == step_key && e.value) outcomes.insert(*e.value);
   CHECK(outcomes == std::set<std::string>{*recorded});  // never a second, different outcome
   CHECK(observer.try_get(step_key) == recorded);
+}
+
+// ---- issue 44, item 2: a start that fails in seconds and says why ------------------------------
+
+namespace start_case {
+
+using namespace std::chrono_literals;
+
+// How one handler's construction ended, as its child process wrote it: "constructed", or the
+// exception's kind ("unreachable", "timeout", "error", "other"), its errno, the milliseconds the
+// constructor took, and its what().
+struct start_result {
+  std::string kind;
+  int errnum = 0;
+  double ms = 0;
+  std::string what;
+};
+
+// Task 0 of `n` constructed over `kv` with `o` (a SIGTERM notice, the default Checkpointer in
+// `dir`), in a child (the parent starts no thread); `as_nobody`: the child runs as nobody when
+// the test runs as root (root ignores permission bits). The handler types are the suite's.
+template <class Kv>
+start_result start(const holdfast_test::job& j, Kv kv, int n, const holdfast::handler_options& o,
+                   bool as_nobody = false) {
+  const std::string out = j.dir / "start-result";
+  std::remove(out.c_str());
+  holdfast_test::child kid([&] {
+    if (as_nobody && ::geteuid() == 0) {
+      CHILD_REQUIRE(::setgid(65534) == 0);
+      CHILD_REQUIRE(::setuid(65534) == 0);
+    }
+    holdfast_test::worker_state st;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto took = [&] {
+      return std::to_string(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    };
+    std::string line;
+    try {
+      holdfast::preemption_handler<holdfast::presets::generic, Kv> h(
+          holdfast::presets::generic(), std::move(kv), {0, n, "start"},
+          holdfast_test::make_checkpoints(j.dir / "ckpt", &st), o);
+      line = "constructed 0 " + took() + " -";
+    } catch (const holdfast::agreement_unreachable& e) {
+      line = "unreachable " + std::to_string(e.errnum()) + " " + took() + " " + e.what();
+    } catch (const holdfast::agreement_timeout& e) {
+      line = "timeout " + std::to_string(e.errnum()) + " " + took() + " " + e.what();
+    } catch (const holdfast::error& e) {
+      line = "error " + std::to_string(e.errnum()) + " " + took() + " " + e.what();
+    } catch (const std::exception& e) {
+      line = "other 0 " + took() + " " + e.what();
+    }
+    holdfast_test::append_line(out, line);
+  });
+  auto r = kid.wait(60s);
+  REQUIRE_MESSAGE(r.ok(), r.failures);
+  const auto lines = holdfast_test::read_lines(out);
+  REQUIRE(lines.size() == 1);
+  start_result s;
+  std::istringstream in(lines[0]);
+  in >> s.kind >> s.errnum >> s.ms;
+  std::getline(in >> std::ws, s.what);
+  return s;
+}
+
+holdfast::etcd_kv etcd_at(const std::string& url, std::chrono::milliseconds request_timeout) {
+  holdfast::etcd_options e;
+  e.endpoints = {url};
+  e.request_timeout = request_timeout;
+  return holdfast::etcd_kv(e, {"start", 0});
+}
+
+}  // namespace start_case
+
+TEST_CASE("start: the defaults bound the start to 10 s and the restore wait to 10 minutes") {
+  const holdfast::handler_options o;
+  CHECK(o.start_timeout == std::chrono::seconds(10));
+  CHECK(o.restore_timeout == std::chrono::minutes(10));
+  CHECK(o.restore_report_interval == std::chrono::seconds(10));
+}
+
+TEST_CASE(
+    "start: an etcd nobody listens on fails the start by start_timeout, with its URL and "
+    "ECONNREFUSED") {
+  // Before: the restore agreement retried until ack_timeout, recorded, retried for one more, then
+  // raised "...: Connection refused): No route to host" (a fixed EHOSTUNREACH): 360 s by default.
+  using namespace std::chrono_literals;
+  holdfast_test::job j;
+  const std::string url = holdfast_test::refused_url();
+  holdfast::handler_options o;
+  o.start_timeout = 1500ms;
+  auto s = start_case::start(j, start_case::etcd_at(url, 5000ms), 2, o);
+  INFO(s.kind << " after " << s.ms << " ms: " << s.what);
+  CHECK(s.kind == "unreachable");
+  CHECK(s.errnum == ECONNREFUSED);
+  CHECK(s.ms >= 1500);
+  CHECK(s.ms < 1500 + 1500);
+  CHECK(s.what.find(url.substr(7)) != std::string::npos);  // "127.0.0.1:<port>"
+  CHECK(s.what.find("Connection refused") != std::string::npos);
+  CHECK(s.what.find("start_timeout") != std::string::npos);
+  CHECK(s.what.find("No route to host") == std::string::npos);
+}
+
+TEST_CASE(
+    "start: an etcd endpoint that never answers fails the start by start_timeout, as "
+    "ETIMEDOUT") {
+  // Its request_timeout (5 s) is longer than the start's bound: the bound still holds.
+  using namespace std::chrono_literals;
+  holdfast_test::job j;
+  holdfast_test::blackhole silent;
+  holdfast::handler_options o;
+  o.start_timeout = 1500ms;
+  auto s = start_case::start(j, start_case::etcd_at(silent.url(), 5000ms), 2, o);
+  INFO(s.kind << " after " << s.ms << " ms: " << s.what);
+  CHECK(s.kind == "unreachable");
+  CHECK(s.errnum == ETIMEDOUT);
+  CHECK(s.ms >= 1400);
+  CHECK(s.ms < 1500 + 1500);
+  CHECK(s.what.find(silent.url().substr(7)) != std::string::npos);
+  CHECK(s.what.find("start_timeout") != std::string::npos);
+}
+
+TEST_CASE(
+    "start: a store directory this worker cannot write fails the start at once, naming "
+    "the file and EACCES") {
+  holdfast_test::job j;
+  const std::string root = j.dir / "kv-ro";
+  holdfast::filesystem_kv(root, {"start", 0}).put("warm", "x");  // the namespace exists
+  for (auto& e : std::filesystem::recursive_directory_iterator(root))
+    if (e.is_directory()) ::chmod(e.path().c_str(), 0555);
+  ::chmod(root.c_str(), 0555);
+  ::chmod(j.dir.path().c_str(), 0777);  // nobody makes its checkpoint directory there
+  holdfast::handler_options o;
+  o.start_timeout = 5s;
+  auto s = start_case::start(j, holdfast::filesystem_kv(root, {"start", 0}), 2, o, true);
+  INFO(s.kind << " after " << s.ms << " ms: " << s.what);
+  CHECK(s.kind == "error");
+  CHECK(s.errnum == EACCES);
+  CHECK(s.ms < 1000);  // not retried: no outage, a permission
+  CHECK(s.what.find(root) != std::string::npos);
+  CHECK(s.what.find("Permission denied") != std::string::npos);
+}
+
+TEST_CASE(
+    "start: the restore wait reports who is there every interval and ends by "
+    "restore_timeout, stating it; over a directory no 'Connection'") {
+  using namespace std::chrono_literals;
+  holdfast_test::job j;
+  const std::string lines_file = j.dir / "start-lines";
+  holdfast::handler_options o;
+  o.restore_timeout = 900ms;
+  o.restore_report_interval = 250ms;
+  o.ack_timeout = 2s;  // recording the outcome: not the wait's bound
+  o.log = [lines_file](std::string_view l) {
+    holdfast_test::append_line(lines_file, std::string(l));
+  };
+  // 3 tasks: task 2's list is there, task 1 never comes
+  holdfast::filesystem_kv kv(j.dir / "kv", {"start", 0});
+  kv.put("holdfast/start/restore/have/2", "");
+  auto s = start_case::start(j, kv, 3, o);
+  INFO(s.kind << " after " << s.ms << " ms: " << s.what);
+  CHECK(s.kind == "timeout");
+  CHECK(s.errnum == ETIMEDOUT);
+  CHECK(s.ms >= 900);
+  CHECK(s.ms < 900 + 1500);
+  CHECK(s.what.find("no answer from tasks 1 within 900 ms (handler_options::restore_timeout)") !=
+        std::string::npos);
+  CHECK(s.what.find("Connection") == std::string::npos);
+  const auto lines = holdfast_test::read_lines(lines_file);
+  CHECK(lines.size() >= 2);  // at 250, 500, 750 ms
+  CHECK(lines.size() <= 4);
+  for (const auto& l : lines) {
+    INFO(l);
+    CHECK(l.rfind("restore agreement: task 0 waited ", 0) == 0);
+    CHECK(l.find("for the checkpoints of tasks 1 (there: 0,2; it gives up within 900 ms") !=
+          std::string::npos);
+  }
 }

@@ -14,7 +14,8 @@
 //     that hung never becomes the latest checkpoint;
 //   - no false verdict: steps inside their bound, hang_none, and pause_hang_detection(); a
 //     relaunch's set-up before its first step boundary (held to the warm-up floor, not the
-//     learned step bound) and its restore (held to the restore bound its checkpoint recorded);
+//     learned step bound), its restore (held to the restore bound its checkpoint recorded) and
+//     the restore agreement's wait for a task that starts late (held to the start's bounds);
 //   - no unwatched step: the step after a pause or after a no_exit save is watched from run()'s
 //     entry;
 //   - a verdict beside the rounds reaches every worker over a store whose watch follows named
@@ -631,6 +632,51 @@ TEST_CASE("a relaunch's restore is held to the restore bound its checkpoint reco
   CHECK(r.size() == 0);
   CHECK(recorded_verdicts(kv, "slow").empty());
   CHECK(h.learned_hang_bounds().restore >= 900ms);  // this restore, for the next start
+}
+
+// relaunched_checkpoints with the restore agreement's two calls (checkpoint_manager's): every
+// task holds step 100.
+struct agreeing_checkpoints : relaunched_checkpoints {
+  std::vector<std::int64_t> all_steps() const { return {100}; }
+  std::optional<std::int64_t> restore_step(std::int64_t step) { return step; }
+};
+static_assert(holdfast::has_step_restore_v<agreeing_checkpoints>);
+
+TEST_CASE("the restore agreement's wait for a late task is not judged a hang of the restore") {
+  // Task 1 starts 1 s after task 0, whose restore waits for it in the agreement: past the
+  // 400 ms restore floor, but the wait is task 1's, bounded by the start's own timeouts.
+  reports r;
+  auto o = fast_options(&r);
+  o.agree_on_restore = true;
+  o.start_timeout = 2s;
+  o.restore_timeout = 5s;
+  o.ack_timeout = 2s;
+  holdfast::in_process_kv kv(holdfast::kv_namespace("hang", "0"));
+  std::atomic<bool> flag{false};
+  using handler_t =
+      holdfast::preemption_handler<config_t, holdfast::in_process_kv, agreeing_checkpoints, steady,
+                                   holdfast::hang_report>;
+  auto make = [&](int task) {
+    return std::make_unique<handler_t>(
+        config_t(flag_notice(flag_poll{&flag}, 1ms), holdfast::no_exit{}), kv,
+        holdfast::cluster_info{task, 2, "late"},
+        agreeing_checkpoints{{learned_20ms_steps(), 0ms, nullptr}}, o);
+  };
+  std::unique_ptr<handler_t> first;
+  const auto t0 = steady::now();
+  std::thread early([&] { first = make(0); });
+  std::this_thread::sleep_for(1s);
+  auto second = make(1);
+  early.join();
+  CHECK(steady::now() - t0 >= 1s);  // task 0's start waited for task 1
+  CHECK(first->restored_step() == std::optional<std::int64_t>(100));
+  CHECK(second->restored_step() == std::optional<std::int64_t>(100));
+  CHECK(first->hang_bound(hang_phase::restore) >=
+        std::chrono::nanoseconds(o.start_timeout + o.restore_timeout + o.ack_timeout));
+  first->run([] {});
+  second->run([] {});
+  CHECK(r.size() == 0);
+  CHECK(recorded_verdicts(kv, "late").empty());
 }
 
 TEST_CASE("the step after a pause and after a no_exit save is watched from run()'s entry") {

@@ -250,6 +250,14 @@ class hang_learner {
                          std::memory_order_relaxed);
   }
 
+  /// The restore's bound is at least `d` from now on (a restore agreement that bounds its own
+  /// wait for the other tasks: that wait is theirs, not this task's hang).
+  void hold_restore_floor(std::chrono::milliseconds d) noexcept {
+    restore_floor_ = std::max(restore_floor_, d);
+    restore_bound_.store(detail::hang_bound_ns(k_, restore_max_, restore_floor_),
+                         std::memory_order_relaxed);
+  }
+
   /// What was learned (for the checkpoint metadata).
   hang_bounds bounds() const noexcept {
     return {std::max(prev_, cur_), save_max_, restore_max_, steps_};

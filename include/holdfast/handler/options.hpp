@@ -15,7 +15,7 @@
 #include <functional>  // std::function: periodic_save_options' hooks
 #include <string>
 
-#include "../log.hpp"  // log_fn: a periodic save skipped
+#include "../log.hpp"  // log_fn: a periodic save skipped, the restore agreement's wait
 #include "../version.hpp"
 #include "hang.hpp"  // hang_options
 
@@ -59,9 +59,22 @@ struct periodic_save_options {
 
 /// Tuning of the agreement.
 struct handler_options {
-  /// How long a worker waits for every other worker's ack (XLA's barrier: 3 minutes); also the
-  /// bound of the start-up restore agreement.
+  /// How long a worker waits for every other worker's ack (XLA's barrier: 3 minutes); at the
+  /// start, how long recording the restore agreement's outcome may take after the wait below.
   std::chrono::milliseconds ack_timeout{std::chrono::minutes(3)};
+  /// At construction, how long the start may take to reach the store at all: its reads of the
+  /// keys an earlier launch may have left and its put of this task's checkpoints. A store out of
+  /// reach that long (refused, unreachable, not answering) fails the start with
+  /// agreement_unreachable carrying the store's own error (its URL or path) and errno.
+  std::chrono::milliseconds start_timeout{std::chrono::seconds(10)};
+  /// At construction, how long the restore agreement waits for every task's checkpoints (the
+  /// ranks of one job may start minutes apart); then agreement_timeout names the tasks that
+  /// never came, and this bound.
+  std::chrono::milliseconds restore_timeout{std::chrono::minutes(10)};
+  /// While the restore agreement waits, a line this often names the tasks there and those not.
+  std::chrono::milliseconds restore_report_interval{std::chrono::seconds(10)};
+  /// Where the handler's own lines go (the restore agreement's wait; empty: log_to_stderr).
+  log_fn log;
   /// The fallback slice: how long one blocking get lasts over a store that cannot be waited on
   /// (no watch()), and the longest sleep when a notice source cannot wake the watcher. Stores
   /// with a watch and waking notices do not use it. A claimant reading acks in batches (a

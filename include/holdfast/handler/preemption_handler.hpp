@@ -276,6 +276,11 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     const auto t0 = std::chrono::steady_clock::now();
     if constexpr (detects_hangs) {  // the restore is held to the bound its predecessor learned
       if (auto b = detail::checkpointer_newest_hang_bounds(checkpointer_)) learner_.seed(*b);
+      if constexpr (has_step_restore_v<Checkpointer>) {  // the agreement's wait is bounded
+        if (options_.agree_on_restore)
+          learner_.hold_restore_floor(options_.start_timeout + options_.restore_timeout +
+                                      options_.ack_timeout + options_.hang.period);
+      }
     }
     guard_restore([&] {
       restored_ = detail::restore_at_start(
