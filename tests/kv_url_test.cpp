@@ -8,6 +8,7 @@
 #include <holdfast/kv/any.hpp>
 #include <holdfast/kv/in_process.hpp>
 #include <holdfast/kv/url.hpp>
+#include <holdfast/store/url.hpp>  // parse_store_url: one rule for plain paths
 #include <string>
 #include <thread>
 #include <utility>
@@ -59,6 +60,29 @@ TEST_CASE("kv url: file and etcd forms") {
   CHECK(parse_kv_url("etcd://h").prefix == "holdfast");
   CHECK(parse_kv_url("etcd://h:1/p/").prefix == "p");
   CHECK(parse_kv_url("etcd://[::1]").endpoints == std::vector<std::string>{"http://[::1]:2379"});
+}
+
+TEST_CASE("kv url: an absolute path is a directory store, as store::create takes it") {
+  // One rule for plain paths (make_kv("/tmp/kv") was refused while store::create accepted it).
+  CHECK(parse_kv_url("/shared/kv").scheme == holdfast::kv_url::kind::file);
+  CHECK(parse_kv_url("/shared/kv//").directory == "/shared/kv");
+  CHECK(parse_kv_url("/shared/kv").directory == parse_kv_url("file:///shared/kv").directory);
+  CHECK(holdfast::parse_store_url("/shared/kv").path == "/shared/kv");
+  const std::pair<const char*, const char*> bad[] = {
+      {"shared/kv",
+       "offset 0: unknown scheme (expected file://, etcd://, etcds:// or an "
+       "absolute directory; a relative path would name another directory"},
+      {"/", "offset 0: the root directory is not a store"},
+      {"/a?x=1", "offset 2: no query or fragment"},
+  };
+  for (const auto& [url, what] : bad) {
+    try {
+      parse_kv_url(url);
+      FAIL("accepted " << url);
+    } catch (const holdfast::format_error& e) {
+      CHECK_MESSAGE(std::string(e.what()).find(what) != std::string::npos, e.what());
+    }
+  }
 }
 
 TEST_CASE("kv url: refusals name the url and the offset") {

@@ -1,6 +1,8 @@
 // holdfast/kv/url.hpp — one URL grammar for choosing a coordination store at run time.
 //
 //   file:///shared/dir                         filesystem_kv on a directory every worker mounts
+//   /shared/dir                                the same: an absolute path is its directory, as
+//                                              for store::create (a relative one is refused)
 //   etcd://host:port[,host:port...][/prefix][?lease]  etcd_kv on those members (port 2379
 //                                              when left out; IPv6 hosts in brackets; prefix
 //                                              default "holdfast", one or more key segments)
@@ -278,20 +280,24 @@ inline kv_url parse_kv_url(std::string_view text) {
   };
   if (text.find('\0') != std::string_view::npos) bad(text.find('\0'), "NUL byte");
   kv_url out;
-  if (detail::kv_url_starts(text, "file://")) {
+  const bool plain = !text.empty() && text.front() == '/';  // a path, as store::create takes
+  if (plain || detail::kv_url_starts(text, "file://")) {
     out.scheme = kv_url::kind::file;
-    std::string_view path = text.substr(7);
+    const std::size_t from = plain ? 0 : 7;
+    std::string_view path = text.substr(from);
     if (path.empty() || path.front() != '/') bad(7, "expected an absolute directory (file:///dir)");
     if (path.find_first_of("?#") != std::string_view::npos)
-      bad(7 + path.find_first_of("?#"), "no query or fragment in a file URL");
+      bad(from + path.find_first_of("?#"), "no query or fragment in a directory store's URL");
     out.directory = std::string(path);
     while (out.directory.size() > 1 && out.directory.back() == '/') out.directory.pop_back();
-    if (out.directory == "/") bad(7, "the root directory is not a store");
+    if (out.directory == "/") bad(from, "the root directory is not a store");
     return out;
   }
   out.secure = detail::kv_url_starts(text, "etcds://");
   if (!out.secure && !detail::kv_url_starts(text, "etcd://"))
-    bad(0, "unknown scheme (expected file://, etcd:// or etcds://)");
+    bad(0,
+        "unknown scheme (expected file://, etcd://, etcds:// or an absolute directory; a "
+        "relative path would name another directory in each worker's working directory)");
   out.scheme = kv_url::kind::etcd;
   const std::size_t start = out.secure ? 8 : 7;
   std::string_view rest = text.substr(start);
