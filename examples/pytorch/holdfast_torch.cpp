@@ -1206,7 +1206,7 @@ class py_handler {
              double store_poll, const std::string& notice_file, const std::string& hang_policy,
              std::optional<double> hang_timeout, double hang_multiplier,
              std::uint32_t hang_warmup_steps, double hang_period, int hang_exit_code,
-             py::object on_hang) {
+             py::object on_hang, double start_timeout, double restore_timeout) {
     auto ms = [](double s) {
       return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
     };
@@ -1219,6 +1219,8 @@ class py_handler {
     }
     holdfast::handler_options o;
     o.ack_timeout = ms(ack_timeout);
+    o.start_timeout = ms(start_timeout);
+    o.restore_timeout = ms(restore_timeout);
     o.grace_margin = ms(grace_margin);
     o.watch_interval = ms(watch_interval);
     const hang_choice hang = parse_hang_choice(hang_policy);
@@ -1748,14 +1750,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     std::optional<c10::intrusive_ptr<c10d::Store>>, int, int, const std::string&,
                     std::uint64_t, const ht::py_checkpoint_manager&, double, std::optional<double>,
                     double, double, double, const std::string&, const std::string&,
-                    std::optional<double>, double, std::uint32_t, double, int, py::object>(),
+                    std::optional<double>, double, std::uint32_t, double, int, py::object, double,
+                    double>(),
            py::arg("preset"), py::arg("store"), py::arg("torch_store"), py::arg("task"),
            py::arg("num_tasks"), py::arg("run_id"), py::arg("restart"), py::arg("checkpoints"),
            py::arg("ack_timeout"), py::arg("grace"), py::arg("grace_margin"),
            py::arg("watch_interval"), py::arg("store_poll"), py::arg("notice_file"),
            py::arg("hang_policy"), py::arg("hang_timeout"), py::arg("hang_multiplier"),
            py::arg("hang_warmup_steps"), py::arg("hang_period"), py::arg("hang_exit_code"),
-           py::arg("on_hang"))
+           py::arg("on_hang"), py::arg("start_timeout"), py::arg("restore_timeout"))
       .def("run", &ht::py_handler::run, py::arg("step_fn"))
       .def("save_checkpoint_if_preempted", &ht::py_handler::save_checkpoint_if_preempted)
       .def_property_readonly("total_run_calls", &ht::py_handler::total_run_calls)

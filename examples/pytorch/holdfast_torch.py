@@ -472,13 +472,15 @@ class CheckpointManager(_ext.CheckpointManager, _AutoSave):
         self._init_save_policy(save_policy, mtbi_prior_s, min_interval_s, max_interval_s, group)
 
 
-_STORES = "'torch', 'file:///dir', 'etcd://host:port[,host:port...][/prefix]' or 'etcds://...'"
+_STORES = ("'torch', 'file:///dir' (or '/dir': an absolute path), "
+           "'etcd://host:port[,host:port...][/prefix]' or 'etcds://...'")
 
 
 def _check_store(store):
     """A store= value Handler can open, else ValueError listing every accepted form."""
     ok = isinstance(store, str) and (
-        store == "torch" or store.lower().startswith(("file://", "etcd://", "etcds://")))
+        store == "torch" or store.startswith("/") or
+        store.lower().startswith(("file://", "etcd://", "etcds://")))
     if not ok:
         raise ValueError(f"store takes {_STORES}, not {store!r}")
 
@@ -500,7 +502,8 @@ class Handler(_ext.Handler):
                 "slurm" (SIGUSR1 or SIGTERM, 143, grace 120 s), "gce" (maintenance event, 143),
                 "aws" (spot instance action, 143, grace 120 s), "detect" (from the environment).
     store:      "torch" (the job's own c10d store: torch_store, else the default process
-                group's), "file:///shared/dir" or "etcd://host:port[,host:port...][/prefix]".
+                group's), "file:///shared/dir" (or "/shared/dir"), or
+                "etcd://host:port[,host:port...][/prefix]".
     task, num_tasks, run_id, restart: default to torchrun's RANK, WORLD_SIZE,
                 TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT; keys are scoped by
                 (run_id, incarnation), so each restart of the worker group agrees afresh.
@@ -519,7 +522,14 @@ class Handler(_ext.Handler):
     checkpoints: a CheckpointManager; the handler restores from it at construction (after
                 agreeing with every task on the newest step all of them hold) and saves
                 through it at the agreed step.
-    ack_timeout: seconds to wait for every task's answer (and for every task at the start).
+    ack_timeout: seconds to wait for every task's answer to a notice.
+    start_timeout: seconds the start may take to reach the store at all (10): an etcd nobody
+                listens on, or one that never answers, fails the construction by then with
+                AgreementUnreachable carrying the store's own error (its URL) and errno.
+    restore_timeout: seconds the start waits for every task's checkpoints (600: ranks may
+                start minutes apart; a line on stderr every 10 s names who is there and who
+                not); then AgreementTimeout names the tasks that never came, and this bound.
+                Waiting for task 0's launch number (under torchrun) has the same bound.
     grace:      seconds of training after a notice (None: the preset's); grace_margin: the
                 final save is claimed this much earlier than measured.
     hang_policy: what a hang verdict does (holdfast/handler/hang.hpp; each is its own handler
@@ -562,7 +572,7 @@ class Handler(_ext.Handler):
                  grace=None, grace_margin=3.0, watch_interval=0.1, store_poll=0.01,
                  notice_file=None, incarnation=None, hang_policy="report", hang_timeout=None,
                  hang_multiplier=5.0, hang_warmup_steps=100, hang_period=1.0, hang_exit_code=75,
-                 on_hang=None):
+                 on_hang=None, start_timeout=10.0, restore_timeout=600.0):
         if checkpoints is None:
             raise TypeError("Handler needs checkpoints=CheckpointManager(...)")
         if hang_policy not in ("report", "restart", "none"):
@@ -570,9 +580,11 @@ class Handler(_ext.Handler):
         if on_hang is not None and not callable(on_hang):
             raise TypeError("on_hang must be callable (or None)")
         _check_store(store)
-        ack_timeout, grace_margin, watch_interval, store_poll, hang_multiplier, hang_period = (
+        (ack_timeout, start_timeout, restore_timeout, grace_margin, watch_interval, store_poll,
+         hang_multiplier, hang_period) = (
             _seconds(name, value) for name, value in (
-                ("ack_timeout", ack_timeout), ("grace_margin", grace_margin),
+                ("ack_timeout", ack_timeout), ("start_timeout", start_timeout),
+                ("restore_timeout", restore_timeout), ("grace_margin", grace_margin),
                 ("watch_interval", watch_interval), ("store_poll", store_poll),
                 ("hang_multiplier", hang_multiplier), ("hang_period", hang_period)))
         grace = None if grace is None else _seconds("grace", grace)
@@ -583,10 +595,12 @@ class Handler(_ext.Handler):
             run_id = os.environ.get("TORCHELASTIC_RUN_ID") or "default"
         run_id = str(run_id).replace("/", "_") or "default"
         restart = _env_int("TORCHELASTIC_RESTART_COUNT", 0) if restart is None else int(restart)
+        # The hand-off waits for task 0 (ranks may start minutes apart): the start's bound for
+        # peers, restore_timeout, as the restore agreement's.
         if incarnation is None and store != "torch":
-            incarnation = _take_incarnation(store, run_id, task, ack_timeout)
+            incarnation = _take_incarnation(store, run_id, task, restore_timeout)
         elif incarnation is None and torch_store is None:
-            incarnation = _torch_incarnation(ack_timeout)
+            incarnation = _torch_incarnation(restore_timeout)
         if incarnation is not None:
             restart = int(incarnation)
         if store == "torch" and torch_store is None:
@@ -600,7 +614,7 @@ class Handler(_ext.Handler):
                          grace_margin, watch_interval, store_poll,
                          os.fspath(notice_file) if notice_file else "", hang_policy,
                          hang_timeout, hang_multiplier, int(hang_warmup_steps), hang_period,
-                         int(hang_exit_code), on_hang)
+                         int(hang_exit_code), on_hang, start_timeout, restore_timeout)
 
     def __enter__(self):
         return self

@@ -420,6 +420,7 @@ def _worker(cfg):
             h = hf.Handler(preset="generic", store="torch", torch_store=store, task=task,
                            num_tasks=num_tasks, run_id=f"{cfg['run_id']}-{rep}", restart=0,
                            checkpoints=ckpt, ack_timeout=cfg.get("ack_timeout", 30.0),
+                           restore_timeout=cfg.get("restore_timeout", 600.0),
                            watch_interval=cfg.get("watch_interval", 0.1))
         except hf.AgreementTimeout as e:
             _emit(ev="timeout", rep=rep, where="restore", missing=list(e.missing_tasks),
