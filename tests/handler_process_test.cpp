@@ -567,3 +567,57 @@ TEST_CASE(
           std::string::npos);
   }
 }
+
+TEST_CASE(
+    "start: a SIGTERM while the handler is still being constructed (the restore agreement waits "
+    "for a late task) is acted on: both tasks save at one step and exit by the preset") {
+  // Before: the notice was installed after the restore, so the signal's default action killed
+  // the worker that was still waiting for its peer.
+  using namespace std::chrono_literals;
+  holdfast_test::job j;
+  const std::string waiting = j.dir / "waiting";
+  holdfast::handler_options o;
+  o.restore_report_interval = 100ms;
+  o.ack_timeout = 10s;
+  auto worker = [&](int task) {
+    return [&, task] {
+      ::signal(SIGTERM, SIG_DFL);  // as in a fresh process (not doctest's crash handler)
+      holdfast::handler_options mine = o;
+      if (task == 0)  // a line every 100 ms while it waits for task 1: the parent's cue
+        mine.log = [&](std::string_view l) { holdfast_test::append_line(waiting, std::string(l)); };
+      holdfast_test::worker_state st;
+      st.log = j.dir / ("log-" + std::to_string(task));
+      holdfast::preemption_handler<holdfast::presets::generic, holdfast::filesystem_kv> h(
+          holdfast::presets::generic(), holdfast::filesystem_kv(j.dir / "kv", {"sigstart", 0}),
+          {task, 2, "sigstart"},
+          holdfast_test::make_checkpoints(j.dir / ("ckpt-" + std::to_string(task)), &st), mine);
+      for (int i = 0; i < 3000; ++i)
+        h.run([&] {
+          ++st.acc;
+          std::this_thread::sleep_for(2ms);
+        });
+      holdfast_test::append_line(st.log, "finished without a save");
+    };
+  };
+  holdfast_test::child first(worker(0));
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (holdfast_test::read_lines(waiting).empty() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  REQUIRE_MESSAGE(!holdfast_test::read_lines(waiting).empty(), "task 0 never waited for task 1");
+  REQUIRE(::kill(first.pid(), SIGTERM) == 0);  // task 0 is inside its constructor
+  std::this_thread::sleep_for(200ms);
+  holdfast_test::child second(worker(1));
+  const auto r0 = first.wait(60s), r1 = second.wait(60s);
+  const auto log0 = holdfast_test::read_lines(j.dir / "log-0");
+  const auto log1 = holdfast_test::read_lines(j.dir / "log-1");
+  INFO("task 0: exit " << r0.exit_code << " signal " << r0.term_signal << " " << r0.failures);
+  INFO("task 1: exit " << r1.exit_code << " signal " << r1.term_signal << " " << r1.failures);
+  CHECK(r0.term_signal == 0);  // not killed by the signal's default action
+  CHECK(r0.exit_code == 42);   // presets::generic: saved, then exited with its code
+  CHECK(r1.exit_code == 42);
+  REQUIRE(log0.size() == 1);
+  REQUIRE(log1.size() == 1);
+  CHECK(log0[0].rfind("save ", 0) == 0);
+  // one agreed step: "save <step> <acc>" on both
+  CHECK(log0[0].substr(0, log0[0].rfind(' ')) == log1[0].substr(0, log1[0].rfind(' ')));
+}

@@ -31,7 +31,8 @@
 //   - Construction restores and resumes total_run_calls() from the restored step. With a
 //     Checkpointer that has all_steps() and restore_step() (checkpoint_manager does) the workers
 //     first agree on it (handler_options::agree_on_restore, on by default): each puts the steps
-//     it holds under restore/have/<task>, reads every task's list (waiting at most ack_timeout),
+//     it holds under restore/have/<task>, reads every task's list (waiting at most
+//     restore_timeout; the store must answer within start_timeout),
 //     and proposes the newest checkpoint all of them hold with one identity (the step and its
 //     history, handler/restore_agreement.hpp: a step saved by another launch is not the same
 //     checkpoint); insert-once on restore/step records the first proposal and every worker
@@ -40,6 +41,10 @@
 //     that never starts makes construction throw agreement_timeout naming it, on every task.
 //     Without those members each worker restores its own latest checkpoint (weaker: a worker
 //     whose last save failed resumes from an older step than its peers).
+//   - The notice source starts before the restore: a notice during construction (a SIGTERM
+//     while the restore agreement waits for a late task) is kept, and the first run() acts on
+//     it as on any other; the signal's default action never kills a worker still being
+//     constructed. A construction that throws stops the notice source again.
 //   - Steady state (no notice, no claim): run() costs one relaxed atomic load, one atomic add
 //     (the run counter the watcher reads) and one clock read plus two additions for the running
 //     mean of step time, and with hang detection a relaxed store and a compare or two (below);
@@ -282,11 +287,24 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
                                       options_.ack_timeout + options_.hang.period);
       }
     }
-    guard_restore([&] {
-      restored_ = detail::restore_at_start(
-          kv_, checkpointer_,
-          detail::restore_party<Clock>{cluster_, scope_, options_, machine_, store_});
-    });
+    // The notice first: one that comes during the restore (its agreement may wait minutes for
+    // a late task) is kept for the watcher, which starts below and acts on it; installed after
+    // the restore, the signal's default action would kill a worker still being constructed.
+    if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(&waker_);
+    config_.start();
+    notice_started_ = true;
+    try {
+      guard_restore([&] {
+        restored_ = detail::restore_at_start(
+            kv_, checkpointer_,
+            detail::restore_party<Clock>{cluster_, scope_, options_, machine_, store_});
+      });
+    } catch (...) {  // no handler: the notice source stops (and forgets the waker) with it
+      notice_started_ = false;
+      config_.stop();
+      if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(nullptr);
+      throw;
+    }
     if constexpr (detects_hangs) {
       // the agreed checkpoint's (none: a fresh start)
       learner_.seed(
@@ -297,9 +315,6 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     }
     counter_and_attention_.store(static_cast<std::uint64_t>(restored_.value_or(0)) << 1);
     start_liveness();
-    if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(&waker_);
-    config_.start();
-    notice_started_ = true;
     periodic_.start();
     if (periodic_.decides() && options_.periodic_saves.copied)  // the copies' cost, too
       detail::checkpointer_on_copy(checkpointer_, options_.periodic_saves.copied);
