@@ -242,6 +242,61 @@ TEST_CASE("a second writer waits writer_lock_timeout, then names the holder — 
   CHECK(next->all_steps() == steps_t{2, 3});
 }
 
+TEST_CASE(
+    "another task's checkpoint directory fails at once, naming both tasks — flock and lease") {
+  // Two tasks of a job given one directory: the second waited writer_lock_timeout (30 s) and
+  // then named a pid; with owners it fails at once, naming both and the fix. The same owner (a
+  // relaunch of that task while its predecessor finishes) still waits.
+  for (auto how : {checkpoint_lock::flock, checkpoint_lock::lease}) {
+    INFO((how == checkpoint_lock::flock ? "flock" : "lease"));
+    holdfast_test::temp_dir dir("owner");
+    const std::string d = dir / "ckpt";
+    checkpoint_options o{2};
+    o.lock = how;
+    o.owner = "task 0";
+    holdfast_test::child holder([&] {
+      checkpoint_manager<> m(d, directory_commit::rename, o);
+      m.save(1, write_small);
+      signal_file(dir / "ready");
+      CHILD_REQUIRE(holdfast::await_file(dir / "go", 60s));
+    });
+    REQUIRE(holdfast::await_file(dir / "ready", 20s));
+    o.owner = "task 1";
+    o.writer_lock_timeout = 20s;  // not waited for
+    long long took = elapsed_ms([&] {
+      try {
+        checkpoint_manager<> m(d, directory_commit::rename, o);
+        FAIL("task 1 got task 0's writer lock");
+      } catch (const holdfast::checkpoint_locked& e) {
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(e.errnum() == EBUSY);
+        CHECK(e.holder_pid() == holder.pid());
+        CHECK(e.holder_owner() == "task 0");
+        CHECK(what.find("held by task 0, pid " + std::to_string(holder.pid())) !=
+              std::string::npos);
+        CHECK(what.find("task 1 opened the checkpoint directory of task 0: each task needs a "
+                        "directory of its own") != std::string::npos);
+        CHECK(what.find(d) != std::string::npos);
+      }
+    });
+    CHECK(took < 2000);
+    // the same owner waits (a predecessor of task 0 still finishing), as before
+    o.owner = "task 0";
+    o.writer_lock_timeout = 200ms;
+    took = elapsed_ms([&] {
+      CHECK_THROWS_AS(checkpoint_manager<>(d, directory_commit::rename, o),
+                      holdfast::checkpoint_locked);
+    });
+    CHECK(took >= 200);
+    signal_file(dir / "go");
+    CHECK(holder.wait(20s).ok());
+    o.owner = "task 1";  // released: any owner may take it
+    checkpoint_manager<> after(d, directory_commit::rename, o);
+    CHECK(after.all_steps() == steps_t{1});
+  }
+}
+
 namespace {
 
 // Pretends every file is on NFS (statfs f_type 0x6969): flock is not trusted there.

@@ -62,6 +62,12 @@ struct checkpoint_options {
   /// Record each file's size and CRC32C in the metadata at save, and check them before a
   /// restore loads a checkpoint (integrity.hpp); needs write_metadata.
   bool checksums = true;
+  /// Who writes this directory, such as "task 1" (the job's task: each task needs a checkpoint
+  /// directory of its own). Recorded in the writer lock: a writer whose owner differs from the
+  /// holder's fails at once with checkpoint_locked naming both, instead of waiting
+  /// writer_lock_timeout for a lock that is not going to be released (the same owner waits: a
+  /// predecessor of the same task still finishing). Empty: not recorded, no such check.
+  std::string owner{};
 };
 
 HOLDFAST_NAMESPACE_END

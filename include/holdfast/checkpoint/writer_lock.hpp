@@ -18,6 +18,9 @@
 //     writers never both take it over.
 //   - A second writer waits up to the timeout, then throws holdfast::checkpoint_locked naming
 //     the holder's pid and host (read from the lock file; {0, ""} when it cannot be read).
+//     With an owner (checkpoint_options::owner: "task 1") the lock file records it, and a
+//     writer of another owner fails at once, naming both (another task's directory is not
+//     going to be released); the same owner, or a holder that recorded none, is waited for.
 //   - release() (and destruction) stops the heartbeat, removes the lease only while it is ours,
 //     and closes the flock's descriptor (the lock file stays: removing it would race).
 //   - The heartbeat notices when another writer took the lease over; check() then throws
@@ -69,23 +72,28 @@ enum class checkpoint_lock {
 class checkpoint_locked : public error {
  public:
   checkpoint_locked(std::string lock_path, long holder_pid, std::string holder_host,
-                    const std::string& why)
+                    const std::string& why, std::string holder_owner = {})
       : error(EBUSY, "checkpoint writer lock", std::move(lock_path),
-              "held by " + describe(holder_pid, holder_host) + "; " + why),
+              "held by " + describe(holder_pid, holder_host, holder_owner) + "; " + why),
         pid_(holder_pid),
-        host_(std::move(holder_host)) {}
+        host_(std::move(holder_host)),
+        owner_(std::move(holder_owner)) {}
   /// The holder's pid (0 when unknown).
   long holder_pid() const noexcept { return pid_; }
   /// The holder's host name ("" when unknown).
   const std::string& holder_host() const noexcept { return host_; }
+  /// The holder's checkpoint_options::owner ("" when it recorded none).
+  const std::string& holder_owner() const noexcept { return owner_; }
 
  private:
-  static std::string describe(long pid, const std::string& host) {
+  static std::string describe(long pid, const std::string& host, const std::string& owner) {
     if (pid <= 0 && host.empty()) return "an unknown process";
-    return "pid " + std::to_string(pid) + " on host '" + host + "'";
+    return (owner.empty() ? std::string() : owner + ", ") + "pid " + std::to_string(pid) +
+           " on host '" + host + "'";
   }
   long pid_;
   std::string host_;
+  std::string owner_;
 };
 
 /// True for a statfs f_type where flock is a real lock between processes of this machine:
@@ -155,12 +163,25 @@ inline checkpoint_pid_scope checkpoint_local_pid_scope() {
 // The lock files' content: who holds it.
 inline std::string checkpoint_holder_text(long pid, const std::string& host,
                                           const std::string& nonce,
-                                          const checkpoint_pid_scope& scope = {}) {
+                                          const checkpoint_pid_scope& scope = {},
+                                          const std::string& owner = {}) {
   std::string s = "holdfast-writer 1\npid " + std::to_string(pid) + "\nhost " + host + "\n";
   if (!scope.pidns.empty()) s += "pidns " + scope.pidns + "\n";
   if (!scope.boot.empty()) s += "boot " + scope.boot + "\n";
   if (!nonce.empty()) s += "nonce " + nonce + "\n";
+  if (!owner.empty()) s += "owner " + printable(owner) + "\n";  // one line
   return s;
+}
+
+// The holder's checkpoint_options::owner from a lock file's content ("" when it names none).
+inline std::string checkpoint_parse_owner(std::string_view text) {
+  while (!text.empty()) {
+    auto nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+    if (line.substr(0, 6) == "owner ") return printable(line.substr(6, 255));
+  }
+  return {};
 }
 
 // The holder's PID namespace and boot id from a lock file's content ("" for each one it does
@@ -222,12 +243,13 @@ class checkpoint_writer_lock {
   // long acquire() waits for another writer; `stale`: a lease's heartbeat age that makes it
   // stale; `log`: where takeovers and a lost lease are reported (empty: log_to_stderr).
   checkpoint_writer_lock(std::string d, checkpoint_lock how, std::chrono::milliseconds timeout,
-                         std::chrono::milliseconds stale, log_fn log)
+                         std::chrono::milliseconds stale, log_fn log, std::string owner = {})
       : dir(std::move(d)),
         how_(how),
         timeout_(timeout),
         stale_after(stale),
         log_(std::move(log)),
+        owner_(std::move(owner)),
         use_flock(how != checkpoint_lock::lease) {}
   checkpoint_writer_lock(const checkpoint_writer_lock&) = delete;
   checkpoint_writer_lock& operator=(const checkpoint_writer_lock&) = delete;
@@ -263,13 +285,29 @@ class checkpoint_writer_lock {
     auto pause = milliseconds(1);
     for (;;) {
       if (attempt()) return;
+      if (!owner_.empty()) {  // another owner's directory: its lock is not going to be released
+        const std::string text = read_holder_text(path);
+        const std::string theirs = detail::checkpoint_parse_owner(text);
+        if (!theirs.empty() && theirs != printable(owner_)) {
+          auto holder = detail::checkpoint_parse_holder(text);
+          throw checkpoint_locked(path, holder.first, holder.second,
+                                  printable(owner_) + " opened the checkpoint directory of " +
+                                      theirs +
+                                      ": each task needs a directory of its own (such "
+                                      "as one per task: <dir>/task-<n>), or open this one with "
+                                      "holdfast::read_only to read it",
+                                  theirs);
+        }
+      }
       if (steady_clock::now() >= deadline) {
-        auto holder = read_holder(path);
+        const std::string text = read_holder_text(path);
+        auto holder = detail::checkpoint_parse_holder(text);
         throw checkpoint_locked(
             path, holder.first, holder.second,
             "waited " + std::to_string(timeout_.count()) +
                 " ms; one process writes a checkpoint directory at a time (open readers with "
-                "holdfast::read_only)");
+                "holdfast::read_only)",
+            detail::checkpoint_parse_owner(text));
       }
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, milliseconds(100));
@@ -302,7 +340,7 @@ class checkpoint_writer_lock {
       return false;
     });
     std::string text =
-        detail::checkpoint_holder_text(io_type::getpid(), host, std::string(), pid_scope);
+        detail::checkpoint_holder_text(io_type::getpid(), host, std::string(), pid_scope, owner_);
     if (io_type::ftruncate(lock_fd.get(), 0) != 0) throw error(errno, "ftruncate", path);
     pwrite_all(lock_fd, text.data(), text.size(), 0);
   }
@@ -312,8 +350,8 @@ class checkpoint_writer_lock {
   // one judged stale before it is removed.
   void acquire_lease() {
     const std::string path = lease_path();
-    lease_text =
-        detail::checkpoint_holder_text(io_type::getpid(), host, detail::temp_suffix(7), pid_scope);
+    lease_text = detail::checkpoint_holder_text(io_type::getpid(), host, detail::temp_suffix(7),
+                                                pid_scope, owner_);
     auto fd = detail::create_temp<io_type>(dir, "writer.lease");
     detail::unlink_guard<io_type> temp(fd.path());
     write_all(fd, lease_text.data(), lease_text.size());
@@ -435,6 +473,7 @@ class checkpoint_writer_lock {
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds stale_after;
   log_fn log_;
+  std::string owner_;  // checkpoint_options::owner: recorded, and another owner fails at once
   bool use_flock;
   std::string host;
   detail::checkpoint_pid_scope pid_scope;  // where kill(holder pid, 0) can be trusted

@@ -121,8 +121,9 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
 
   checkpoint_saving(std::string d, directory_commit m, checkpoint_options o, bool ro)
       : base(std::move(d), m, std::move(o), ro),
-        lock(dir, options.lock, options.writer_lock_timeout, options.lease_stale_after,
-             [this](std::string_view line) { log(std::string(line)); }) {}
+        lock(
+            dir, options.lock, options.writer_lock_timeout, options.lease_stale_after,
+            [this](std::string_view line) { log(std::string(line)); }, options.owner) {}
   checkpoint_saving(const checkpoint_saving&) = delete;
   checkpoint_saving& operator=(const checkpoint_saving&) = delete;
 
