@@ -857,10 +857,12 @@ class py_checkpoint_manager {
   /// durable_wait seconds for the copy at the preemption save).
   py_checkpoint_manager(const std::string& directory, py::object save, py::object restore,
                         std::size_t max_to_keep, bool async_save, const std::string& local_dir,
-                        std::size_t local_max_to_keep, double durable_wait) {
+                        std::size_t local_max_to_keep, double durable_wait,
+                        const std::string& owner) {
     holdfast::checkpoint_options o;
     o.max_to_keep = max_to_keep;
     o.async_save = async_save;
+    o.owner = owner;  // "task <rank>": another rank's directory fails at once, naming both
     std::optional<py_checkpoints> m;
     {
       py::gil_scoped_release nogil;  // the writer lock may be held by a dying predecessor
@@ -1620,10 +1622,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<ht::py_checkpoint_manager>(m, "CheckpointManager")
       .def(py::init<const std::string&, py::object, py::object, std::size_t, bool,
-                    const std::string&, std::size_t, double>(),
+                    const std::string&, std::size_t, double, const std::string&>(),
            py::arg("directory"), py::arg("save"), py::arg("restore"), py::arg("max_to_keep") = 3,
            py::arg("async_save") = false, py::arg("local_dir") = "",
-           py::arg("local_max_to_keep") = 2, py::arg("durable_wait") = 20.0)
+           py::arg("local_max_to_keep") = 2, py::arg("durable_wait") = 20.0, py::arg("owner") = "")
       .def(
           "save",
           [](ht::py_checkpoint_manager& self, std::int64_t step) {

@@ -440,7 +440,11 @@ class CheckpointManager(_ext.CheckpointManager, _AutoSave):
     save(directory, step) fills a fresh checkpoint directory (e.g. torch.save of the state
     dicts); restore(directory, step) loads one. Both may also take only the directory. Each
     checkpoint is published whole (fsync, rename, then the `latest` pointer); the newest
-    `max_to_keep` are kept. Give every task its own directory (e.g. ckpt/rank-<k>).
+    `max_to_keep` are kept. Give every task its own directory (e.g. ckpt/rank-<k>): owner
+    ("task <RANK>" by default under torchrun, else none) is recorded in the directory's writer
+    lock, and a CheckpointManager of another owner on a directory in use fails at once naming
+    both tasks (it waited 30 s for a lock that was not going to be released); the same owner
+    waits for it (a predecessor of that rank still finishing).
 
     local_dir: two tiers (holdfast::two_tier_checkpoints; durable_dir= is another name for
     `directory`, the durable tier): save() writes to local_dir (a
@@ -459,7 +463,7 @@ class CheckpointManager(_ext.CheckpointManager, _AutoSave):
     def __init__(self, directory=None, save=None, restore=None, max_to_keep=3, async_save=False,
                  *, local_dir=None, durable_dir=None, local_max_to_keep=2, durable_wait=20.0,
                  save_policy=None, mtbi_prior_s=86400.0, min_interval_s=30.0,
-                 max_interval_s=86400.0, group=None):
+                 max_interval_s=86400.0, group=None, owner=None):
         if durable_dir is not None:  # the durable tier's name for `directory`
             if directory is not None and os.fspath(directory) != os.fspath(durable_dir):
                 raise TypeError("CheckpointManager: directory and durable_dir differ")
@@ -468,8 +472,17 @@ class CheckpointManager(_ext.CheckpointManager, _AutoSave):
             raise TypeError("CheckpointManager needs a directory (or durable_dir)")
         super().__init__(os.fspath(directory), _adapt(save, "save"), _adapt(restore, "restore"),
                          max_to_keep, async_save, os.fspath(local_dir) if local_dir else "",
-                         int(local_max_to_keep), float(durable_wait))
+                         int(local_max_to_keep), float(durable_wait),
+                         _checkpoint_owner(owner))
         self._init_save_policy(save_policy, mtbi_prior_s, min_interval_s, max_interval_s, group)
+
+
+def _checkpoint_owner(owner):
+    """CheckpointManager's owner: as given, else "task <RANK>" where torchrun set RANK."""
+    if owner is not None:
+        return str(owner)
+    rank = os.environ.get("RANK")
+    return f"task {rank}" if rank not in (None, "") else ""
 
 
 _STORES = ("'torch', 'file:///dir' (or '/dir': an absolute path), "

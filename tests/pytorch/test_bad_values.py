@@ -68,6 +68,37 @@ def an_absolute_path_is_a_directory_store_as_for_the_artifact_store():
 
 
 @case
+def a_second_rank_on_one_checkpoint_directory_fails_at_once_naming_both():
+    # Before: it waited 30 s for the writer lock, then named a pid; the other rank's start
+    # failed after ack_timeout with "no answer from tasks 0".
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = os.path.join(d, "ckpt")
+        kw = dict(save=lambda d, s: None, restore=lambda d, s: None)
+        saved = os.environ.get("RANK")
+        try:
+            os.environ["RANK"] = "0"  # as torchrun sets it: the default owner
+            first = hf.CheckpointManager(ckpt, **kw)
+            os.environ["RANK"] = "1"
+            t0 = time.monotonic()
+            try:
+                hf.CheckpointManager(ckpt, **kw)
+                raise AssertionError("rank 1 opened rank 0's checkpoint directory")
+            except hf.Error as e:
+                took = time.monotonic() - t0
+                msg = str(e)
+                check(took < 2.0, f"refused after {took:.1f} s")
+                check("held by task 0" in msg, msg)
+                check("task 1 opened the checkpoint directory of task 0" in msg, msg)
+                check("a directory of its own" in msg and ckpt in msg, msg)
+            del first
+        finally:
+            if saved is None:
+                os.environ.pop("RANK", None)
+            else:
+                os.environ["RANK"] = saved
+
+
+@case
 def a_bad_duration_names_its_parameter():
     with tempfile.TemporaryDirectory() as d:
         for name, bad in (("grace", "30s"), ("ack_timeout", "3m"), ("hang_timeout", "1h"),
