@@ -454,6 +454,13 @@ start_result start(const holdfast_test::job& j, Kv kv, int n, const holdfast::ha
   return s;
 }
 
+// A log hook appending each line to `file` (the start's lines, read by the parent).
+holdfast::log_fn lines_to(std::string file) {
+  return [file = std::move(file)](std::string_view l) {
+    holdfast_test::append_line(file, std::string(l));
+  };
+}
+
 holdfast::etcd_kv etcd_at(const std::string& url, std::chrono::milliseconds request_timeout) {
   holdfast::etcd_options e;
   e.endpoints = {url};
@@ -542,9 +549,7 @@ TEST_CASE(
   o.restore_timeout = 900ms;
   o.restore_report_interval = 250ms;
   o.ack_timeout = 2s;  // recording the outcome: not the wait's bound
-  o.log = [lines_file](std::string_view l) {
-    holdfast_test::append_line(lines_file, std::string(l));
-  };
+  o.log = start_case::lines_to(lines_file);
   // 3 tasks: task 2's list is there, task 1 never comes
   holdfast::filesystem_kv kv(j.dir / "kv", {"start", 0});
   kv.put("holdfast/start/restore/have/2", "");
@@ -584,7 +589,7 @@ TEST_CASE(
       ::signal(SIGTERM, SIG_DFL);  // as in a fresh process (not doctest's crash handler)
       holdfast::handler_options mine = o;
       if (task == 0)  // a line every 100 ms while it waits for task 1: the parent's cue
-        mine.log = [&](std::string_view l) { holdfast_test::append_line(waiting, std::string(l)); };
+        mine.log = start_case::lines_to(waiting);
       holdfast_test::worker_state st;
       st.log = j.dir / ("log-" + std::to_string(task));
       holdfast::preemption_handler<holdfast::presets::generic, holdfast::filesystem_kv> h(
