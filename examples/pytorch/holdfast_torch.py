@@ -340,6 +340,36 @@ def _take_incarnation(url, run_id, task, timeout_s):
     return int(channel.get("number").decode())
 
 
+class _HeldSignals:
+    """The preset's notice signals while the start runs in Python (the launch-number hand-off
+    waits for task 0), before the extension installs its own notice: each delivery is recorded
+    instead of taking the default action (death), and raised again once the handler's notice is
+    installed, so the first run() acts on it. Only signals at SIG_DFL, only on the main thread
+    (where Python handlers run); a handler of the application's own is left alone."""
+
+    def __init__(self, preset):
+        import signal
+        import threading
+        self._signal, self._old, self.seen = signal, {}, []
+        if threading.current_thread() is not threading.main_thread():
+            return
+        nums = [signal.SIGTERM] + ([signal.SIGUSR1] if preset == "slurm" else [])
+        for n in nums:
+            if signal.getsignal(n) is signal.SIG_DFL:
+                self._old[n] = signal.signal(n, lambda signum, frame: self.seen.append(signum))
+
+    def release(self):
+        """The earlier dispositions back (before the extension installs its notice, which
+        chains to what it finds)."""
+        for n, old in self._old.items():
+            self._signal.signal(n, old)
+        self._old = {}
+
+    def redeliver(self):
+        for n in dict.fromkeys(self.seen):
+            os.kill(os.getpid(), n)
+
+
 def _env_int(name, default):
     value = os.environ.get(name)
     return int(value) if value not in (None, "") else default
@@ -608,12 +638,16 @@ class Handler(_ext.Handler):
             run_id = os.environ.get("TORCHELASTIC_RUN_ID") or "default"
         run_id = str(run_id).replace("/", "_") or "default"
         restart = _env_int("TORCHELASTIC_RESTART_COUNT", 0) if restart is None else int(restart)
-        # The hand-off waits for task 0 (ranks may start minutes apart): the start's bound for
-        # peers, restore_timeout, as the restore agreement's.
-        if incarnation is None and store != "torch":
-            incarnation = _take_incarnation(store, run_id, task, restore_timeout)
-        elif incarnation is None and torch_store is None:
-            incarnation = _torch_incarnation(restore_timeout)
+        held = _HeldSignals(preset)  # a notice while the hand-off waits is not lost
+        try:
+            # The hand-off waits for task 0 (ranks may start minutes apart): the start's bound
+            # for peers, restore_timeout, as the restore agreement's.
+            if incarnation is None and store != "torch":
+                incarnation = _take_incarnation(store, run_id, task, restore_timeout)
+            elif incarnation is None and torch_store is None:
+                incarnation = _torch_incarnation(restore_timeout)
+        finally:
+            held.release()
         if incarnation is not None:
             restart = int(incarnation)
         if store == "torch" and torch_store is None:
@@ -628,6 +662,7 @@ class Handler(_ext.Handler):
                          os.fspath(notice_file) if notice_file else "", hang_policy,
                          hang_timeout, hang_multiplier, int(hang_warmup_steps), hang_period,
                          int(hang_exit_code), on_hang, start_timeout, restore_timeout)
+        held.redeliver()  # the extension's notice is installed: it records them
 
     def __enter__(self):
         return self

@@ -2,7 +2,8 @@
 notices and the notice file reach the one Config the extension compiles (any_notice), wake the
 handler, and end run() with holdfast.Preempted carrying the preset's exit code after one save at
 the agreed step. One task over a file:// store, in this process; the signal presets only (gce and
-aws poll a metadata server, which a test must not reach).
+aws poll a metadata server, which a test must not reach). And a SIGTERM while the start still runs
+in Python (the launch-number hand-off), in a child process: saved and exited 42, not killed.
 
     /path/to/venv/bin/python tests/pytorch/test_notice_sources.py [name ...]
 
@@ -52,6 +53,45 @@ def preempted_by(preset, notify, notice_file=None):
             except hf.Preempted as e:
                 return e.code, steps, saved
         return None, steps, saved
+
+
+_EARLY = r'''
+import os, signal, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+import torch_store_support as sup
+hf = sup.load_holdfast()
+def handoff(*args):  # the launch-number hand-off under torchrun, waiting for task 0
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)
+    return 7
+hf._take_incarnation = handoff
+with tempfile.TemporaryDirectory() as d:
+    saved = []
+    ckpt = hf.CheckpointManager(os.path.join(d, "ckpt"), save=lambda p, s: saved.append(s),
+                                restore=lambda p, s: None)
+    h = hf.Handler(preset="generic", store="file://" + os.path.join(d, "kv"), checkpoints=ckpt,
+                   task=0, num_tasks=1, run_id="early", grace=0)
+    try:
+        for _ in range(2000):
+            h.run(time.sleep, 0.002)
+    except hf.Preempted as e:
+        print("preempted", e.code, saved, flush=True)
+        h.close()
+        sys.exit(e.code)
+    print("no notice", flush=True)
+'''
+
+
+@case
+def a_sigterm_while_the_start_hands_off_the_launch_number_is_acted_on():
+    # Before the extension's notice is installed (the hand-off under torchrun waits for task 0),
+    # a SIGTERM took the default action: the worker died (-15) without a save.
+    import subprocess
+    r = subprocess.run([sys.executable, "-c", _EARLY, os.path.dirname(os.path.abspath(__file__))],
+                       capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    check(r.returncode == 42, f"exit {r.returncode}: {out[-2000:]}")
+    check("preempted 42 [" in r.stdout and "[]" not in r.stdout, out[-2000:])
 
 
 def signal_self(signum):
