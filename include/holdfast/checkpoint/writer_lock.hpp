@@ -47,6 +47,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -173,49 +174,43 @@ inline std::string checkpoint_holder_text(long pid, const std::string& host,
   return s;
 }
 
-// The holder's checkpoint_options::owner from a lock file's content ("" when it names none).
-inline std::string checkpoint_parse_owner(std::string_view text) {
+// The value of the last "<name> <value>" line of a lock file's content (nullopt: no such line).
+inline std::optional<std::string_view> checkpoint_holder_field(std::string_view text,
+                                                               std::string_view name) {
+  std::optional<std::string_view> value;
   while (!text.empty()) {
     auto nl = text.find('\n');
     std::string_view line = text.substr(0, nl);
     text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
-    if (line.substr(0, 6) == "owner ") return printable(line.substr(6, 255));
+    if (line.size() > name.size() && line.substr(0, name.size()) == name &&
+        line[name.size()] == ' ')
+      value = line.substr(name.size() + 1);
   }
-  return {};
+  return value;
+}
+
+// The holder's checkpoint_options::owner from a lock file's content ("" when it names none).
+inline std::string checkpoint_parse_owner(std::string_view text) {
+  auto v = checkpoint_holder_field(text, "owner");
+  return v ? printable(v->substr(0, 255)) : std::string();
 }
 
 // The holder's PID namespace and boot id from a lock file's content ("" for each one it does
 // not name: a lease written before they were recorded).
 inline checkpoint_pid_scope checkpoint_parse_pid_scope(std::string_view text) {
   checkpoint_pid_scope s;
-  while (!text.empty()) {
-    auto nl = text.find('\n');
-    std::string_view line = text.substr(0, nl);
-    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
-    if (line.substr(0, 6) == "pidns ")
-      s.pidns = std::string(line.substr(6, 127));
-    else if (line.substr(0, 5) == "boot ")
-      s.boot = std::string(line.substr(5, 127));
-  }
+  if (auto v = checkpoint_holder_field(text, "pidns")) s.pidns = std::string(v->substr(0, 127));
+  if (auto v = checkpoint_holder_field(text, "boot")) s.boot = std::string(v->substr(0, 127));
   return s;
 }
 
 // {pid, host} from a lock file's content ({0, ""} for what cannot be read).
 inline std::pair<long, std::string> checkpoint_parse_holder(std::string_view text) {
   long pid = 0;
-  std::string host;
-  while (!text.empty()) {
-    auto nl = text.find('\n');
-    std::string_view line = text.substr(0, nl);
-    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
-    if (line.substr(0, 4) == "pid ") {
-      auto n = checkpoint_number(line.substr(4));
-      pid = n ? static_cast<long>(*n) : 0;
-    } else if (line.substr(0, 5) == "host ") {
-      host = printable(line.substr(5, 255));
-    }
-  }
-  return {pid, host};
+  if (auto v = checkpoint_holder_field(text, "pid"))
+    if (auto n = checkpoint_number(*v)) pid = static_cast<long>(*n);
+  auto host = checkpoint_holder_field(text, "host");
+  return {pid, host ? printable(host->substr(0, 255)) : std::string()};
 }
 
 // flock is a real lock for this file's filesystem (or `how` forces it).
@@ -249,7 +244,7 @@ class checkpoint_writer_lock {
         timeout_(timeout),
         stale_after(stale),
         log_(std::move(log)),
-        owner_(std::move(owner)),
+        owner_(printable(owner)),  // as the lock file records it (one line)
         use_flock(how != checkpoint_lock::lease) {}
   checkpoint_writer_lock(const checkpoint_writer_lock&) = delete;
   checkpoint_writer_lock& operator=(const checkpoint_writer_lock&) = delete;
@@ -288,11 +283,10 @@ class checkpoint_writer_lock {
       if (!owner_.empty()) {  // another owner's directory: its lock is not going to be released
         const std::string text = read_holder_text(path);
         const std::string theirs = detail::checkpoint_parse_owner(text);
-        if (!theirs.empty() && theirs != printable(owner_)) {
+        if (!theirs.empty() && theirs != owner_) {
           auto holder = detail::checkpoint_parse_holder(text);
           throw checkpoint_locked(path, holder.first, holder.second,
-                                  printable(owner_) + " opened the checkpoint directory of " +
-                                      theirs +
+                                  owner_ + " opened the checkpoint directory of " + theirs +
                                       ": each task needs a directory of its own (such "
                                       "as one per task: <dir>/task-<n>), or open this one with "
                                       "holdfast::read_only to read it",
