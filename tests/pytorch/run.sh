@@ -5,8 +5,12 @@
 # venv.sh makes) it builds the extension once into build/pytorch-ext, then runs each case below
 # one after another; each must end well (the driver prints "verdict: PASS", the other scripts
 # exit 0). A loopback etcd is started for the etcd:// case and stopped on exit. The last line
-# is "N passed, M failed". HOLDFAST_PYTORCH_ONLY=name,name runs only those cases.
+# is "N passed, M failed". HOLDFAST_PYTORCH_ONLY=name,name runs only those cases. With
+# --build-only it makes the environment and builds the extension and the multi-node tool, and
+# runs nothing (tests/run does that in the background while other suites run).
 set -uo pipefail
+build_only=0
+[ "${1:-}" = --build-only ] && build_only=1
 cd "$(dirname "$0")/../.."
 repo=$PWD
 python=$(bash tests/pytorch/venv.sh) || { echo "tests/pytorch/run.sh: no torch environment" >&2; exit 1; }
@@ -25,6 +29,15 @@ start=$SECONDS
 "$python" -c "import sys; sys.path.insert(0, 'examples/pytorch'); import holdfast_torch" ||
   { echo "tests/pytorch/run.sh: the extension does not build" >&2; exit 1; }
 echo "== pytorch: extension ready in $((SECONDS - start)) s"
+# The multi-node cases' tool (below), built once beside the extension.
+mn_up=$HOLDFAST_TORCH_BUILD/multinode_up
+if [ ! -x "$mn_up" ] || [ "$mn_up" -ot tests/support/multinode_up.cpp ] ||
+  [ -n "$(find include tests/support -newer "$mn_up" -name '*.hpp' -print -quit)" ]; then
+  "${CXX:-c++}" -std=c++17 -O1 -Wall -Wextra -Werror -pthread -I include -I tests/support \
+    tests/support/multinode_up.cpp -o "$mn_up.tmp" && mv "$mn_up.tmp" "$mn_up" ||
+    { echo "tests/pytorch/run.sh: the multi-node tool does not build" >&2; rm -f "$mn_up.tmp"; exit 1; }
+fi
+[ "$build_only" -eq 1 ] && exit 0
 
 free_port() { "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 start_etcd() {
@@ -91,12 +104,6 @@ case_ ddp-hang-stop "${ddp[@]}" --dir "$scratch/hang-stop" --hang stop --workers
 # tool multinode_up, built here; root): holdfast over the 3-member etcd with node 1, then node 0
 # preempted and relaunched, and store="torch" with node 0 preempted (tests/pytorch/
 # multinode_ddp.py). Without namespaces they say SKIP, and fail with CI=true.
-mn_up=$HOLDFAST_TORCH_BUILD/multinode_up
-if [ -z "$only" ] || [[ ",$only," == *",multinode-"* ]]; then
-  "${CXX:-c++}" -std=c++17 -O1 -Wall -Wextra -Werror -pthread -I include -I tests/support \
-    tests/support/multinode_up.cpp -o "$mn_up" ||
-    { failed=$((failed + 1)); failures+=(multinode_up); rm -f "$mn_up"; }
-fi
 multinode=("$python" tests/pytorch/multinode_ddp.py --harness "$mn_up")
 [ -x "$mn_up" ] && case_ multinode-etcd "${multinode[@]}" --kv etcd
 [ -x "$mn_up" ] && case_ multinode-torch-store "${multinode[@]}" --kv torch
