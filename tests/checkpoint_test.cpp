@@ -1286,3 +1286,41 @@ TEST_CASE(
   CHECK(count_lines(log, named) == 1);
   CHECK(count_lines(log, "'" + d + "/step-3' (step 3) skipped: its file 'meta/step.txt'") == 1);
 }
+
+TEST_CASE(
+    "log: a commit is an info line with its bytes and seconds, a restore names the step read; "
+    "a one-argument hook hears neither") {
+  holdfast_test::temp_dir dir("ckpt-log");
+  auto s = local_store<holdfast::posix_io>::create(dir.path());
+  std::vector<std::pair<holdfast::log_level, std::string>> events;
+  holdfast::checkpoint_options o;
+  o.log = [&](holdfast::log_level level, std::string_view line) {
+    events.emplace_back(level, std::string(line));
+  };
+  for (bool async : {false, true}) {
+    CAPTURE(async);
+    events.clear();
+    o.async_save = async;
+    checkpoint_manager<local_store<holdfast::posix_io>> m(s, async ? "async" : "sync", o);
+    auto info = m.save(7, write_checkpoint<holdfast::posix_io>);
+    m.wait_until_finished();
+    REQUIRE(events.size() == 1);
+    CHECK(events[0].first == holdfast::log_level::info);
+    const std::string committed =
+        "checkpoint step 7 committed: '" + info.path + "', 29040 bytes in ";  // the three files
+    CHECK(events[0].second.substr(0, committed.size()) == committed);
+    CHECK(events[0].second.substr(events[0].second.size() - 2) == " s");
+    events.clear();
+    CHECK(m.restore([](const std::string&, std::int64_t) {}) == 7);
+    REQUIRE(events.size() == 1);
+    CHECK(events[0].first == holdfast::log_level::info);
+    CHECK(events[0].second == "checkpoint restore: step 7 read from '" + info.path + "'");
+
+    log_lines problems;
+    m.set_log(problems.sink());
+    m.save(8, write_checkpoint<holdfast::posix_io>);
+    m.wait_until_finished();
+    CHECK(m.restore([](const std::string&, std::int64_t) {}) == 8);
+    CHECK(problems.lines.empty());
+  }
+}

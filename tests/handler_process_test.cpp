@@ -562,7 +562,12 @@ TEST_CASE(
   CHECK(s.what.find("no answer from tasks 1 within 900 ms (handler_options::restore_timeout)") !=
         std::string::npos);
   CHECK(s.what.find("Connection") == std::string::npos);
-  const auto lines = holdfast_test::read_lines(lines_file);
+  auto lines = holdfast_test::read_lines(lines_file);
+  // the wait's lines, then the failed start's warning (the same words as the exception)
+  REQUIRE_FALSE(lines.empty());
+  CHECK(lines.back().rfind("task 0: the start failed: ", 0) == 0);
+  CHECK(lines.back().find("no answer from tasks 1 within 900 ms") != std::string::npos);
+  lines.pop_back();
   CHECK(lines.size() >= 2);  // at 250, 500, 750 ms
   CHECK(lines.size() <= 4);
   for (const auto& l : lines) {

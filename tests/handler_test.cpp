@@ -25,6 +25,7 @@
 
 #include "support/c10d_like_kv.hpp"
 #include "support/child.hpp"
+#include "support/files.hpp"
 #include "support/handler_harness.hpp"
 #include "support/own_write_kv.hpp"
 #include "support/temp_dir.hpp"
@@ -1678,4 +1679,125 @@ TEST_CASE("threads: a claim applied but answered false is the claimant's own: no
 
 TEST_CASE("threads: a claim that commits late, after the retry read nothing, is the claimant's") {
   check_claimant_recognised_its_claim(holdfast_test::own_write_fault::late_commit);
+}
+
+namespace {
+
+using file_config_t = holdfast::termination_config<holdfast::file_notice, holdfast::no_exit>;
+using file_handler_t =
+    holdfast::preemption_handler<file_config_t, kv_t, holdfast_test::memory_checkpoints>;
+
+// One task over in_process_kv with a file notice, `log` its handler's hook: runs until the
+// notice file (created 5 steps after the start) is seen and the agreed save is done; returns the
+// saved step.
+std::int64_t run_to_notice(const holdfast_test::temp_dir& dir, worker_state& st,
+                           holdfast::log_fn log) {
+  const std::string flag = dir / "preempt";
+  ::unlink(flag.c_str());
+  holdfast::handler_options o;
+  o.watch_interval = 5ms;
+  o.log = std::move(log);
+  kv_t kv{holdfast::in_process_kv(holdfast::kv_namespace("log", "0"))};
+  file_handler_t h(file_config_t(holdfast::file_notice(flag, 5ms), holdfast::no_exit{}), kv,
+                   {0, 1, "log"}, {&st}, o);
+  const std::int64_t first = h.total_run_calls();
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < until) {
+    if (h.total_run_calls() == first + 5)
+      ::close(::open(flag.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+    if (h.run([] { std::this_thread::sleep_for(1ms); }) == run_status::stopped) break;
+  }
+  return st.saved_steps.empty() ? -1 : st.saved_steps.back();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "log: the handler's events reach a two-argument hook at info; a one-argument hook and "
+    "the default get warnings only") {
+  holdfast_test::temp_dir dir("log");
+  const std::string flag = dir / "preempt";
+  worker_state st;
+  std::vector<std::pair<holdfast::log_level, std::string>> events;
+  std::mutex m;
+  auto record = [&](holdfast::log_level level, std::string_view line) {
+    std::lock_guard<std::mutex> l(m);
+    events.emplace_back(level, std::string(line));
+  };
+  const std::int64_t saved = run_to_notice(dir, st, record);
+  REQUIRE(saved >= 5);
+  auto find = [&](const std::string& text) {
+    std::lock_guard<std::mutex> l(m);
+    for (std::size_t i = 0; i < events.size(); ++i)
+      if (events[i].second.find(text) != std::string::npos) return static_cast<int>(i);
+    return -1;
+  };
+  const std::string agreed = "task 0: step " + std::to_string(saved) + " agreed: saving";
+  const int start = find("task 0: no checkpoint to restore: starting at step 0");
+  const int notice = find("task 0: preemption notice from file '" + flag + "'");
+  const int agreement = find(agreed);
+  const int done = find("task 0: step " + std::to_string(saved) + " saved in ");
+  CHECK(start >= 0);
+  CHECK(notice > start);
+  CHECK(agreement > notice);
+  CHECK(done > agreement);
+  {
+    std::lock_guard<std::mutex> l(m);
+    for (const auto& e : events) CHECK(e.first == holdfast::log_level::info);  // all went well
+  }
+
+  // A restart restores the saved step, and says so.
+  events.clear();
+  run_to_notice(dir, st, record);
+  CHECK(find("task 0: restored step " + std::to_string(saved) + " (start: ") >= 0);
+
+  // A hook written for problems (one argument) hears none of it.
+  std::vector<std::string> problems;
+  run_to_notice(dir, st, [&](std::string_view line) { problems.emplace_back(line); });
+  CHECK(problems.empty());
+
+  // Nor does stderr, by default: a child whose stderr is a file.
+  const std::string err = dir / "stderr";
+  holdfast_test::child c([&] {
+    const int fd = ::open(err.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
+    ::dup2(fd, 2);
+    worker_state mine;
+    CHILD_REQUIRE(run_to_notice(dir, mine, {}) >= 5);
+  });
+  CHECK(c.wait().ok());
+  CHECK(holdfast_test::read_file(err) == "");
+}
+
+TEST_CASE("log: a failure raised by run() goes to the hook at warning, naming the task") {
+  // A dead peer: task 1 never starts, so task 0's agreement times out.
+  holdfast_test::temp_dir dir("log-fail");
+  std::vector<std::pair<holdfast::log_level, std::string>> events;
+  std::mutex m;
+  holdfast::handler_options o;
+  o.watch_interval = 5ms;
+  o.ack_timeout = 300ms;
+  o.agree_on_restore = false;
+  o.log = [&](holdfast::log_level level, std::string_view line) {
+    std::lock_guard<std::mutex> l(m);
+    events.emplace_back(level, std::string(line));
+  };
+  const std::string flag = dir / "preempt";
+  kv_t kv{holdfast::in_process_kv(holdfast::kv_namespace("log", "1"))};
+  worker_state st;
+  file_handler_t h(file_config_t(holdfast::file_notice(flag, 5ms), holdfast::no_exit{}), kv,
+                   {0, 2, "log"}, {&st}, o);
+  ::close(::open(flag.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+  std::string what;
+  try {
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while (std::chrono::steady_clock::now() < until)
+      h.run([] { std::this_thread::sleep_for(1ms); });
+  } catch (const holdfast::agreement_timeout& e) {
+    what = e.what();
+  }
+  REQUIRE(what != "");
+  std::lock_guard<std::mutex> l(m);
+  REQUIRE_FALSE(events.empty());
+  CHECK(events.back().first == holdfast::log_level::warning);
+  CHECK(events.back().second == "task 0: " + what);
 }

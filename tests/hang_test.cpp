@@ -35,6 +35,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -76,19 +77,28 @@ struct gate {
   }
 };
 
-// The verdicts one worker's policy reported, with when.
+// The verdicts one worker's policy reported, with when, and its handler's warning lines (the
+// verdict's line comes before on_hang: logged_first).
 struct reports {
   std::mutex m;
   std::condition_variable cv;
   std::vector<hang_verdict> seen;
   std::vector<steady::time_point> at;
+  std::vector<std::string> warnings;
+  std::vector<bool> logged_first;
   void add(const hang_verdict& v) {
     {
       std::lock_guard<std::mutex> l(m);
       seen.push_back(v);
       at.push_back(steady::now());
+      logged_first.push_back(!warnings.empty() &&
+                             warnings.back() == "hang detected: " + v.describe());
     }
     cv.notify_all();
+  }
+  void line(holdfast::log_level level, std::string_view text) {
+    std::lock_guard<std::mutex> l(m);
+    if (level == holdfast::log_level::warning) warnings.emplace_back(text);
   }
   bool wait(std::size_t n, milliseconds timeout) {
     std::unique_lock<std::mutex> l(m);
@@ -112,6 +122,7 @@ holdfast::handler_options fast_options(reports* r) {
   o.hang.restore_floor = 400ms;
   o.hang.period = 100ms;
   if (r) o.hang.on_hang = [r](const hang_verdict& v) { r->add(v); };
+  if (r) o.log = [r](holdfast::log_level level, std::string_view text) { r->line(level, text); };
   return o;
 }
 
@@ -210,6 +221,7 @@ TEST_CASE("a step stuck past its learned bound is found within bound + period an
     auto& r = rep[static_cast<std::size_t>(t)];
     REQUIRE(r.seen.size() == 1);  // acted on once
     CHECK(holdfast::format_agreement_value(holdfast::hang_verdict_value(r.seen[0])) == verdicts[0]);
+    CHECK(r.logged_first[0]);  // its warning line to handler_options::log, then on_hang
     // every worker learns it within one period of its recording (plus scheduling)
     CHECK(r.at[0] - stalled <= parsed->bound + 2 * o.hang.period + slack);
   }

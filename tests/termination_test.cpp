@@ -356,10 +356,12 @@ TEST_CASE("signal_notice<SIGUSR1, SIGTERM> reports which signal came first") {
   scoped_disposition t(SIGTERM, SIG_DFL);
   signal_notice<SIGUSR1, SIGTERM> n;
   n.start();
+  CHECK(n.source() == "");  // what fired, for the handler's log line: nothing yet
   ::raise(SIGUSR1);
   ::raise(SIGTERM);
   CHECK(n.noticed());
   CHECK(n.signal() == SIGUSR1);
+  CHECK(n.source() == "signal SIGUSR1");
   CHECK(n.count() == 2);
   static_assert(signal_notice<SIGUSR1, SIGTERM>::signals.size() == 2);
   // the highest signal number (SIGRTMAX on Linux) uses the mask's last bit
@@ -370,6 +372,7 @@ TEST_CASE("signal_notice<SIGUSR1, SIGTERM> reports which signal came first") {
   ::raise(64);
   CHECK(last.noticed());
   CHECK(last.signal() == 64);
+  CHECK(last.source() == "signal 64");
   static_assert(signal_notice<>::signals[0] == SIGTERM);
 }
 
@@ -426,6 +429,7 @@ TEST_CASE("signal_notice: a time left per signal, the deadline is the first sign
     cfg.start();
     ::raise(SIGUSR1);
     cfg.stop();
+    CHECK(holdfast::detail::notice_source_of(cfg) == "signal SIGUSR1");  // any_of's: the first
     REQUIRE(cfg.announced_deadline());
     auto grace = *cfg.grace_deadline() - *cfg.noticed_at();
     CHECK(grace > 5s - 200ms);
@@ -592,10 +596,12 @@ TEST_CASE("file_notice sees a file appear") {
   n.start();
   CHECK(eventually([&] { return n.polls() >= 3; }));
   CHECK_FALSE(n.noticed());
+  CHECK(n.source() == "");
   auto created = steady::now();
   ::close(::open((dir / "preempt").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
   CHECK(eventually([&] { return n.noticed(); }, 2000ms));
   CHECK(*n.noticed_at() >= created);
+  CHECK(n.source() == "file '" + dir / "preempt" + "'");
 }
 
 TEST_CASE("file_notice: a failing stat is no notice, logged once, and polling goes on") {
@@ -737,6 +743,8 @@ TEST_CASE("gce_preempted_notice: preempted TRUE is a notice, FALSE is not") {
   preempted = true;
   CHECK(eventually([&] { return n.noticed(); }));
   CHECK(log.size() == 0);
+  CHECK(n.source() ==
+        "GCE metadata " + srv.url() + "/computeMetadata/v1/instance/preempted = TRUE");
 }
 
 namespace {
@@ -807,6 +815,7 @@ TEST_CASE("aws_spot_notice: IMDSv2 token flow, 404 is no notice, the action time
       std::chrono::duration_cast<std::chrono::seconds>(n.deadline()->time_since_epoch()).count() ==
       1505722920);
   CHECK(log.size() == 0);
+  CHECK(n.source() == "AWS metadata " + srv.url() + "/latest/meta-data/spot/instance-action");
   auto seen = srv.requests();
   REQUIRE(seen.size() >= 2);
   CHECK(seen[0].method == "PUT");

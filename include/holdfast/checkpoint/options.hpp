@@ -53,7 +53,10 @@ struct checkpoint_options {
   checkpoint_lock lock = checkpoint_lock::automatic;
   /// A lease whose heartbeat is older than this is stale (the heartbeat beats 6 times per age).
   std::chrono::milliseconds lease_stale_after{60000};
-  /// Where recoveries and background problems are reported (empty: log_to_stderr).
+  /// Where the manager's lines go (log.hpp; empty: log_to_stderr, which prints warnings only).
+  /// info: each save committed, with its bytes (checksums on) and seconds. warning: a
+  /// checkpoint skipped as incomplete or damaged (a restore falls back to an older one), a
+  /// pointer recovered or rewritten, a background save's failure nobody waited for.
   log_fn log{};
   /// The wall clock of save times, should_save and retention periods (empty: system_clock).
   std::function<std::chrono::system_clock::time_point()> clock{};

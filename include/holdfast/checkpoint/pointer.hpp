@@ -169,13 +169,13 @@ class checkpoint_directory {
            std::to_string(detail::store_next_serial());
   }
 
-  void log(const std::string& line) const {
+  void log(const std::string& line, log_level level = log_level::warning) const {
     log_fn sink;
     {
       std::lock_guard<std::mutex> l(mutex);
       sink = options.log;
     }
-    detail::log_line(sink, line);
+    detail::log_line(sink, line, level);
   }
 
   // Logs `line` unless it is the last line logged (recoveries are seen by every query).

@@ -34,7 +34,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>  // fprintf: the report's log line
+#include <cstdio>  // snprintf: a verdict's seconds
 #include <functional>
 #include <optional>
 #include <string>
@@ -43,6 +43,7 @@
 #include "../agreement/value.hpp"
 #include "../detail/hang_bounds.hpp"  // hang_bounds: shared with the checkpoint metadata
 #include "../detail/temp_files.hpp"   // remove_temp_files: before the restart policy's _exit
+#include "../log.hpp"                 // log_fn: where a verdict's line goes
 #include "../version.hpp"
 
 HOLDFAST_NAMESPACE_BEGIN
@@ -163,9 +164,12 @@ struct hang_options {
   /// What the restart policy exits with: EX_TEMPFAIL, a failure the launcher restarts
   /// (torchrun restarts the group on any nonzero exit while it has restarts left).
   int exit_code = 75;
-  /// Called once per verdict on the worker's watcher thread (both policies), before the log
+  /// Called once per verdict on the worker's watcher thread (both policies), after the log
   /// line and, for hang_restart, before the exit. Must not call back into the handler.
   std::function<void(const hang_verdict&)> on_hang;
+  /// Where the verdict's line goes, at warning ("hang detected: task 2 hung in step 57 ...");
+  /// empty: the handler's handler_options::log (whose default is stderr).
+  log_fn log;
 };
 
 namespace detail {
@@ -336,19 +340,21 @@ struct hang_none {
   static void act(const hang_verdict&, const hang_options&) noexcept {}
 };
 
-/// Hang policy: report a verdict (hang_options::on_hang, then a line on stderr) on every worker
-/// that learns it; the job goes on. A verdict found while an agreement round is under way is
+/// Hang policy: report a verdict (a warning line to hang_options::log, then on_hang) on every
+/// worker that learns it; the job goes on. A verdict found while an agreement round is under way is
 /// that round's outcome, and fails it: run() throws hang_detected on every worker.
 struct hang_report {
   static constexpr bool detects = true;
   static constexpr bool ends_job = false;
   static void act(const hang_verdict& v, const hang_options& o) noexcept {
     try {
+      detail::log_line(o.log, "hang detected: " + v.describe());
+    } catch (...) {  // no memory for the line
+    }
+    try {
       if (o.on_hang) o.on_hang(v);
     } catch (...) {
     }
-    const std::string line = "holdfast: hang detected: " + v.describe() + "\n";
-    (void)!::write(2, line.data(), line.size());
   }
 };
 

@@ -53,7 +53,7 @@ struct periodic_save_options {
   /// S is at least this many steps ahead of task 0's counter.
   std::int64_t min_lead_steps = 2;
   /// Where a skipped save is reported (a task that learned the decision past its step; empty:
-  /// log_to_stderr).
+  /// handler_options::log).
   log_fn log;
 };
 
@@ -73,7 +73,12 @@ struct handler_options {
   std::chrono::milliseconds restore_timeout{std::chrono::minutes(10)};
   /// While the restore agreement waits, a line this often names the tasks there and those not.
   std::chrono::milliseconds restore_report_interval{std::chrono::seconds(10)};
-  /// Where the handler's own lines go (the restore agreement's wait; empty: log_to_stderr).
+  /// Where the handler's lines go (log.hpp; empty: log_to_stderr, which prints warnings only).
+  /// info: the step restored at the start, a notice and its source, each agreed step, a save's
+  /// start and its end with its seconds. warning: the restore agreement's wait (every
+  /// restore_report_interval), a failure as it is raised (a timeout, a peer's error, a hang
+  /// verdict), a skipped periodic save. A hang verdict's line goes here too unless
+  /// hang_options::log is set. Lines name this task ("task 1: ...").
   log_fn log;
   /// The fallback slice: how long one blocking get lasts over a store that cannot be waited on
   /// (no watch()), and the longest sleep when a notice source cannot wake the watcher. Stores

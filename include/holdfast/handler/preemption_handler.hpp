@@ -247,6 +247,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   using watcher::guard_restore;
   using watcher::kv_;
   using watcher::learner_;
+  using watcher::log_event;
   using watcher::machine_;
   using watcher::mutex_;
   using watcher::on_peer_frozen;
@@ -303,6 +304,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
       notice_started_ = false;
       config_.stop();
       if constexpr (detail::can_set_waker_v<Config>) config_.set_waker(nullptr);
+      log_start_failure();
       throw;
     }
     if constexpr (detects_hangs) {
@@ -314,6 +316,9 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
       enter_phase(hang_phase::start, std::chrono::steady_clock::now());
     }
     counter_and_attention_.store(static_cast<std::uint64_t>(restored_.value_or(0)) << 1);
+    log_event((restored_ ? "restored step " + std::to_string(*restored_)
+                         : std::string("no checkpoint to restore: starting at step 0")) +
+              " (start: " + detail::seconds_text(std::chrono::steady_clock::now() - t0) + ")");
     start_liveness();
     periodic_.start();
     if (periodic_.decides() && options_.periodic_saves.copied)  // the copies' cost, too
@@ -539,6 +544,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
         raise();
       case agreement_action::save_then_continue:
         lock.unlock();
+        log_event("step " + std::to_string(in.step) + " agreed: saving, then training on");
         publishing_failure([&] { save(in.step); });
         overhead_ += Clock::now() - started;  // the final claim leaves room for as much again
         lock.lock();
@@ -554,12 +560,14 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
         break;
       case agreement_action::save:  // no exit: the machine re-armed itself
         lock.unlock();
+        log_event("step " + std::to_string(in.step) + " agreed: saving, then stopping");
         publishing_failure([&] { save(in.step); });
         lock.lock();
         st = run_status::stopped;
         break;
       case agreement_action::save_then_exit:
         lock.unlock();
+        log_event("step " + std::to_string(in.step) + " agreed: saving, then exiting");
         publishing_failure([&] { save(in.step); });
         exit_process();  // returns only when the Exit policy did not end the process
         lock.lock();
@@ -661,8 +669,11 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   void periodic_save(std::int64_t step) {
     const save_phase phase(*this);
     const auto t0 = phase.start;
+    log_event("periodic save of step " + std::to_string(step) + " started");
     detail::checkpointer_save(checkpointer_, config_, step);
     const auto end = steady::now();
+    log_event("periodic save of step " + std::to_string(step) + " done in " +
+              detail::seconds_text(end - t0));
     if constexpr (detects_hangs) learner_.add_save(end - t0);
     const auto cost_us = std::chrono::duration_cast<std::chrono::microseconds>(end - t0).count();
     detail::put_periodic_report(kv_, scope_, cluster_.task, this->nonce_, step, cost_us);
@@ -670,8 +681,25 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
       periodic_.saved(step, cost_us, periodic_others_cost_us_.load(std::memory_order_relaxed), end);
   }
 
-  // The failure the machine recorded, raised (raise.hpp).
-  [[noreturn]] void raise() { detail::raise_agreement_failure(machine_.failure(), scope_); }
+  // The exception in flight, which ends the construction, as a warning.
+  void log_start_failure() const noexcept {
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      log_event(std::string("the start failed: ") + e.what(), log_level::warning);
+    } catch (...) {
+    }
+  }
+
+  // The failure the machine recorded, raised (raise.hpp), and logged as a warning.
+  [[noreturn]] void raise() {
+    try {
+      detail::raise_agreement_failure(machine_.failure(), scope_);
+    } catch (const std::exception& e) {
+      log_event(e.what(), log_level::warning);
+      throw;
+    }
+  }
 
   // Saves `step` and returns once it is durable: an async Checkpointer's save() returns when its
   // writer has run, and wait_until_finished() then covers the commit (fsyncs, rename, pointer).
@@ -689,6 +717,8 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     detail::checkpointer_save(checkpointer_, config_, step);
     detail::checkpointer_finish(checkpointer_);  // to the durable end
     last_save_duration_ = std::chrono::steady_clock::now() - t0;
+    log_event("step " + std::to_string(step) + " saved in " +
+              detail::seconds_text(last_save_duration_));
     if constexpr (detects_hangs) learner_.add_save(last_save_duration_);
   }
 

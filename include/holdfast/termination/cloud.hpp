@@ -211,6 +211,9 @@ struct gce_metadata_poll {
   http_timeouts timeouts;
 
   std::string target() const { return path + "/computeMetadata/v1/instance/" + key; }
+  std::string source() const {
+    return "GCE metadata " + endpoint.url() + target() + " = " + expect;
+  }
   poll_result operator()(const std::atomic<bool>& stopping) const {
     http_request req{"GET", target(), {{"Metadata-Flavor", "Google"}}, {}};
     http_response r = http_call<Io>(endpoint, req, timeouts, &stopping);
@@ -242,6 +245,10 @@ struct aws_spot_poll {
 
   static constexpr int token_ttl_seconds = 21600;
   static constexpr std::string_view action_key = "/latest/meta-data/spot/instance-action";
+
+  std::string source() const {
+    return "AWS metadata " + endpoint.url() + path + std::string(action_key);
+  }
 
   void fetch_token(const std::atomic<bool>& stopping) {
     http_request req{"PUT",

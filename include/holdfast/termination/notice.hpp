@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -129,6 +130,23 @@ using notice_deadline = decltype(std::optional<std::chrono::system_clock::time_p
 template <class T>
 using notice_set_waker = decltype(std::declval<T&>().set_waker(static_cast<const waker*>(nullptr)));
 
+template <class T>
+using notice_source_member = decltype(std::string(std::declval<const T&>().source()));
+template <class T>
+using notice_accessor = decltype(std::declval<const T&>().notice());
+
+/// What fired, for the log: a Notice's optional `std::string source() const` ("signal
+/// SIGTERM", "file '/run/preempt'"), through a config's notice(); "" when it has none.
+template <class N>
+std::string notice_source_of(const N& n) {
+  if constexpr (detect<notice_source_member, N>::value)
+    return n.source();
+  else if constexpr (detect<notice_accessor, N>::value)
+    return notice_source_of(n.notice());
+  else
+    return {};
+}
+
 /// True when T has set_waker(const detail::waker*), whatever it covers.
 template <class T>
 inline constexpr bool can_set_waker_v = detect<notice_set_waker, T>::value;
@@ -220,6 +238,14 @@ class any_of {
     std::apply([&best](const auto&... n) { (earliest(best, n.deadline()), ...); }, n_);
     return best;
   }
+  /// What fired: the source of the earliest notice ("" before one; a source without
+  /// source() is "" too).
+  std::string source() const {
+    std::string what;
+    std::optional<std::chrono::steady_clock::time_point> best;
+    std::apply([&](const auto&... n) { (pick_source(what, best, n), ...); }, n_);
+    return what;
+  }
   /// The I-th source.
   template <std::size_t I>
   auto& get() noexcept {
@@ -231,6 +257,14 @@ class any_of {
   }
 
  private:
+  template <class S>
+  static void pick_source(std::string& what,
+                          std::optional<std::chrono::steady_clock::time_point>& best, const S& n) {
+    const auto at = n.noticed_at();
+    if (!at || (best && *best <= *at)) return;
+    best = at;
+    what = detail::notice_source_of(n);
+  }
   template <class T>
   static void earliest(std::optional<T>& best, const std::optional<T>& t) noexcept {
     if (t && (!best || *t < *best)) best = t;

@@ -113,6 +113,15 @@ class polled_notice {
   std::optional<std::chrono::system_clock::time_point> deadline() const noexcept {
     return s_->rec.deadline();
   }
+  /// What fired, for the log: the poller's source() ("file '/run/preempt'", the metadata URL),
+  /// or "a polled source" for a poller without one; "" before a notice.
+  std::string source() const {
+    if (!noticed()) return {};
+    if constexpr (detail::detect<detail::notice_source_member, F>::value)
+      return s_->fn.source();
+    else
+      return "a polled source";
+  }
   /// Polls completed (with or without a notice), and polls that failed.
   std::uint64_t polls() const noexcept { return s_->polls.load(); }
   std::uint64_t failures() const noexcept { return s_->failures.load(); }
@@ -190,6 +199,7 @@ namespace detail {
 template <class Io>
 struct file_exists {
   std::string path;
+  std::string source() const { return "file '" + path + "'"; }
   bool operator()() const {
     struct stat st {};
     if (Io::stat(path.c_str(), &st) == 0) return true;

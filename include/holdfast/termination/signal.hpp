@@ -68,6 +68,34 @@ HOLDFAST_NAMESPACE_BEGIN
 
 namespace detail {
 
+/// "SIGTERM" for the signals a preemption notice comes by, else the number.
+inline std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGXCPU:
+      return "SIGXCPU";
+    case SIGALRM:
+      return "SIGALRM";
+    case SIGCONT:
+      return "SIGCONT";
+    case SIGPWR:
+      return "SIGPWR";
+    default:
+      return std::to_string(sig);
+  }
+}
+
 static_assert(std::atomic<std::int64_t>::is_always_lock_free &&
                   std::atomic<std::uint64_t>::is_always_lock_free &&
                   std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
@@ -452,6 +480,11 @@ class signal_notice {
   int signal() const noexcept {
     if (!noticed()) return 0;
     return cell_ >= 0 ? detail::signal_slot.cells[cell_].signo.load() : signo_;
+  }
+  /// What fired, for the log: "signal SIGTERM" ("" before a notice).
+  std::string source() const {
+    const int sig = signal();
+    return sig == 0 ? std::string() : "signal " + detail::signal_name(sig);
   }
   /// How many deliveries were seen since start().
   std::uint64_t count() const noexcept {

@@ -92,6 +92,7 @@ class checkpoint_reading : public checkpoint_maintenance<Io, Durability> {
   std::optional<std::int64_t> read_latest(const reader_type& reader) {
     restored_hang.reset();
     std::optional<std::int64_t> step, below;
+    std::string path;
     std::optional<checkpoint_integrity> first_bad;
     for (;;) {  // `below` falls with each corrupt checkpoint: bounded by the steps retained
       std::optional<checkpoint_integrity> bad;
@@ -106,6 +107,7 @@ class checkpoint_reading : public checkpoint_maintenance<Io, Durability> {
                                  }
                                  if (reader) reader(c.path, c.step);
                                  step = c.step;
+                                 path = c.path;
                                  restored_hang = hang_bounds_at(c.path);
                                });
       if (bad) {
@@ -121,6 +123,8 @@ class checkpoint_reading : public checkpoint_maintenance<Io, Durability> {
         throw corrupt(*first_bad);
       }
       if (!found) return std::nullopt;
+      log("checkpoint restore: step " + std::to_string(*step) + " read from '" + path + "'",
+          log_level::info);
       if (first_bad)
         log("checkpoint restore: restored step " + std::to_string(*step) +
             " instead of the corrupt step " + std::to_string(first_bad->step) + " ('" +

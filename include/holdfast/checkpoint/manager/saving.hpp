@@ -175,6 +175,8 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
     detail::checkpoint_pointer old;
     bool repairs = false;                        // the old pointer was bad: this save rewrites it
     std::optional<detail::json_value> metadata;  // written by commit(), with the files' sums
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+    std::optional<std::uint64_t> bytes;  // the files' sizes summed (checksums on)
   };
 
   template <class Writer>
@@ -282,7 +284,17 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
     write_pointer(next);  // before the deletions: a valid latest whatever happens next
     if (j.repairs)
       log("checkpoint pointer '" + pointer_path() + "' rewritten by the save of '" + j.name + "'");
+    log_committed(j);
     delete_dropped(next);
+  }
+
+  // "checkpoint step 57 committed: '<dir>/step_57', 268435456 bytes in 1.20 s" (info; the bytes
+  // where checksums summed them).
+  void log_committed(const job& j) const {
+    log("checkpoint step " + std::to_string(j.step) + " committed: '" + j.target + "'" +
+            (j.bytes ? ", " + std::to_string(*j.bytes) + " bytes" : std::string()) + " in " +
+            detail::seconds_text(std::chrono::steady_clock::now() - j.started),
+        log_level::info);
   }
 
   // The metadata file, with each file's size and CRC32C (checksums on): after the writer and
@@ -290,9 +302,13 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
   // starts as it is summed when the save syncs files: the disk writes while the CPU sums.
   void write_metadata(job& j) const {
     constexpr bool syncs = durability_type::file != file_sync::none;
-    if (options.checksums)
-      j.metadata->set("files", detail::checkpoint_files_json(
-                                   detail::checkpoint_sum_files<io_type>(j.work, syncs)));
+    if (options.checksums) {
+      const auto sums = detail::checkpoint_sum_files<io_type>(j.work, syncs);
+      std::uint64_t bytes = 0;
+      for (const auto& f : sums) bytes += f.second.size;
+      j.bytes = bytes;
+      j.metadata->set("files", detail::checkpoint_files_json(sums));
+    }
     detail::checkpoint_write_metadata_text<io_type>(j.work, detail::to_json(*j.metadata, 2));
   }
 

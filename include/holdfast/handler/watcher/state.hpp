@@ -68,7 +68,7 @@ class watcher_state {
         kv_(std::move(kv)),
         evented_(has_kv_watch_v<Kv> && kv_supports(kv_, kv_op::watch)),
         cluster_(std::move(cluster)),
-        options_(options),
+        options_(with_default_logs(std::move(options))),
         scope_("holdfast/" + checked_run_id(cluster_.run_id) + "/"),
         machine_(machine_config(cluster_, config_, options_, nonce_)) {}
 
@@ -79,6 +79,22 @@ class watcher_state {
   // publishes in its ack is never more than one step behind.
   static constexpr std::uint64_t attention_bit = 1;
   static constexpr std::uint64_t counter_one = 2;
+
+  // The parts' own sinks (periodic_saves.log, hang.log) are handler_options::log unless set.
+  static handler_options with_default_logs(handler_options o) {
+    if (!o.periodic_saves.log) o.periodic_saves.log = o.log;
+    if (!o.hang.log) o.hang.log = o.log;
+    return o;
+  }
+
+  // One line to handler_options::log, naming this task: "task 1: <line>".
+  void log_event(const std::string& line, log_level level = log_level::info) const noexcept {
+    if (!options_.log && level < log_level::warning) return;  // the default prints no info
+    try {
+      detail::log_line(options_.log, "task " + std::to_string(cluster_.task) + ": " + line, level);
+    } catch (...) {  // no memory for the line: nothing to report it with
+    }
+  }
 
   static const std::string& checked_run_id(const std::string& id) {
     if (id.empty() || id.find('/') != std::string::npos || !is_valid_key(id))

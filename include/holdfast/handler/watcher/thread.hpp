@@ -17,6 +17,7 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "../../error.hpp"  // errnum_of: a store failure's errno for the machine
@@ -42,6 +43,7 @@ class watcher_thread : public watcher_triggers<Config, Kv, Clock, Hang> {
   using below::config_;
   using below::detects_hangs;
   using below::learn_hang;
+  using below::log_event;
   using below::look_for_hang_when_due;
   using below::machine_;
   using below::mutex_;
@@ -119,10 +121,26 @@ class watcher_thread : public watcher_triggers<Config, Kv, Clock, Hang> {
     if (!at || (last_notice_ && *last_notice_ == *at)) return;
     last_notice_ = *at;
     std::optional<time_point> deadline;
-    if (auto d = config_.announced_deadline()) deadline = to_clock<Clock>(*d);
-    std::lock_guard<std::mutex> lock(mutex_);
-    machine_.on_notice(to_clock<Clock>(*at), deadline);
-    raise_attention_locked();
+    const auto announced = config_.announced_deadline();
+    if (announced) deadline = to_clock<Clock>(*announced);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      machine_.on_notice(to_clock<Clock>(*at), deadline);
+      raise_attention_locked();
+    }
+    log_notice(announced);
+  }
+
+  // "preemption notice from signal SIGTERM, deadline in 28.50 s" (info).
+  void log_notice(const std::optional<std::chrono::system_clock::time_point>& announced) const {
+    if (!options_.log) return;  // the default sink prints no info
+    std::string line = "preemption notice";
+    const std::string from = detail::notice_source_of(config_);
+    if (!from.empty()) line += " from " + from;
+    if (announced)
+      line +=
+          ", deadline in " + detail::seconds_text(*announced - std::chrono::system_clock::now());
+    log_event(line);
   }
 
   std::optional<std::chrono::steady_clock::time_point> last_notice_;  // watcher thread only
