@@ -51,23 +51,29 @@
 // torch.distributed, so every rank saves the same step; _SavePolicy reads no clock but
 // steady_clock's now and writes only its run history.
 #include <Python.h>
+#include <sys/eventfd.h>  // the log queue's wake-up
+#include <unistd.h>       // write
 // pybind11 with torch's holder types (c10::intrusive_ptr), the c10d Store: not
 // <torch/extension.h>, which adds all of ATen and the C++ frontend (a third of the parse).
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>  // torch_watch's spawn_fn
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -636,6 +642,90 @@ class py_torch_watch {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Log lines for Python's logging.getLogger("holdfast").
+//
+// The library's lines (the handler's, the checkpoints') come from any thread, the watcher's
+// and the async saver's among them, some holding holdfast's locks: none takes the GIL for a
+// line. Each is queued here with its level (holdfast's info and warning are logging's INFO and
+// WARNING, 20 and 30), and holdfast_torch.py hands them to the logger in order: from a thread
+// of its own woken by each line (the queue's eventfd), at each Handler start and close, and at
+// exit. A verdict's line is handed over before on_hang runs (make_on_hang), so
+// hang_policy="restart", which _exits, logs it too. At most max_lines wait: past that the oldest
+// go, and the next line handed over says how many.
+
+class log_queue {
+ public:
+  static constexpr std::size_t max_lines = 10000;
+
+  log_queue() : fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "holdfast: eventfd");
+  }
+  log_queue(const log_queue&) = delete;
+  log_queue& operator=(const log_queue&) = delete;
+
+  void push(holdfast::log_level level, std::string_view line) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (lines_.size() >= max_lines) {
+        lines_.pop_front();
+        ++dropped_;
+      }
+      lines_.emplace_back(static_cast<int>(level), std::string(line));
+    }
+    const std::uint64_t one = 1;
+    (void)!::write(fd_, &one, sizeof one);  // wakes the log thread; never blocks
+  }
+  /// Readable once a line was pushed (an eventfd): what the log thread waits on, in select(),
+  /// with no C++ frame under it (a daemon thread that Python ends at exit must not be inside
+  /// one: the unwinding of its end through a noexcept frame is std::terminate).
+  int fd() const noexcept { return fd_; }
+  /// Every waiting line, oldest first (a note of the dropped ones first).
+  std::vector<std::pair<int, std::string>> take() {
+    std::vector<std::pair<int, std::string>> out;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (dropped_ > 0) {
+      out.emplace_back(static_cast<int>(holdfast::log_level::warning),
+                       std::to_string(std::exchange(dropped_, 0)) +
+                           " log lines dropped: more than " + std::to_string(max_lines) +
+                           " waited for logging");
+    }
+    out.insert(out.end(), std::make_move_iterator(lines_.begin()),
+               std::make_move_iterator(lines_.end()));
+    lines_.clear();
+    return out;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::deque<std::pair<int, std::string>> lines_;
+  std::uint64_t dropped_ = 0;
+  int fd_;
+};
+
+/// The process's queue. Never destroyed: a background thread may log while the interpreter
+/// and the statics go. A forked child starts a fresh one (the parent's log thread may have
+/// held its mutex at the fork): _log_after_fork.
+inline log_queue*& python_log_queue_ptr() {
+  static log_queue* q = new log_queue;
+  return q;
+}
+inline log_queue& python_log_queue() { return *python_log_queue_ptr(); }
+
+/// The log hook every Python handler and checkpoint manager gets: every level, queued.
+inline holdfast::log_fn python_log() {
+  return [](holdfast::log_level level, std::string_view line) {
+    python_log_queue().push(level, line);
+  };
+}
+
+/// holdfast_torch.py's function that hands the queued lines to logging (_set_log_emitter), or
+/// a null handle before it is set. Read and called with the GIL held.
+inline py::object& python_log_emitter() {
+  static py::object* f = new py::object();  // never destroyed, as the queue
+  return *f;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Exit: a C++ exception that the translator turns into holdfast.Preempted(code).
 
 /// Thrown by the Exit policy after the agreed save; becomes Python's holdfast.Preempted.
@@ -676,6 +766,8 @@ class any_notice {
     return p_->deadline();
   }
   void set_waker(const holdfast::detail::waker* w) noexcept { p_->set_waker(w); }
+  /// What fired ("signal SIGTERM", "file '...'"), for the log.
+  std::string source() const { return p_->source(); }
 
  private:
   struct base {
@@ -686,6 +778,7 @@ class any_notice {
     virtual std::optional<std::chrono::steady_clock::time_point> noticed_at() const noexcept = 0;
     virtual std::optional<std::chrono::system_clock::time_point> deadline() const noexcept = 0;
     virtual void set_waker(const holdfast::detail::waker* w) noexcept = 0;
+    virtual std::string source() const = 0;
   };
   template <class Notice>
   struct holder final : base {
@@ -700,6 +793,7 @@ class any_notice {
       return n.deadline();
     }
     void set_waker(const holdfast::detail::waker* w) noexcept override { n.set_waker(w); }
+    std::string source() const override { return holdfast::detail::notice_source_of(n); }
     Notice n;
   };
   std::unique_ptr<base> p_;
@@ -863,6 +957,7 @@ class py_checkpoint_manager {
     o.max_to_keep = max_to_keep;
     o.async_save = async_save;
     o.owner = owner;  // "task <rank>": another rank's directory fails at once, naming both
+    o.log = python_log();
     std::optional<py_checkpoints> m;
     {
       py::gil_scoped_release nogil;  // the writer lock may be held by a dying predecessor
@@ -885,6 +980,7 @@ class py_checkpoint_manager {
     holdfast::two_tier_options t;
     t.durable = std::move(durable);
     t.local.max_to_keep = local_max_to_keep;
+    t.local.log = t.log = python_log();
     t.durable_wait = std::chrono::milliseconds(static_cast<std::int64_t>(durable_wait * 1000));
     return py_checkpoints::two_tiers(local_dir, holdfast::directory_commit::rename, durable_dir,
                                      holdfast::directory_commit::rename, std::move(t));
@@ -1084,9 +1180,10 @@ inline std::unique_ptr<handler_iface> make_handler(
     config.set_grace_period(std::chrono::milliseconds(static_cast<std::int64_t>(*grace * 1000)));
   if (!notice_file.empty()) {  // the preset's notices, or the file appearing (a Slurm trap)
     using either = holdfast::any_of<any_notice, holdfast::file_notice>;
-    config = py_config(any_notice(either(std::move(config.notice()),
-                                         holdfast::file_notice(notice_file, notice_file_interval))),
-                       config.exit_policy(), config.grace_period(), config.save_override());
+    config = py_config(
+        any_notice(either(std::move(config.notice()),
+                          holdfast::file_notice(notice_file, notice_file_interval, python_log()))),
+        config.exit_policy(), config.grace_period(), config.save_override());
   }
   return make_hang_handler(hang, std::move(config), std::move(kv), std::move(cluster),
                            std::move(ckpt), std::move(o));
@@ -1154,14 +1251,14 @@ inline py::dict verdict_dict(const holdfast::hang_verdict& v) {
   return d;
 }
 
-/// hang_options::on_hang for a Python callable (None: none). The watcher thread calls it; the
-/// Python call runs on a thread of its own, which takes the GIL, and the watcher waits for it
-/// at most on_hang_wait: a training thread that never releases the GIL (stuck in a C extension
-/// that holds it) cannot keep the restart policy from ending the process. A Python exception
-/// goes to sys.unraisablehook (printed), never into C++. The callable is released with the GIL
-/// held, by whichever thread drops it last.
+/// hang_options::on_hang for a Python callable (None: none, but the verdict's log line is still
+/// handed to logging first). The watcher thread calls it; the Python calls run on a thread of
+/// its own, which takes the GIL, and the watcher waits for it at most on_hang_wait: a training
+/// thread that never releases the GIL (stuck in a C extension that holds it) cannot keep the
+/// restart policy from ending the process. A Python exception goes to sys.unraisablehook
+/// (printed), never into C++. The callable is released with the GIL held, by whichever thread
+/// drops it last.
 inline std::function<void(const holdfast::hang_verdict&)> make_on_hang(py::object fn) {
-  if (fn.is_none()) return {};
   std::shared_ptr<py::object> f(new py::object(std::move(fn)), [](py::object* o) {
     if (!Py_IsInitialized()) return;  // the interpreter is gone: leak it
     py::gil_scoped_acquire gil;
@@ -1179,7 +1276,13 @@ inline std::function<void(const holdfast::hang_verdict&)> make_on_hang(py::objec
         if (Py_IsInitialized()) {
           py::gil_scoped_acquire gil;
           try {
-            (*f)(verdict_dict(v));
+            if (python_log_emitter()) python_log_emitter()();  // the verdict's line first
+          } catch (py::error_already_set& e) {
+            e.discard_as_unraisable("holdfast_torch: logging");
+          } catch (...) {
+          }
+          try {
+            if (!f->is_none()) (*f)(verdict_dict(v));
           } catch (py::error_already_set& e) {
             e.discard_as_unraisable("holdfast_torch: on_hang");
           } catch (...) {
@@ -1241,6 +1344,7 @@ class py_handler {
       o.hang.restore_floor = std::max(o.hang.restore_floor, t);
     }
     o.hang.on_hang = make_on_hang(std::move(on_hang));
+    o.log = python_log();
     holdfast::cluster_info cluster{task, num_tasks, run_id};
     py_checkpointer ckpt = checkpoints.checkpointer();
     py::gil_scoped_release nogil;  // the restore agreement waits for every task
@@ -1608,6 +1712,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "holdfast for PyTorch: preemption handler, checkpoints, multiprocess file cache";
   m.attr("holdfast_version") = holdfast::version.string;
   m.def("_set_exception_classes", &ht::set_exception_classes);
+  // The log lines' queue (log_queue, above), for holdfast_torch.py's hand-over to logging.
+  m.def("_set_log_emitter", [](py::object f) { ht::python_log_emitter() = std::move(f); });
+  m.def("_log_after_fork", [] { ht::python_log_queue_ptr() = new ht::log_queue; });
+  m.def("_log_fd", [] { return ht::python_log_queue().fd(); });
+  m.def("_log_take", [] {
+    py::list out;
+    for (auto& [level, line] : ht::python_log_queue().take()) {
+      // A path's bytes need not be UTF-8: undecodable ones as \xNN escapes, never an error.
+      py::object text = py::reinterpret_steal<py::object>(PyUnicode_DecodeUTF8(
+          line.data(), static_cast<Py_ssize_t>(line.size()), "backslashreplace"));
+      if (!text) throw py::error_already_set();
+      out.append(py::make_tuple(level, text));
+    }
+    return out;
+  });
   m.def(
       "take_incarnation",
       [](const std::string& url, const std::string& run_id, const std::string& taker) {

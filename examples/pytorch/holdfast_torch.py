@@ -15,6 +15,11 @@ re-exports its classes with Python-side defaults read from torchrun's environmen
 Supported: the torch version pinned in requirements.txt beside this file (what the tests run);
 importing it under another torch warns.
 
+Log lines go to logging.getLogger("holdfast"): INFO for what the job did (the restored step, a
+notice and its source, each agreed step, each save with its bytes and seconds), WARNING for a
+timeout, a fallback to an older checkpoint, a hang verdict. Nothing is configured here: Python
+shows the warnings and no INFO line until the application configures logging.
+
 Exceptions (each carries holdfast's message; Error and its subclasses also `errno`,
 `operation` and `path`):
     Error                 any holdfast failure (a store, a checkpoint, the cache)
@@ -30,9 +35,13 @@ Exceptions (each carries holdfast's message; Error and its subclasses also `errn
                           the interpreter exits with that code after running `finally` blocks.
 """
 
+import atexit
 import inspect
+import logging
 import os
+import select
 import sys
+import threading
 
 __all__ = [
     "Handler", "CheckpointManager", "Cache", "Error", "AgreementTimeout",
@@ -212,6 +221,63 @@ def load_extension(verbose=False):
 
 _check_torch_version()
 load_extension(verbose=bool(os.environ.get("HOLDFAST_TORCH_VERBOSE")))
+
+# ---- Log lines: logging.getLogger("holdfast") -------------------------------------------------
+# The extension queues the library's lines (any thread, no GIL taken); they are handed to the
+# logger here, in order: by a thread of this process that waits for them without the GIL, at
+# each Handler start and exit, at interpreter exit, and before on_hang (hang_policy="restart"
+# _exits). Nothing is configured here: with no logging configuration Python shows warnings
+# (logging.lastResort, on stderr) and no INFO line; logging.basicConfig(level=logging.INFO)
+# shows what the job did.
+
+_logger = logging.getLogger("holdfast")
+_log_lock = threading.Lock()
+_log_pump_pid = None
+
+
+def _emit_log():
+    """Hands the extension's queued lines to logging.getLogger("holdfast"), oldest first."""
+    with _log_lock:
+        for level, line in _ext._log_take():
+            _logger.log(level, line)
+
+
+def _log_pump(fd):
+    while True:
+        try:
+            select.select([fd], [], [])  # the queue's eventfd: readable once a line came
+            os.read(fd, 8)
+        except BlockingIOError:  # another reader (a child's inherited copy) took the wake-up
+            pass
+        except Exception:  # the interpreter is going
+            return
+        try:
+            _emit_log()
+        except Exception:
+            return
+
+
+def _start_log_pump():
+    """The thread that hands lines over as they come: one per process, started by the first
+    Handler or CheckpointManager (a forked child starts its own). It waits in select(), not in
+    the extension: a daemon thread that the interpreter ends at exit must not be in C++."""
+    global _log_pump_pid
+    if _log_pump_pid == os.getpid():
+        return
+    _log_pump_pid = os.getpid()
+    threading.Thread(target=_log_pump, args=(_ext._log_fd(),), name="holdfast-log",
+                     daemon=True).start()
+
+
+def _log_after_fork():
+    global _log_lock
+    _log_lock = threading.Lock()  # the parent's log thread may have held these at the fork
+    _ext._log_after_fork()
+
+
+_ext._set_log_emitter(_emit_log)
+atexit.register(_emit_log)
+os.register_at_fork(after_in_child=_log_after_fork)
 
 
 def _agent_store(timeout):
@@ -500,6 +566,7 @@ class CheckpointManager(_ext.CheckpointManager, _AutoSave):
             directory = durable_dir
         if directory is None:
             raise TypeError("CheckpointManager needs a directory (or durable_dir)")
+        _start_log_pump()
         super().__init__(os.fspath(directory), _adapt(save, "save"), _adapt(restore, "restore"),
                          max_to_keep, async_save, os.fspath(local_dir) if local_dir else "",
                          int(local_max_to_keep), float(durable_wait),
@@ -570,13 +637,13 @@ class Handler(_ext.Handler):
                 listens on, or one that never answers, fails the construction by then with
                 AgreementUnreachable carrying the store's own error (its URL) and errno.
     restore_timeout: seconds the start waits for every task's checkpoints (600: ranks may
-                start minutes apart; a line on stderr every 10 s names who is there and who
-                not); then AgreementTimeout names the tasks that never came, and this bound.
+                start minutes apart; a warning every 10 s names who is there and who not);
+                then AgreementTimeout names the tasks that never came, and this bound.
                 Waiting for task 0's launch number (under torchrun) has the same bound.
     grace:      seconds of training after a notice (None: the preset's); grace_margin: the
                 final save is claimed this much earlier than measured.
     hang_policy: what a hang verdict does (holdfast/handler/hang.hpp; each is its own handler
-                type in the extension): "report" (default: on_hang and a line on stderr on every
+                type in the extension): "report" (default: a warning and on_hang on every
                 worker; during an agreement round run() raises HangDetected), "restart" (the
                 same, then every worker exits with hang_exit_code, 75 by default, which torchrun
                 treats as a failure and restarts the group from the newest checkpoint every
@@ -656,12 +723,16 @@ class Handler(_ext.Handler):
                 raise RuntimeError("store='torch' needs torch_store=..., or "
                                    "torch.distributed.init_process_group() first")
             torch_store = dist.distributed_c10d._get_default_store()
-        super().__init__(preset, store, torch_store if store == "torch" else None, task,
-                         num_tasks, run_id, restart, checkpoints, ack_timeout, grace,
-                         grace_margin, watch_interval, store_poll,
-                         os.fspath(notice_file) if notice_file else "", hang_policy,
-                         hang_timeout, hang_multiplier, int(hang_warmup_steps), hang_period,
-                         int(hang_exit_code), on_hang, start_timeout, restore_timeout)
+        _start_log_pump()
+        try:
+            super().__init__(preset, store, torch_store if store == "torch" else None, task,
+                             num_tasks, run_id, restart, checkpoints, ack_timeout, grace,
+                             grace_margin, watch_interval, store_poll,
+                             os.fspath(notice_file) if notice_file else "", hang_policy,
+                             hang_timeout, hang_multiplier, int(hang_warmup_steps), hang_period,
+                             int(hang_exit_code), on_hang, start_timeout, restore_timeout)
+        finally:
+            _emit_log()  # the start's lines (the restored step, a timeout) before it returns
         held.redeliver()  # the extension's notice is installed: it records them
 
     def __enter__(self):
@@ -669,6 +740,7 @@ class Handler(_ext.Handler):
 
     def __exit__(self, *exc):
         self.close(failed=exc[0] is not None)  # a failure writes no liveness "done"
+        _emit_log()
         return False
 
 
