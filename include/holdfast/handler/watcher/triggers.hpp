@@ -213,8 +213,14 @@ class watcher_triggers : public watcher_protocol<Config, Kv, Clock, Hang> {
       if (error_payload)
         seen.error = std::move(error_payload);
       else
-        seen = classify_trigger(std::move(v), trigger,
-                                [&] { return control_cache_.lookup(kv_, error_key_); });
+        seen = classify_trigger(std::move(v), trigger, [&] {
+          // An abort proves the error key written (the failing worker writes it first): read it
+          // from the store, not as this cache last saw it. Over a watch of named keys the
+          // error key is not followed, and its "absent" from before the failure made a peer's
+          // failure a payload-less "agreement aborted" (origin -1) now and then.
+          control_cache_.mark_stale(error_key_);
+          return control_cache_.lookup(kv_, error_key_);
+        });
       seen.reported = std::move(reported);
       return seen;
     }
