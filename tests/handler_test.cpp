@@ -1796,8 +1796,11 @@ TEST_CASE("log: a failure raised by run() goes to the hook at warning, naming th
     what = e.what();
   }
   REQUIRE(what != "");
+  CHECK_THROWS_AS(h.run([] {}), holdfast::agreement_timeout);  // raised again, not logged again
   std::lock_guard<std::mutex> l(m);
   REQUIRE_FALSE(events.empty());
   CHECK(events.back().first == holdfast::log_level::warning);
   CHECK(events.back().second == "task 0: " + what);
+  CHECK(std::count_if(events.begin(), events.end(),
+                      [](const auto& e) { return e.first == holdfast::log_level::warning; }) == 1);
 }

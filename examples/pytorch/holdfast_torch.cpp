@@ -1235,8 +1235,19 @@ const char* status_name(holdfast::run_status s) {
 }
 
 /// The longest the handler's watcher waits for on_hang before it goes on (the report's log
-/// line; hang_restart's exit). The call goes on meanwhile, on a thread of its own.
+/// line; hang_restart's exit). The call goes on meanwhile, on a thread of its own. Without an
+/// on_hang, the wait for the verdict's line to reach logging (log_only_wait).
 constexpr std::chrono::seconds on_hang_wait{5};
+constexpr std::chrono::milliseconds log_only_wait{200};
+
+/// The lines still queued, on stderr ("holdfast: <line>"), without the GIL: where a verdict's
+/// line cannot reach logging before hang_policy="restart" exits (a step holding the GIL).
+inline void log_queue_to_stderr() noexcept {
+  try {
+    for (const auto& entry : python_log_queue().take()) holdfast::log_to_stderr(entry.second);
+  } catch (...) {
+  }
+}
 
 /// A verdict as Python sees it: {task, phase, step (None: unknown), elapsed_s, bound_s,
 /// recorder}. Needs the GIL.
@@ -1293,10 +1304,17 @@ inline std::function<void(const holdfast::hang_verdict&)> make_on_hang(py::objec
         d->cv.notify_all();
       }).detach();
     } catch (const std::system_error&) {  // no thread: the report goes on without the callback
+      log_queue_to_stderr();
       return;
     }
     std::unique_lock<std::mutex> lock(d->mutex);
-    d->cv.wait_for(lock, on_hang_wait, [&] { return d->done; });
+    // Without a callable only the line waits for the GIL: briefly (the log thread takes it as
+    // well), not the 5 s a callable gets.
+    if (!d->cv.wait_for(lock, f->is_none() ? log_only_wait : on_hang_wait,
+                        [&] { return d->done; })) {
+      lock.unlock();
+      log_queue_to_stderr();  // the GIL is held elsewhere: the lines still get out before an exit
+    }
   };
 }
 

@@ -243,23 +243,25 @@ def _emit_log():
 
 
 def _log_pump(fd):
+    waiter = select.poll()  # not select(): a descriptor past FD_SETSIZE (1024) is refused there
+    waiter.register(fd, select.POLLIN)
     while True:
         try:
-            select.select([fd], [], [])  # the queue's eventfd: readable once a line came
+            waiter.poll()  # the queue's eventfd: readable once a line came
             os.read(fd, 8)
-        except BlockingIOError:  # another reader (a child's inherited copy) took the wake-up
+        except (BlockingIOError, InterruptedError):  # nothing to read after all
             pass
         except Exception:  # the interpreter is going
             return
         try:
             _emit_log()
-        except Exception:
-            return
+        except Exception:  # a handler of the application's that raised: the next lines go on
+            pass
 
 
 def _start_log_pump():
     """The thread that hands lines over as they come: one per process, started by the first
-    Handler or CheckpointManager (a forked child starts its own). It waits in select(), not in
+    Handler or CheckpointManager (a forked child starts its own). It waits in poll(), not in
     the extension: a daemon thread that the interpreter ends at exit must not be in C++."""
     global _log_pump_pid
     if _log_pump_pid == os.getpid():

@@ -59,16 +59,16 @@ class log_fn {
   log_fn(std::nullptr_t) noexcept {}  // NOLINT(google-explicit-constructor): as std::function
   template <class F, class D = std::decay_t<F>,
             class = std::enable_if_t<!std::is_same_v<D, log_fn> &&
-                                     (std::is_invocable_v<const D&, log_level, std::string_view> ||
-                                      std::is_invocable_v<const D&, std::string_view>)>>
+                                     (std::is_invocable_v<D&, log_level, std::string_view> ||
+                                      std::is_invocable_v<D&, std::string_view>)>>
   log_fn(F&& f) {  // NOLINT(google-explicit-constructor): a lambda converts, as to std::function
     if constexpr (std::is_pointer_v<D> || is_function_object<D>::value) {
       if (is_empty<D>(f)) return;  // a null pointer or an empty std::function: the default
     }
-    if constexpr (std::is_invocable_v<const D&, log_level, std::string_view>) {
+    if constexpr (std::is_invocable_v<D&, log_level, std::string_view>) {
       sink_ = std::forward<F>(f);
-    } else {
-      sink_ = [g = D(std::forward<F>(f))](log_level level, std::string_view line) {
+    } else {  // a mutable lambda too, as std::function<void(std::string_view)> took
+      sink_ = [g = D(std::forward<F>(f))](log_level level, std::string_view line) mutable {
         if (level >= log_level::warning) g(line);
       };
     }

@@ -61,12 +61,23 @@ print(json.dumps({"code": code, "records": records, "restored": h.restored_step}
 '''
 
 
+def child(script, *args, code=0):
+    """Runs `script` in a child Python (this directory and `args` as its argv); checks that it
+    exits with `code`."""
+    r = subprocess.run([sys.executable, "-c", script, HERE, *args], capture_output=True,
+                       text=True, timeout=180)
+    check(r.returncode == code, f"the child exited {r.returncode}, expected {code}: "
+                                f"{r.stdout[-1500:]} {r.stderr[-1500:]}")
+    return r
+
+
+def last_json(r):
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def job(d, configure, launch):
-    r = subprocess.run([sys.executable, "-c", _JOB, HERE, d, configure, str(launch)],
-                       capture_output=True, text=True, timeout=180)
-    check(r.returncode == 0, f"the job failed ({r.returncode}): {r.stdout[-1500:]} "
-                             f"{r.stderr[-1500:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+    r = child(_JOB, d, configure, str(launch))
+    return last_json(r), r.stderr
 
 
 def index_of(records, level, text):
@@ -139,9 +150,7 @@ print("restored", m.restore(), got, flush=True)
 @case
 def a_fallback_to_an_older_checkpoint_is_a_warning_on_stderr_unconfigured():
     with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([sys.executable, "-c", _FALLBACK, HERE, d], capture_output=True,
-                           text=True, timeout=120)
-        check(r.returncode == 0, f"failed ({r.returncode}): {r.stdout} {r.stderr[-1500:]}")
+        r = child(_FALLBACK, d)
         check("restored 1 [1]" in r.stdout, f"the older step restored: {r.stdout}")
         check("is corrupt" in r.stderr and "trying the next older complete checkpoint" in r.stderr,
               f"the warning on stderr: {r.stderr[-1500:]}")
@@ -177,10 +186,7 @@ print(json.dumps({"error": error, "records": records}), flush=True)
 @case
 def a_timeout_at_the_start_is_a_warning_record():
     with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([sys.executable, "-c", _TIMEOUT, HERE, d], capture_output=True,
-                           text=True, timeout=120)
-        check(r.returncode == 0, f"failed ({r.returncode}): {r.stdout} {r.stderr[-1500:]}")
-        out = json.loads(r.stdout.strip().splitlines()[-1])
+        out = last_json(child(_TIMEOUT, d))
         check(out["error"] and "restore_timeout" in out["error"], f"the error: {out['error']}")
         warnings = [m for lv, m in out["records"] if lv == "WARNING"]
         check(any("restore agreement" in m or "no answer" in m for m in warnings),
@@ -213,9 +219,7 @@ sys.exit(3)
 @case
 def a_hang_verdict_is_logged_before_the_restart_policy_exits():
     with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([sys.executable, "-c", _HANG, HERE, d], capture_output=True,
-                           text=True, timeout=60)
-        check(r.returncode == 75, f"exit {r.returncode}, expected 75: {r.stderr[-1500:]}")
+        child(_HANG, d, code=75)  # hang_exit_code
         with open(os.path.join(d, "log")) as f:
             log = f.read()
         check("WARNING hang detected: task 0 hung in step " in log, f"the verdict: {log!r}")

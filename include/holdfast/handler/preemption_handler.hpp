@@ -157,18 +157,18 @@
 //     job: into the outcome key of a round under way (the round fails: every worker throws
 //     hang_detected), for a policy that ends the job into the claim key every idle worker waits
 //     on (else ctl/hang). Every worker learns it through its watch (or a read per period over a
-//     store without one) and its policy acts once: report (hang_options::on_hang, a stderr line)
-//     or restart (the same, then _exit(exit_code) from the watcher, so a stuck training thread
-//     does not hold the process). The agreement itself is not watched: its deadline plus one
-//     ack_timeout bound it, and its timeout is its recorded outcome. pause_hang_detection() lifts
-//     the bound until the next run() (an evaluation), whose step is watched from its entry, as is
-//     the step after a no_exit save; a failed, stopped or shut-down handler watches nothing. The
-//     learned bounds go into each checkpoint the handler saves and seed the next start (a
-//     Checkpointer with set_hang_bounds()/restored_hang_bounds(); with newest_hang_bounds() the
-//     restore itself is held to the restore bound the newest checkpoint recorded). The time from
-//     construction to the first step boundary (a relaunch's set-up: model build, compile, the
-//     first collectives) is the start phase, held to the warm-up floor, not the learned step
-//     bound.
+//     store without one) and its policy acts once: report (a warning line to hang_options::log,
+//     then hang_options::on_hang) or restart (the same, then _exit(exit_code) from the watcher,
+//     so a stuck training thread does not hold the process). The agreement itself is not watched:
+//     its deadline plus one ack_timeout bound it, and its timeout is its recorded outcome.
+//     pause_hang_detection() lifts the bound until the next run() (an evaluation), whose step is
+//     watched from its entry, as is the step after a no_exit save; a failed, stopped or shut-down
+//     handler watches nothing. The learned bounds go into each checkpoint the handler saves and
+//     seed the next start (a Checkpointer with set_hang_bounds()/restored_hang_bounds(); with
+//     newest_hang_bounds() the restore itself is held to the restore bound the newest checkpoint
+//     recorded). The time from construction to the first step boundary (a relaunch's set-up: model
+//     build, compile, the first collectives) is the start phase, held to the warm-up floor, not the
+//     learned step bound.
 //   - Signal handlers are the notice policy's business; this file installs none.
 // Caveats:
 //   - run() and save_checkpoint_if_preempted() must be called from one thread.
@@ -349,10 +349,10 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
       std::invoke(std::forward<F>(step), std::forward<Args>(args)...);
     } catch (const step_abandoned&) {
       {
-        std::lock_guard<std::mutex> lock(mutex_);
+        std::unique_lock<std::mutex> lock(mutex_);
         if (machine_.state() == agreement_state::failed) {
           raise_attention_locked();  // the next run() raises it again
-          raise();
+          raise(lock);
         }
       }
       try {  // misuse: this worker's error, published as what it is
@@ -541,7 +541,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
         break;
       case agreement_action::fail:
         raise_attention_locked();
-        raise();
+        raise(lock);
       case agreement_action::save_then_continue:
         lock.unlock();
         log_event("step " + std::to_string(in.step) + " agreed: saving, then training on");
@@ -686,17 +686,30 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
     try {
       throw;
     } catch (const std::exception& e) {
-      log_event(std::string("the start failed: ") + e.what(), log_level::warning);
+      try {
+        log_event(std::string("the start failed: ") + e.what(), log_level::warning);
+      } catch (...) {  // no memory for the line
+      }
     } catch (...) {
     }
   }
 
-  // The failure the machine recorded, raised (raise.hpp), and logged as a warning.
-  [[noreturn]] void raise() {
+  // The failure the machine recorded, raised (raise.hpp). `lock` (on mutex_) is released
+  // first: the log hook it goes to as a warning (once: every later run() raises it again) may
+  // call back into the handler.
+  [[noreturn]] void raise(std::unique_lock<std::mutex>& lock) {
+    const agreement_failure_info failure = machine_.failure();
+    lock.unlock();
     try {
-      detail::raise_agreement_failure(machine_.failure(), scope_);
+      detail::raise_agreement_failure(failure, scope_);
     } catch (const std::exception& e) {
-      log_event(e.what(), log_level::warning);
+      if (!failure_logged_) {
+        failure_logged_ = true;
+        try {
+          log_event(e.what(), log_level::warning);
+        } catch (...) {  // the failure, not a bad_alloc of its line, reaches the caller
+        }
+      }
       throw;
     }
   }
@@ -822,6 +835,7 @@ class preemption_handler : private detail::agreement_watcher<Config, Kv, Clock, 
   time_point last_stamp_{};
   std::chrono::steady_clock::time_point last_steady_stamp_{};  // hang detection's
   bool stamped_ = false;
+  bool failure_logged_ = false;                // raise() logged the failure
   hang_phase step_phase_ = hang_phase::start;  // start until the first step boundary, then step
   bool watching_ = true;  // a step phase is stamped (pause and no_exit saves clear it)
   std::chrono::nanoseconds last_save_duration_{0};

@@ -131,16 +131,21 @@ class watcher_thread : public watcher_triggers<Config, Kv, Clock, Hang> {
     log_notice(announced);
   }
 
-  // "preemption notice from signal SIGTERM, deadline in 28.50 s" (info).
-  void log_notice(const std::optional<std::chrono::system_clock::time_point>& announced) const {
+  // "preemption notice from signal SIGTERM, deadline in 28.50 s" (info). On the watcher thread,
+  // which must not throw: a source() that throws, or no memory for the line, logs nothing.
+  void log_notice(
+      const std::optional<std::chrono::system_clock::time_point>& announced) const noexcept {
     if (!options_.log) return;  // the default sink prints no info
-    std::string line = "preemption notice";
-    const std::string from = detail::notice_source_of(config_);
-    if (!from.empty()) line += " from " + from;
-    if (announced)
-      line +=
-          ", deadline in " + detail::seconds_text(*announced - std::chrono::system_clock::now());
-    log_event(line);
+    try {
+      std::string line = "preemption notice";
+      const std::string from = detail::notice_source_of(config_);
+      if (!from.empty()) line += " from " + from;
+      if (announced)
+        line +=
+            ", deadline in " + detail::seconds_text(*announced - std::chrono::system_clock::now());
+      log_event(line);
+    } catch (...) {
+    }
   }
 
   std::optional<std::chrono::steady_clock::time_point> last_notice_;  // watcher thread only
