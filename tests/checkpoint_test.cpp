@@ -1288,7 +1288,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "log: a commit is an info line with its bytes and seconds, a restore names the step read; "
+    "log: a commit is an info line with its bytes and seconds, a restore names the step read, "
     "a one-argument hook hears neither") {
   holdfast_test::temp_dir dir("ckpt-log");
   auto s = local_store<holdfast::posix_io>::create(dir.path());

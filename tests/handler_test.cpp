@@ -1713,7 +1713,7 @@ std::int64_t run_to_notice(const holdfast_test::temp_dir& dir, worker_state& st,
 }  // namespace
 
 TEST_CASE(
-    "log: the handler's events reach a two-argument hook at info; a one-argument hook and "
+    "log: the handler's events reach a two-argument hook at info, a one-argument hook and "
     "the default get warnings only") {
   holdfast_test::temp_dir dir("log");
   const std::string flag = dir / "preempt";
