@@ -28,14 +28,15 @@
 #                            torch's flags
 #   binding_includes:O2      the binding's <...> includes today but holdfast's, read from it at
 #                            run time (what holdfast_torch.cpp costs without holdfast)
-#   holdfast_torch.cpp:O2    examples/pytorch/holdfast_torch.cpp, against torch_headers:O2
+#   holdfast_torch.cpp:O2    packaging/python/holdfast_torch.cpp, against torch_headers:O2
 #
-# The torch rows use the flags torch.utils.cpp_extension.load gives the extension (as
-# examples/pytorch/holdfast_torch.py builds it: its -D flags, -isystem include_paths() and
-# Python's include directory, -fPIC, the -std torch chooses, then -O2 -fvisibility=hidden),
+# The torch rows use the flags torch's extension builder gives the extension (as
+# packaging/python/setup.py builds it: its -D flags, -isystem include_paths() and Python's
+# include directory, -fPIC, the -std torch chooses, then -O2 -fvisibility=hidden; setup.py also
+# passes -g0 over Python's -g, which these rows never add),
 # read from torch in the environment tests/pytorch/venv.sh makes ($HOLDFAST_VENV, else
 # /var/cache/holdfast/torch-venv or ~/.cache/holdfast/torch-venv; --python or
-# $HOLDFAST_TORCH_PYTHON picks another interpreter; they match its build/pytorch-ext/build.ninja).
+# $HOLDFAST_TORCH_PYTHON picks another interpreter; they match build/python/temp.*/build.ninja).
 # This script never creates that environment: with no importable torch these rows print
 # "n/a (no torch)". --std applies to the other rows only.
 #
@@ -229,7 +230,7 @@ if [ -z "$only" ] || [[ torch_headers:O2 == $only || binding_includes:O2 == $onl
   holdfast_torch.cpp:O2 == $only ]]; then
   want_torch=1
 fi
-binding=$repo/examples/pytorch/holdfast_torch.cpp
+binding=$repo/packaging/python/holdfast_torch.cpp
 torch_na=
 torch_flags=()
 if [ "$want_torch" = 1 ]; then
@@ -274,7 +275,7 @@ try:
         ce._write_ninja_file = write
     flags = shlex.split(" ".join(kept["cflags"] + (kept.get("post_cflags") or [])))
 except Exception:
-    flags = ["-DTORCH_EXTENSION_NAME=holdfast_torch", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    flags = ["-DTORCH_EXTENSION_NAME=_C", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     for part in ("_get_pybind11_abi_build_flags", "_get_glibcxx_abi_build_flags"):
         if hasattr(ce, part):
             flags += shlex.split(" ".join(getattr(ce, part)()))

@@ -3,7 +3,7 @@
 through holdfast's two tiers, torch.save, and torch.distributed.checkpoint.async_save; and how
 long until each copy is durable. Run by hand (issue 35, item 5; docs/two-tiers.md):
 
-    /var/cache/holdfast/torch-venv/bin/python benchmarks/torch_two_tier_bench.py \\
+    build/pytorch-env/bin/python benchmarks/torch_two_tier_bench.py \\
         [--size-mib 1024] [--reps 5] [--dir DIR] [--local-dir /dev/shm]
 
 The state: --size-mib of float32 CPU tensors (64 MiB each), saved with torch.save (the holdfast
@@ -36,9 +36,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
-                                "pytorch"))
-import holdfast_torch as holdfast  # noqa: E402
+import holdfast_torch as holdfast  # noqa: E402  (installed: examples/pytorch/README.md)
 
 
 def make_state(size_mib):

@@ -7,8 +7,9 @@
         [--reference computed|launch] [--local-dir DIR [--new-node]]
         [--save-policy every|auto [--min-interval S]]
 
-Run it with the Python that has the pinned torch (examples/pytorch/requirements.txt; the tests
-make one with `bash tests/pytorch/venv.sh`). The driver starts the job with the real `torchrun`
+Run it with a Python that has torch and holdfast_torch installed (examples/pytorch/README.md:
+pip install -r examples/pytorch/requirements.txt, then pip install --no-build-isolation
+./packaging/python; tests/pytorch/run.sh makes such an environment). The driver starts the job with the real `torchrun`
 (`--nproc-per-node=N --max-restarts=2`, static rendezvous on one node: the agent hosts the
 TCPStore the workers share). Each worker trains a small deterministic model with
 DistributedDataParallel (gloo on the CPU; --device cuda: NCCL, one GPU per worker) on synthetic
@@ -102,8 +103,7 @@ import threading  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import holdfast_torch as holdfast  # noqa: E402  (builds the extension when needed)
+import holdfast_torch as holdfast  # noqa: E402  (pip install --no-build-isolation ./packaging/python)
 
 _IMPORTED = time.time()
 
@@ -945,8 +945,6 @@ def drive(a):
                    f"0..{p[2]})")
                 return
 
-    # The workers import the extension this process built (no build check in each of them).
-    os.environ["HOLDFAST_TORCH_EXTENSION"] = holdfast._ext.__file__
     tl(f"driver: torchrun --nproc-per-node={a.workers} --max-restarts=2")
     watcher = threading.Thread(target=preempt, daemon=True)
     watcher.start()

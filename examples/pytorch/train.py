@@ -1,6 +1,7 @@
 """A preemptible DDP training script: the README's recipe, as users copy it.
 
-    torchrun --nproc-per-node=4 --max-restarts=3 examples/pytorch/train.py --dir /tmp/run
+    pip install -r examples/pytorch/requirements.txt && pip install --no-build-isolation ./packaging/python
+    torchrun --nproc-per-node=4 --max-restarts=3 train.py --dir /tmp/run
 
 Send SIGTERM to any worker (or to torchrun itself, as Kubernetes and scancel do): every worker
 saves a checkpoint at one agreed step and exits with the preset's code; torchrun restarts the
@@ -18,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import holdfast_torch as holdfast  # this directory is on sys.path when run as a script
+import holdfast_torch as holdfast  # pip install --no-build-isolation ./packaging/python
 
 p = argparse.ArgumentParser()
 p.add_argument("--dir", required=True)             # checkpoints: <dir>/ckpt/rank-<k>

@@ -2,8 +2,8 @@
 """multinode_ddp — the PyTorch job across two nodes (issue 33 item 3), as tests/pytorch/run.sh
 runs it:
 
-    python tests/pytorch/multinode_ddp.py --harness build/pytorch-ext/multinode_up --kv etcd
-    python tests/pytorch/multinode_ddp.py --harness build/pytorch-ext/multinode_up --kv torch
+    python tests/pytorch/multinode_ddp.py --harness build/pytorch-tools/multinode_up --kv etcd
+    python tests/pytorch/multinode_ddp.py --harness build/pytorch-tools/multinode_up --kv torch
 
 The nodes are network namespaces made by the C++ harness (tests/support/multinode.hpp, through
 its tool tests/support/multinode_up.cpp: it prints the nodes, their addresses and the 3-member
@@ -48,7 +48,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 EXAMPLE = os.path.join(REPO, "examples", "pytorch")
-sys.path.insert(0, EXAMPLE)
+sys.path.insert(0, EXAMPLE)  # preemptible_ddp's definitions (holdfast_torch is installed)
 
 NODES = 2
 PER_NODE = 2
@@ -244,7 +244,7 @@ def restored_round(checks, events, pairs, want, what):
 
 
 def final_checks(a, checks, events, pairs):
-    import preemptible_ddp as ddp  # the job's own definitions (the extension is built)
+    import preemptible_ddp as ddp  # the job's own definitions
     import torch
     finals = of_phase(events, "finish", pairs)
     checks(len(finals) == WORKERS and len({e["digest"] for e in finals}) == 1,
@@ -435,9 +435,6 @@ def main():
         a.dir = os.path.join(info["shared_dir"], "run")
         os.makedirs(a.dir)
         a.kv_url = "torch" if a.kv == "torch" else info["etcd_url"] + "/holdfast-multinode-ddp"
-        # The workers import the extension this process builds (no build check in each).
-        import holdfast_torch
-        os.environ["HOLDFAST_TORCH_EXTENSION"] = holdfast_torch._ext.__file__
         names = ", ".join(n["ns"] + " " + n["address"] for n in info["nodes"])
         tl(f"driver: {NODES} nodes ({names}), etcd {info['etcd_url']}; {WORKERS} workers, "
            f"{a.steps} steps, store {a.kv_url}")

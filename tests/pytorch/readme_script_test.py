@@ -1,9 +1,11 @@
-"""The README's training script (examples/pytorch/train.py) under the real torchrun, as the README
-shows it: an uninterrupted run, then a run whose worker gets SIGTERM mid-training. The preempted
+"""The README's training script (examples/pytorch/train.py) under the real torchrun, as a user runs
+it: copied into an empty directory outside the repository (DIR/app) and started there, with the
+installed holdfast_torch (nothing of the clone on sys.path). An uninterrupted run, then a run
+whose worker gets SIGTERM mid-training. The preempted
 run must restart (torchrun's restart), restore the agreed step on every worker, finish, and end
 with the same final state, bit for bit.
 
-    python tests/pytorch/readme_script_test.py --dir DIR     (the torch environment's python)
+    python tests/pytorch/readme_script_test.py --dir DIR     (a python with holdfast_torch)
 """
 import argparse
 import os
@@ -25,7 +27,7 @@ def torchrun(run_dir, port):
     exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
     return [exe if os.path.exists(exe) else shutil.which("torchrun"),
             f"--nproc-per-node={WORKERS}", "--max-restarts=3", f"--master-port={port}",
-            SCRIPT, "--dir", run_dir, "--steps", str(STEPS)]
+            "train.py", "--dir", run_dir, "--steps", str(STEPS)]
 
 
 def free_port():
@@ -50,11 +52,11 @@ def workers_of(agent_pid):
     return out
 
 
-def run(run_dir, preempt):
+def run(app, run_dir, preempt):
     os.makedirs(run_dir, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(SCRIPT))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.Popen(torchrun(run_dir, free_port()), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=app)
     victim = None
     if preempt:
         marker = os.path.join(run_dir, "ckpt", "rank-0")
@@ -81,10 +83,15 @@ def main():
         if not ok:
             failures.append(what)
 
-    code, out, _ = run(os.path.join(a.dir, "uninterrupted"), preempt=False)
+    app = os.path.join(a.dir, "app")  # an empty directory outside the repository, and train.py
+    os.makedirs(app)
+    shutil.copy(SCRIPT, app)
+    check(not os.path.realpath(app).startswith(REPO + os.sep),
+          f"{app} is outside the repository {REPO}")
+    code, out, _ = run(app, os.path.join(a.dir, "uninterrupted"), preempt=False)
     ref = re.findall(r"final state sha256 (\w+)", out)
     check(code == 0 and len(ref) == 1, f"the uninterrupted run finished (torchrun exit {code})")
-    code, out2, victim = run(os.path.join(a.dir, "preempted"), preempt=True)
+    code, out2, victim = run(app, os.path.join(a.dir, "preempted"), preempt=True)
     print(out2[-3000:], flush=True)
     got = re.findall(r"final state sha256 (\w+)", out2)
     restored = sorted(set(re.findall(r"rank (\d+): restored step (\d+)", out2)))

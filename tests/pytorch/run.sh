@@ -2,20 +2,26 @@
 # The PyTorch suite, as tests/run runs it (one step, not per preset):  bash tests/pytorch/run.sh
 #
 # On the pinned torch (examples/pytorch/requirements.txt, in the environment tests/pytorch/
-# venv.sh makes) it builds the extension once into build/pytorch-ext, then runs each case below
-# one after another; each must end well (the driver prints "verdict: PASS", the other scripts
-# exit 0). A loopback etcd is started for the etcd:// case and stopped on exit. The last line
-# is "N passed, M failed". HOLDFAST_PYTORCH_ONLY=name,name runs only those cases. With
-# --build-only it makes the environment and builds the extension and the multi-node tool, and
-# runs nothing (tests/run does that in the background while other suites run).
+# venv.sh makes and reuses) it makes a fresh virtual environment, build/pytorch-env, that reuses
+# the torch environment's packages (a .pth file; PIP_NO_INDEX: nothing is downloaded), runs
+# there the install commands examples/pytorch/README.md shows (pip builds the extension once
+# and installs holdfast_torch), makes the wheel (build/pytorch-wheel), then runs each case below
+# with that environment's python and torchrun, one after another, from a directory outside the
+# clone: every case imports the installed package, never the sources. Each must end well (the
+# driver prints "verdict: PASS", the other scripts exit 0). A loopback etcd is started for the
+# etcd:// case and stopped on exit. The last line is "N passed, M failed".
+# HOLDFAST_PYTORCH_ONLY=name,name runs only those cases. With --build-only it makes the
+# environments, the package and the multi-node tool, and runs nothing (tests/run does that in
+# the background while other suites run, then runs this with HOLDFAST_PYTORCH_INSTALLED=1: the
+# environment it made is used as it is).
 set -uo pipefail
 build_only=0
 [ "${1:-}" = --build-only ] && build_only=1
 cd "$(dirname "$0")/../.."
 repo=$PWD
 python=$(bash tests/pytorch/venv.sh) || { echo "tests/pytorch/run.sh: no torch environment" >&2; exit 1; }
-export PATH="$(dirname "$python"):$PATH"  # torchrun, and the venv's python first
-export HOLDFAST_TORCH_BUILD=$repo/build/pytorch-ext
+wheels=$repo/build/pytorch-wheel
+env=$repo/build/pytorch-env
 scratch=$(mktemp -d /tmp/holdfast-pytorch.XXXXXX)
 etcd_pid=
 cleanup() {
@@ -26,17 +32,59 @@ trap cleanup EXIT
 
 echo "== pytorch: $("$python" -c 'import torch, sys; print("torch", torch.__version__, "python", sys.version.split()[0])')"
 start=$SECONDS
-"$python" -c "import sys; sys.path.insert(0, 'examples/pytorch'); import holdfast_torch" ||
-  { echo "tests/pytorch/run.sh: the extension does not build" >&2; exit 1; }
-echo "== pytorch: extension ready in $((SECONDS - start)) s"
-# The multi-node cases' tool (below), built once beside the extension.
-mn_up=$HOLDFAST_TORCH_BUILD/multinode_up
+# A fresh environment on every run, where the README's install commands run as written: the torch
+# environment's packages come in through a .pth file (PIP_NO_INDEX: pip may fetch nothing, so
+# the pinned torch is the cached one), and pip builds the extension once (its objects are kept
+# in build/python, so a rerun recompiles only what changed). Then `pip wheel` makes the wheel
+# (build/pytorch-wheel). torchrun here starts this environment's python (torch's own torchrun
+# would start the workers with the torch environment's python, which has no holdfast_torch).
+if [ "${HOLDFAST_PYTORCH_INSTALLED:-}" = 1 ] && [ -x "$env/bin/python" ] && compgen -G "$wheels/*.whl" >/dev/null; then
+  python=$env/bin/python
+  export PATH="$env/bin:$PATH"
+else
+  rm -rf "$env" "$wheels"
+  # Without pip of its own: an ensurepip setuptools would shadow the torch environment's (the
+  # build's), so pip and torchrun are those packages' own, run by this environment's python.
+  /usr/bin/python3 -m venv --without-pip "$env" ||
+    { echo "tests/pytorch/run.sh: no fresh environment" >&2; exit 1; }
+  purelib() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+  purelib "$python" >"$(purelib "$env/bin/python")/holdfast-torch-env.pth"
+  # (Entry-point scripts as pip writes them: the process's command line names the tool.)
+  for tool in "pip pip._internal.cli.main" "torchrun torch.distributed.run"; do
+    set -- $tool
+    printf '#!%s\nimport sys\nfrom %s import main\nsys.exit(main())\n' "$env/bin/python" "$2" >"$env/bin/$1"
+    chmod +x "$env/bin/$1"
+  done
+  python=$env/bin/python
+  export PATH="$env/bin:$PATH"  # pip, python and torchrun of this environment first
+  export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+  install() {
+    set -e
+    # [snippet install]
+    pip install -r examples/pytorch/requirements.txt      # the pinned torch, or keep your own
+    pip install --no-build-isolation ./packaging/python   # builds and installs holdfast_torch
+    python -c "import holdfast_torch; print(holdfast_torch.__version__)"
+    # [/snippet install]
+    pip wheel -q --no-build-isolation --no-deps -w "$wheels" ./packaging/python
+  }
+  (install) >"$scratch/install.log" 2>&1  # not in a condition: set -e stops at the first failure
+  [ $? -eq 0 ] ||
+    { tail -n 60 "$scratch/install.log" >&2; echo "tests/pytorch/run.sh: the package does not install" >&2; exit 1; }
+  unset PIP_NO_INDEX
+  echo "== pytorch: installed in $((SECONDS - start)) s: $(grep -o 'Successfully installed holdfast-torch-[^ ]*' "$scratch/install.log"), $(basename "$wheels"/*.whl)"
+fi
+(cd "$scratch" && "$python" -c 'import holdfast_torch as h; print("== pytorch: holdfast_torch", h.__version__, "for torch", h.TORCH_VERSION, "at", h.__file__)') ||
+  { echo "tests/pytorch/run.sh: the installed package does not import" >&2; exit 1; }
+# The multi-node cases' tool (below), built once.
+mn_up=$repo/build/pytorch-tools/multinode_up
+mkdir -p "$(dirname "$mn_up")"
 if [ ! -x "$mn_up" ] || [ "$mn_up" -ot tests/support/multinode_up.cpp ] ||
   [ -n "$(find include tests/support -newer "$mn_up" -name '*.hpp' -print -quit)" ]; then
   "${CXX:-c++}" -std=c++17 -O1 -Wall -Wextra -Werror -pthread -I include -I tests/support \
     tests/support/multinode_up.cpp -o "$mn_up.tmp" && mv "$mn_up.tmp" "$mn_up" ||
     { echo "tests/pytorch/run.sh: the multi-node tool does not build" >&2; rm -f "$mn_up.tmp"; exit 1; }
 fi
+echo "== pytorch: package ready in $((SECONDS - start)) s"
 [ "$build_only" -eq 1 ] && exit 0
 
 free_port() { "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -83,10 +131,16 @@ case_() {  # NAME COMMAND...: runs one case, its output in $scratch/NAME.log (sh
     tail -n 60 "$scratch/$name.log" | sed 's/^/    /'
   fi
 }
+# The cases run from a directory outside the clone: what they import is the installed package.
+export HOLDFAST_PYTORCH_WHEELS=$wheels  # test_package.py reads the wheel
+test_py=(tests/pytorch/test_*.py)
+test_sh=(tests/pytorch/test_*.sh)
+mkdir "$scratch/cwd"
+cd "$scratch/cwd" || exit 1
 # [snippet cases]
-ddp=("$python" examples/pytorch/preemptible_ddp.py)
+ddp=("$python" "$repo/examples/pytorch/preemptible_ddp.py")
 
-case_ ddp-default bash tests/no_tmp_litter.sh "${ddp[@]}"  # its own run dir: nothing left in TMPDIR
+case_ ddp-default bash "$repo/tests/no_tmp_litter.sh" "${ddp[@]}"  # its own run dir: nothing left in TMPDIR
 case_ ddp-kill "${ddp[@]}" --dir "$scratch/kill" --kill
 case_ ddp-file "${ddp[@]}" --dir "$scratch/file" --kv="file://$scratch/kv-file"
 if [ -z "$only" ] || [[ ",$only," == *",ddp-etcd,"* ]]; then
@@ -104,15 +158,15 @@ case_ ddp-hang-stop "${ddp[@]}" --dir "$scratch/hang-stop" --hang stop --workers
 # tool multinode_up, built here; root): holdfast over the 3-member etcd with node 1, then node 0
 # preempted and relaunched, and store="torch" with node 0 preempted (tests/pytorch/
 # multinode_ddp.py). Without namespaces they say SKIP, and fail with CI=true.
-multinode=("$python" tests/pytorch/multinode_ddp.py --harness "$mn_up")
+multinode=("$python" "$repo/tests/pytorch/multinode_ddp.py" --harness "$mn_up")
 [ -x "$mn_up" ] && case_ multinode-etcd "${multinode[@]}" --kv etcd
 [ -x "$mn_up" ] && case_ multinode-torch-store "${multinode[@]}" --kv torch
-case_ readme-script "$python" tests/pytorch/readme_script_test.py --dir "$scratch/readme"
-for t in tests/pytorch/test_*.py; do
-  [ -e "$t" ] && case_ "$(basename "$t" .py)" "$python" "$t"
+case_ readme-script "$python" "$repo/tests/pytorch/readme_script_test.py" --dir "$scratch/readme"
+for t in "${test_py[@]}"; do
+  [ -e "$repo/$t" ] && case_ "$(basename "$t" .py)" "$python" "$repo/$t"
 done
-for t in tests/pytorch/test_*.sh; do
-  [ -e "$t" ] && case_ "$(basename "$t" .sh)" bash "$t"
+for t in "${test_sh[@]}"; do
+  [ -e "$repo/$t" ] && case_ "$(basename "$t" .sh)" bash "$repo/$t"
 done
 
 echo "== pytorch: ${failures[*]:-all cases} $([ $failed -eq 0 ] && echo passed || echo failed) in $((SECONDS - start)) s"

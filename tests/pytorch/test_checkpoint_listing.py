@@ -1,5 +1,5 @@
 """What the Python Handler's start restores when a checkpoint directory holds more than
-holdfast's checkpoints (examples/pytorch/holdfast_torch.py, holdfast_torch.cpp): an older
+holdfast's checkpoints (packaging/python/holdfast_torch/__init__.py, holdfast_torch.cpp): an older
 checkpoint whose metadata file is damaged, then the newest one damaged too and an empty
 step-N/ made by hand. The start never fails (no FormatError): it restores the newest checkpoint
 that counts, and stderr names each skipped directory once. One task over a file:// store; each
@@ -30,12 +30,11 @@ check = sup.check
 
 # One start: a CheckpointManager and a Handler (restore agreement on, one task) in `d`; prints
 # {"restored": step, "state": what the restore loaded, "steps": the listing} on stdout. argv:
-# the module directory, d, the launch number, the steps to save after the start.
+# d, the launch number, the steps to save after the start.
 CHILD = textwrap.dedent("""
     import json, os, sys
-    sys.path.insert(0, sys.argv[1])
     import holdfast_torch as hf
-    d, launch, saves = sys.argv[2], int(sys.argv[3]), [int(s) for s in sys.argv[4:]]
+    d, launch, saves = sys.argv[1], int(sys.argv[2]), [int(s) for s in sys.argv[3:]]
     state = {"v": None}
     def save(path, step):
         with open(os.path.join(path, "state"), "w") as f:
@@ -58,10 +57,8 @@ CHILD = textwrap.dedent("""
 
 def start(d, launch, *saves):
     """One start in a child: (its JSON line, its stderr)."""
-    env = dict(os.environ, HOLDFAST_TORCH_EXTENSION=ext.__file__)
-    p = subprocess.run([sys.executable, "-c", CHILD, os.path.dirname(hf.__file__), d,
-                        str(launch)] + [str(s) for s in saves],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run([sys.executable, "-c", CHILD, d, str(launch)] + [str(s) for s in saves],
+                       capture_output=True, text=True, timeout=120)
     check(p.returncode == 0, f"the start failed ({p.returncode}): {p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
 

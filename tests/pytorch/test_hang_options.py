@@ -1,4 +1,4 @@
-"""The PyTorch extension's hang options (examples/pytorch/holdfast_torch.cpp, holdfast_torch.py):
+"""The PyTorch extension's hang options (packaging/python/holdfast_torch.cpp, __init__.py):
 Handler(hang_policy=..., hang_timeout=..., on_hang=...), pause_hang_detection(),
 learned_hang_bounds(), and the restart policy ending a process whose training thread holds the
 GIL. One task over a file:// store; the restart case in a child process.
@@ -125,9 +125,8 @@ def learned_hang_bounds_and_the_options_checked():
 
 CHILD = textwrap.dedent("""
     import ctypes, os, sys, time
-    sys.path.insert(0, sys.argv[1])
     import holdfast_torch as hf
-    d = sys.argv[2]
+    d = sys.argv[1]
     ckpt = hf.CheckpointManager(os.path.join(d, "ckpt"), save=lambda d, s: None,
                                 restore=lambda d, s: None)
     called = os.path.join(d, "on_hang-called")
@@ -149,9 +148,7 @@ def restart_exits_while_the_step_holds_the_gil():
     """hang_policy='restart' under a step that never releases the GIL: on_hang cannot run, and
     the watcher exits 75 after waiting for it at most 5 s, not after the step's 60 s."""
     with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, HOLDFAST_TORCH_EXTENSION=ext.__file__)
-        p = subprocess.Popen([sys.executable, "-c", CHILD, os.path.dirname(hf.__file__), d],
-                             stdout=subprocess.PIPE, text=True, env=env)
+        p = subprocess.Popen([sys.executable, "-c", CHILD, d], stdout=subprocess.PIPE, text=True)
         try:
             started = float(p.stdout.readline())
             code = p.wait(45)

@@ -1,4 +1,4 @@
-"""The PyTorch binding's log lines (examples/pytorch/holdfast_torch.py): the library's events
+"""The PyTorch binding's log lines (packaging/python/holdfast_torch): the library's events
 reach logging.getLogger("holdfast") with their levels, in order: INFO for the restored step, a
 notice and its source, the agreed step, the save's commit (bytes, seconds) and its end; WARNING
 for a fallback to an older checkpoint and for a timeout. With logging left unconfigured (the

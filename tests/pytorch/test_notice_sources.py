@@ -1,4 +1,4 @@
-"""The PyTorch extension's notice sources (examples/pytorch/holdfast_torch.cpp): every preset's
+"""The PyTorch extension's notice sources (packaging/python/holdfast_torch.cpp): every preset's
 notices and the notice file reach the one Config the extension compiles (any_notice), wake the
 handler, and end run() with holdfast.Preempted carrying the preset's exit code after one save at
 the agreed step. One task over a file:// store, in this process; the signal presets only (gce and

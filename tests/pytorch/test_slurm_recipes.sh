@@ -10,7 +10,8 @@
 #       --signals-to-handle the agent forwards it: the same agreed save and exit 143. Control:
 #       torchrun without the flag dies of SIGUSR1 and no worker saves.
 #
-#   bash tests/pytorch/test_slurm_recipes.sh     (torchrun of the pinned torch first on PATH)
+#   bash tests/pytorch/test_slurm_recipes.sh     (a torchrun whose python has holdfast_torch
+#                                                 installed first on PATH: tests/pytorch/run.sh)
 #
 # Prints PASS/FAIL per check; exits 0 only when all pass. The workers run train.py through a
 # probe (HOLDFAST_TRAIN_SCRIPT) that prints when the handler runs its first step and the code
@@ -19,13 +20,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 repo=$PWD
 unset "${!SLURM_@}"  # outside Slurm: the recipes must not call scontrol or srun
-if ! command -v torchrun >/dev/null; then
-  python=$(bash tests/pytorch/venv.sh) || { echo "FAIL no torch environment"; exit 1; }
-  PATH="$(dirname "$python"):$PATH"
-  export PATH
-fi
+command -v torchrun >/dev/null || { echo "FAIL no torchrun on PATH"; exit 1; }
 python=$(dirname "$(command -v torchrun)")/python  # torchrun's own environment
-export HOLDFAST_TORCH_BUILD=${HOLDFAST_TORCH_BUILD:-$repo/build/pytorch-ext}
 STEPS=160  # 8 s of steps at train.py's 0.05 s
 scratch=$(mktemp -d /tmp/holdfast-slurm.XXXXXX)
 started=$SECONDS
@@ -89,8 +85,8 @@ export PROBE_SCRIPT=$repo/examples/pytorch/train.py HOLDFAST_TRAIN_SCRIPT=$scrat
 export NPROC=2 HOLDFAST_STEPS=$STEPS
 
 t=$SECONDS
-"$python" -c "import sys; sys.path.insert(0, 'examples/pytorch'); import holdfast_torch" >"$scratch/build.log" 2>&1
-check $? "the extension loads ($((SECONDS - t)) s, $HOLDFAST_TORCH_BUILD)"
+"$python" -c "import holdfast_torch" >"$scratch/build.log" 2>&1
+check $? "holdfast_torch imports under $python ($((SECONDS - t)) s)"
 [ $failed -eq 0 ] || { show "$scratch/build.log"; exit 1; }
 
 # (a) train.sbatch ------------------------------------------------------------------------------
@@ -159,7 +155,7 @@ check $? "srun.sbatch: both workers reached the handler's first step ($((SECONDS
 sleep 1
 t=$SECONDS
 agent=$(torchrun_child "$sh")
-kill -USR1 "${agent:-0}" 2>/dev/null  # --signal=USR1@N: the step's task, torchrun
+[ -n "$agent" ] && kill -USR1 "$agent" 2>/dev/null  # --signal=USR1@N: the step's task, torchrun
 check $? "SIGUSR1 sent to torchrun (pid ${agent:-none})"
 wait_for 60 gone "$sh"
 wait "$sh"

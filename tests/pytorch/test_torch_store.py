@@ -1,4 +1,4 @@
-"""torch_kv (examples/pytorch/holdfast_torch.cpp), the Handler's store over PyTorch's TCPStore:
+"""torch_kv (packaging/python/holdfast_torch.cpp), the Handler's store over PyTorch's TCPStore:
 its operations, its watch (a helper thread blocked in c10d's wait on a clone of the store), its
 batched get, and the Handler over it in real worker processes against a real TCPStore server.
 

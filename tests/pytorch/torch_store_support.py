@@ -76,16 +76,9 @@ def exit_now(code):
     os._exit(code)
 
 
-_extension_file = None
-
-
 def load_holdfast():
-    """The holdfast_torch module (builds the extension on first use); the workers started
-    after it import the same built file."""
-    global _extension_file
-    sys.path.insert(0, os.path.join(REPO, "examples", "pytorch"))
+    """The installed holdfast_torch package (tests/pytorch/run.sh installs the wheel)."""
     import holdfast_torch
-    _extension_file = holdfast_torch.load_extension().__file__
     return holdfast_torch
 
 
@@ -285,8 +278,6 @@ class Worker:
         self.config = config
         self.task = config.get("task", 0)
         env = dict(os.environ)
-        if _extension_file:  # the parent's build, imported as is (no build check per worker)
-            env["HOLDFAST_TORCH_EXTENSION"] = _extension_file
         self.proc = subprocess.Popen(
             [sys.executable, script or os.path.abspath(__file__), "worker", json.dumps(config)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -1,6 +1,7 @@
 // holdfast_torch — holdfast's preemption handler, checkpoint manager and multiprocess file cache
-// for PyTorch training scripts (a torch C++ extension; examples/pytorch/holdfast_torch.py builds
-// and loads it with torch.utils.cpp_extension.load and adds the Python-side defaults).
+// for PyTorch training scripts: the package's compiled part, holdfast_torch._C (built at install by
+// setup.py beside this file, with torch's BuildExtension; holdfast_torch/__init__.py imports it and
+// adds the Python-side defaults).
 //
 //   Handler            preemption_handler<Config, any_kv, py_checkpointer, steady_clock, Hang>:
 //                      one Config (py_config) whose notice is any preset's sources behind
@@ -47,7 +48,7 @@
 // to a CheckpointManager waits for a copy in flight (at most durable_wait) with the GIL held, as
 // it waits for an async save with one tier.
 //
-// save_policy="auto" (holdfast_torch.py): task 0 asks _SavePolicy and broadcasts the answer with
+// save_policy="auto" (__init__.py): task 0 asks _SavePolicy and broadcasts the answer with
 // torch.distributed, so every rank saves the same step; _SavePolicy reads no clock but
 // steady_clock's now and writes only its run history.
 #include <Python.h>
@@ -647,7 +648,7 @@ class py_torch_watch {
 // The library's lines (the handler's, the checkpoints') come from any thread, the watcher's
 // and the async saver's among them, some holding holdfast's locks: none takes the GIL for a
 // line. Each is queued here with its level (holdfast's info and warning are logging's INFO and
-// WARNING, 20 and 30), and holdfast_torch.py hands them to the logger in order: from a thread
+// WARNING, 20 and 30), and __init__.py hands them to the logger in order: from a thread
 // of its own woken by each line (the queue's eventfd), at each Handler start and close, and at
 // exit. A verdict's line is handed over before on_hang runs (make_on_hang), so
 // hang_policy="restart", which _exits, logs it too. At most max_lines wait: past that the oldest
@@ -718,7 +719,7 @@ inline holdfast::log_fn python_log() {
   };
 }
 
-/// holdfast_torch.py's function that hands the queued lines to logging (_set_log_emitter), or
+/// __init__.py's function that hands the queued lines to logging (_set_log_emitter), or
 /// a null handle before it is set. Read and called with the GIL held.
 inline py::object& python_log_emitter() {
   static py::object* f = new py::object();  // never destroyed, as the queue
@@ -1318,7 +1319,7 @@ inline std::function<void(const holdfast::hang_verdict&)> make_on_hang(py::objec
   };
 }
 
-/// The Python Handler (the Python subclass in holdfast_torch.py resolves the defaults).
+/// The Python Handler (the Python subclass in __init__.py resolves the defaults).
 class py_handler {
  public:
   py_handler(const std::string& preset, const std::string& store,
@@ -1649,7 +1650,7 @@ class py_cache {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Exceptions: the classes are defined in holdfast_torch.py and handed over at import.
+// Exceptions: the classes are defined in __init__.py and handed over at import.
 
 struct exception_classes {
   py::handle error, agreement_timeout, agreement_unreachable, peer_error, corrupt_cache,
@@ -1730,7 +1731,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "holdfast for PyTorch: preemption handler, checkpoints, multiprocess file cache";
   m.attr("holdfast_version") = holdfast::version.string;
   m.def("_set_exception_classes", &ht::set_exception_classes);
-  // The log lines' queue (log_queue, above), for holdfast_torch.py's hand-over to logging.
+  // The log lines' queue (log_queue, above), for __init__.py's hand-over to logging.
   m.def("_set_log_emitter", [](py::object f) { ht::python_log_emitter() = std::move(f); });
   m.def("_log_after_fork", [] { ht::python_log_queue_ptr() = new ht::log_queue; });
   m.def("_log_fd", [] { return ht::python_log_queue().fd(); });

@@ -1,8 +1,13 @@
 """holdfast for PyTorch: the preemption handler, checkpoints and the multiprocess file cache.
 
-Builds the C++ extension (holdfast_torch.cpp) on first use with torch.utils.cpp_extension.load
-into a cached build directory ($HOLDFAST_TORCH_BUILD, default <repo>/build/pytorch-ext), then
-re-exports its classes with Python-side defaults read from torchrun's environment:
+Installed with pip from the repository (packaging/python/README.md), which compiles the C++ part
+(holdfast_torch._C, from packaging/python/holdfast_torch.cpp) once, against the torch of that
+environment:
+
+    pip install --no-build-isolation ./packaging/python
+
+Importing it compiles nothing. It re-exports the extension's classes with Python-side defaults
+read from torchrun's environment:
 
     import holdfast_torch as holdfast
 
@@ -12,8 +17,10 @@ re-exports its classes with Python-side defaults read from torchrun's environmen
         while h.total_run_calls < steps:
             h.run(train_step)
 
-Supported: the torch version pinned in requirements.txt beside this file (what the tests run);
-importing it under another torch warns.
+`__version__` is the library's (include/holdfast/version.hpp); `TORCH_VERSION` the torch it was
+built for. Imported under another torch it raises ImportError naming both (the extension's C++
+ABI is that torch's): reinstall it under the torch you run. CI tests the torch pinned in
+examples/pytorch/requirements.txt.
 
 Log lines go to logging.getLogger("holdfast"): INFO for what the job did (the restored step, a
 notice and its source, each agreed step, each save with its bytes and seconds), WARNING for a
@@ -40,41 +47,41 @@ import inspect
 import logging
 import os
 import select
-import sys
 import threading
 
 __all__ = [
     "Handler", "CheckpointManager", "Cache", "Error", "AgreementTimeout",
     "AgreementUnreachable", "PeerError", "CorruptCache", "FormatError", "Preempted", "HangDetected",
-    "init_process_group", "load_extension", "default_build_directory", "SUPPORTED_TORCH",
+    "init_process_group", "load_extension", "TORCH_VERSION", "__version__",
 ]
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_REPO = os.path.dirname(os.path.dirname(_HERE))
 
-
-def _pinned_torch():
-    """The torch versions requirements.txt pins (the versions CI tests)."""
+def _built_with():
+    """(library version, torch version) the package was built with: _build_info.py, which
+    packaging/python/setup.py writes into the build; ImportError outside an installed package."""
     try:
-        with open(os.path.join(_HERE, "requirements.txt")) as f:
-            return tuple(line.split("==", 1)[1].strip() for line in f
-                         if line.strip().startswith("torch=="))
-    except OSError:
-        return ()
+        from . import _build_info as info
+    except ImportError:
+        raise ImportError(
+            f"holdfast_torch at {os.path.dirname(os.path.abspath(__file__))} is a source "
+            "directory, not an installed package (no _build_info.py, no compiled extension): "
+            "install it with pip install --no-build-isolation ./packaging/python") from None
+    return info.VERSION, info.TORCH_VERSION
 
 
-SUPPORTED_TORCH = _pinned_torch()
+__version__, TORCH_VERSION = _built_with()
 
 
 def _check_torch_version():
-    import warnings
+    """The extension is bound to the C++ ABI of the torch it was compiled against: under any
+    other torch it would fail to load with an undefined symbol, or load and misbehave."""
     import torch
-    found = torch.__version__.split("+", 1)[0]
-    series = {".".join(v.split(".")[:2]) for v in SUPPORTED_TORCH}
-    if SUPPORTED_TORCH and ".".join(found.split(".")[:2]) not in series:
-        warnings.warn(f"holdfast_torch is tested with torch {', '.join(SUPPORTED_TORCH)} "
-                      f"(examples/pytorch/requirements.txt); this is torch {torch.__version__}",
-                      RuntimeWarning, stacklevel=3)
+    if torch.__version__ != TORCH_VERSION:
+        raise ImportError(
+            f"holdfast_torch {__version__} was built for torch {TORCH_VERSION}, and this is torch "
+            f"{torch.__version__} ({os.path.dirname(torch.__file__)}): reinstall holdfast_torch "
+            "in this environment (pip install --no-build-isolation ./packaging/python, from "
+            "holdfast's repository) or run it under torch " + TORCH_VERSION)
 
 
 class Error(Exception):
@@ -126,101 +133,26 @@ class Preempted(SystemExit):
     """Raised by Handler.run after the agreed checkpoint; `code` is the preset's exit code."""
 
 
-def default_build_directory():
-    """$HOLDFAST_TORCH_BUILD, else <repo>/build/pytorch-ext."""
-    return os.environ.get("HOLDFAST_TORCH_BUILD") or os.path.join(_REPO, "build", "pytorch-ext")
-
-
 _ext = None
 
 
-class _no_inductor_cache_left:
-    """torch's extension loader makes inductor's cache directory ($TMPDIR/torchinductor_<user>)
-    and sets $TORCHINDUCTOR_CACHE_DIR to it, caching nothing there for this build: when neither
-    was there before, the (still empty) directory goes again and the variable is unset, so an
-    import leaves nothing in $TMPDIR. torch makes the directory again whenever it caches."""
-
-    def __enter__(self):
-        self.env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-        self.made = None
-        if self.env is None:
-            import tempfile
-            try:
-                import getpass
-                user = getpass.getuser()
-            except (ImportError, KeyError, OSError):
-                user = None
-            if user:
-                path = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
-                self.made = None if os.path.exists(path) else path
-        return self
-
-    def __exit__(self, *exc):
-        if self.env is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            if self.made:
-                try:
-                    os.rmdir(self.made)  # only while empty
-                except OSError:
-                    pass
-        return False
-
-
-def load_extension(verbose=False):
-    """Builds (first time, or when a source or header changed) and imports the extension.
-
-    With $HOLDFAST_TORCH_EXTENSION naming an already built module file (a launcher that built
-    it sets this for its workers), that file is imported as is: no build check at all.
-    """
+def load_extension():
+    """The compiled extension, holdfast_torch._C (built when the package was installed)."""
     global _ext
-    if _ext is not None:
-        return _ext
-    # The extension's module is also named holdfast_torch (so its classes pickle as
-    # holdfast_torch.Cache and unpickle through this file); importing it, a single-phase
-    # extension module, registers it in sys.modules under that name: put this module back.
-    previous = sys.modules.get("holdfast_torch")
-    prebuilt = os.environ.get("HOLDFAST_TORCH_EXTENSION")
-    if prebuilt:
-        import importlib.util
-        import torch  # noqa: F401  (libtorch, and the c10d store types the module accepts)
-        spec = importlib.util.spec_from_file_location("holdfast_torch", prebuilt)
-        ext = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(ext)
-    else:
-        import contextlib
-        import io
-        with contextlib.redirect_stderr(io.StringIO()):  # "No CUDA runtime is found, ..."
-            from torch.utils.cpp_extension import load
-        build = default_build_directory()
-        os.makedirs(build, exist_ok=True)
-        with _no_inductor_cache_left():
-            ext = load(
-                name="holdfast_torch",
-                sources=[os.path.join(_HERE, "holdfast_torch.cpp")],
-                # No -std: torch passes the standard its headers need (C++20 since 2.10;
-                # holdfast builds as C++17 and C++20). Hidden visibility as pybind11 advises
-                # (the module exports only PyInit_holdfast_torch).
-                extra_cflags=["-O2", "-fvisibility=hidden"],
-                extra_include_paths=[os.path.join(_REPO, "include")],
-                build_directory=build,
-                verbose=verbose,
-            )
-    if previous is not None:
-        sys.modules["holdfast_torch"] = previous
-    elif sys.modules.get("holdfast_torch") is ext:
-        del sys.modules["holdfast_torch"]
-    ext._set_exception_classes({
-        "Error": Error, "AgreementTimeout": AgreementTimeout,
-        "AgreementUnreachable": AgreementUnreachable, "PeerError": PeerError,
-        "CorruptCache": CorruptCache, "FormatError": FormatError, "Preempted": Preempted,
-        "HangDetected": HangDetected,
-    })
-    _ext = ext
-    return ext
+    if _ext is None:
+        from . import _C as ext
+        ext._set_exception_classes({
+            "Error": Error, "AgreementTimeout": AgreementTimeout,
+            "AgreementUnreachable": AgreementUnreachable, "PeerError": PeerError,
+            "CorruptCache": CorruptCache, "FormatError": FormatError, "Preempted": Preempted,
+            "HangDetected": HangDetected,
+        })
+        _ext = ext
+    return _ext
 
 
 _check_torch_version()
-load_extension(verbose=bool(os.environ.get("HOLDFAST_TORCH_VERBOSE")))
+load_extension()
 
 # ---- Log lines: logging.getLogger("holdfast") -------------------------------------------------
 # The extension queues the library's lines (any thread, no GIL taken); they are handed to the
