@@ -32,6 +32,10 @@ except ImportError:
 
 def library_version():
     path = os.path.join(INCLUDE, "holdfast", "version.hpp")
+    if not os.path.isfile(path):
+        sys.exit(f"holdfast's headers are not at {INCLUDE}: holdfast_torch builds from a "
+                 "checkout of the holdfast repository (packaging/python inside it), not from a "
+                 "copy of this directory alone or an sdist")
     with open(path) as f:
         found = re.search(r'#define HOLDFAST_VERSION_STRING "([^"]+)"', f.read())
     if not found:

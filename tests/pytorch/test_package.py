@@ -111,6 +111,19 @@ def the_source_directory_is_refused_with_the_install_command():
 
 
 @case
+def a_copy_of_the_package_directory_alone_names_where_the_headers_should_be():
+    import shutil
+    with tempfile.TemporaryDirectory() as d:
+        copy = os.path.join(d, "packaging", "python")
+        shutil.copytree(os.path.join(REPO, "packaging", "python"), copy)
+        r = subprocess.run([sys.executable, "setup.py", "--version"], cwd=copy,
+                           capture_output=True, text=True, timeout=120)
+    check(r.returncode != 0, f"setup.py ran without the headers: {r.stdout}")
+    check(f"holdfast's headers are not at {os.path.join(d, 'include')}" in r.stderr,
+          f"unclear failure: {r.stderr[-1500:]}")
+
+
+@case
 def the_wheel_holds_the_package_and_requires_its_torch():
     # The wheel tests/pytorch/run.sh made with pip wheel (HOLDFAST_PYTORCH_WHEELS names its
     # directory): the same files as the installed package, the library's version, the torch
