@@ -631,3 +631,62 @@ TEST_CASE(
   // one agreed step: "save <step> <acc>" on both
   CHECK(log0[0].substr(0, log0[0].rfind(' ')) == log1[0].substr(0, log1[0].rfind(' ')));
 }
+
+TEST_CASE(
+    "start: a task paused past its restore_timeout while its peer arrives follows the one "
+    "recorded restore: both start and restore the same step") {
+  // Task 0 publishes its list and waits for task 1's; SIGSTOP holds it past its own deadline
+  // while task 1 arrives, finds both lists and records the outcome. On SIGCONT task 0's wait
+  // ends past its deadline: whatever it would propose, it follows the recorded outcome (one
+  // decision per launch), so neither fails and both restore the step they both hold (7).
+  using namespace std::chrono_literals;
+  holdfast_test::job j;
+  const std::string waiting = j.dir / "waiting";
+  for (int task = 0; task < 2; ++task) {  // an earlier launch's checkpoint on both
+    holdfast_test::worker_state st;
+    st.acc = 70;
+    holdfast_test::make_checkpoints(j.dir / ("ckpt-" + std::to_string(task)), &st).save(7);
+  }
+  holdfast::handler_options o;
+  o.restore_timeout = 800ms;
+  o.restore_report_interval = 100ms;
+  o.ack_timeout = 10s;
+  auto worker = [&](int task) {
+    return [&, task] {
+      holdfast::handler_options mine = o;
+      if (task == 0) mine.log = start_case::lines_to(waiting);  // the parent's cue
+      holdfast_test::worker_state st;
+      const std::string log = j.dir / ("log-" + std::to_string(task));
+      try {
+        holdfast::preemption_handler<holdfast::presets::generic, holdfast::filesystem_kv> h(
+            holdfast::presets::generic(), holdfast::filesystem_kv(j.dir / "kv", {"paused", 1}),
+            {task, 2, "paused"},
+            holdfast_test::make_checkpoints(j.dir / ("ckpt-" + std::to_string(task)), &st), mine);
+        holdfast_test::append_line(log, "restored " +
+                                            std::to_string(h.restored_step().value_or(-1)) +
+                                            " acc " + std::to_string(st.acc));
+      } catch (const std::exception& e) {
+        holdfast_test::append_line(log, std::string("failed: ") + e.what());
+      }
+    };
+  };
+  holdfast_test::child first(worker(0));
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (holdfast_test::read_lines(waiting).empty() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  REQUIRE_MESSAGE(!holdfast_test::read_lines(waiting).empty(), "task 0 never waited for task 1");
+  first.kill(SIGSTOP);
+  holdfast_test::child second(worker(1));
+  const auto r1 = second.wait(30s);     // task 1 starts while task 0 is stopped
+  std::this_thread::sleep_for(1200ms);  // task 0 stays stopped well past its 800 ms deadline
+  first.kill(SIGCONT);
+  const auto r0 = first.wait(30s);
+  REQUIRE_MESSAGE(r0.ok(), r0.failures);
+  REQUIRE_MESSAGE(r1.ok(), r1.failures);
+  const auto log0 = holdfast_test::read_lines(j.dir / "log-0");
+  const auto log1 = holdfast_test::read_lines(j.dir / "log-1");
+  REQUIRE(log0.size() == 1);
+  REQUIRE(log1.size() == 1);
+  CHECK(log0[0] == "restored 7 acc 70");
+  CHECK(log1[0] == "restored 7 acc 70");
+}
