@@ -9,14 +9,14 @@
 
 Run it with a Python that has torch and holdfast_torch installed (examples/pytorch/README.md:
 pip install -r examples/pytorch/requirements.txt, then pip install --no-build-isolation
-./packaging/python; tests/pytorch/run.sh makes such an environment). The driver starts the job with the real `torchrun`
-(`--nproc-per-node=N --max-restarts=2`, static rendezvous on one node: the agent hosts the
-TCPStore the workers share). Each worker trains a small deterministic model with
-DistributedDataParallel (gloo on the CPU; --device cuda: NCCL, one GPU per worker) on synthetic
-data read through a holdfast multiprocess file cache in DataLoader worker processes, every step
-inside holdfast's preemption handler, whose coordination store is the job's own c10d store by
-default (--kv=torch). Every task also saves a periodic checkpoint every 5 steps into its own
-directory, <run dir>/ckpt/rank-<k>.
+./packaging/python; tests/pytorch/run.sh makes such an environment). The driver starts the job
+with the real `torchrun` (`--nproc-per-node=N --max-restarts=2`, static rendezvous on one node:
+the agent hosts the TCPStore the workers share). Each worker trains a small deterministic model
+with DistributedDataParallel (gloo on the CPU; --device cuda: NCCL, one GPU per worker) on
+synthetic data read through a holdfast multiprocess file cache in DataLoader worker processes,
+every step inside holdfast's preemption handler, whose coordination store is the job's own c10d
+store by default (--kv=torch). Every task also saves a periodic checkpoint every 5 steps into its
+own directory, <run dir>/ckpt/rank-<k>.
 
 Default: the driver sends SIGTERM to a random worker at a random step. Every worker checkpoints
 at one agreed step and exits with the preset's code (42); torchrun restarts the worker group,
@@ -103,7 +103,7 @@ import threading  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import holdfast_torch as holdfast  # noqa: E402  (pip install --no-build-isolation ./packaging/python)
+import holdfast_torch as holdfast  # noqa: E402  (installed: examples/pytorch/README.md)
 
 _IMPORTED = time.time()
 
@@ -894,8 +894,7 @@ def drive(a):
         return url
     a.kv_url = kv_url
 
-    print(f"(torch and the holdfast extension imported in {_IMPORTED - _STARTED:.1f} s; the first "
-          f"run, or a changed header, builds the extension: about a minute or two)", flush=True)
+    print(f"(torch and holdfast_torch imported in {_IMPORTED - _STARTED:.1f} s)", flush=True)
     print(f"holdfast {holdfast._ext.holdfast_version} for PyTorch {torch.__version__}: "
           f"{a.workers} workers (DDP, "
           f"{'NCCL, one GPU each' if a.device == 'cuda' else 'gloo, CPU'}) under torchrun, "

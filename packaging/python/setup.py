@@ -9,6 +9,7 @@ The version is the library's (include/holdfast/version.hpp). The wheel records t
 built for (holdfast_torch/_build_info.py); importing it under another torch fails at once,
 naming both. Build files go to <repo>/build/python (HOLDFAST_PYTHON_BUILD overrides), not here.
 """
+import glob
 import os
 import re
 import sys
@@ -74,8 +75,11 @@ setup(
     ext_modules=[
         CppExtension(
             "holdfast_torch._C",
-            [os.path.relpath(os.path.join(HERE, "holdfast_torch.cpp"), HERE)],
+            ["holdfast_torch.cpp"],
             include_dirs=[INCLUDE],
+            # Without ninja, setuptools rebuilds only when a file named here is newer.
+            depends=sorted(glob.glob(os.path.join(INCLUDE, "holdfast", "**", "*.hpp"),
+                                     recursive=True)),
             # No -std: torch passes the standard its headers need (holdfast builds as C++17 and
             # C++20). -g0 over Python's -g (a 10x larger module, a slower build); hidden
             # visibility as pybind11 advises (the module exports only PyInit__C).

@@ -86,7 +86,7 @@ def main():
     app = os.path.join(a.dir, "app")  # an empty directory outside the repository, and train.py
     os.makedirs(app)
     shutil.copy(SCRIPT, app)
-    check(not os.path.realpath(app).startswith(REPO + os.sep),
+    check(not os.path.realpath(app).startswith(os.path.realpath(REPO) + os.sep),
           f"{app} is outside the repository {REPO}")
     code, out, _ = run(app, os.path.join(a.dir, "uninterrupted"), preempt=False)
     ref = re.findall(r"final state sha256 (\w+)", out)

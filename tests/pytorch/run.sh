@@ -5,11 +5,13 @@
 # venv.sh makes and reuses) it makes a fresh virtual environment, build/pytorch-env, that reuses
 # the torch environment's packages (a .pth file; PIP_NO_INDEX: nothing is downloaded), runs
 # there the install commands examples/pytorch/README.md shows (pip builds the extension once
-# and installs holdfast_torch), makes the wheel (build/pytorch-wheel), then runs each case below
-# with that environment's python and torchrun, one after another, from a directory outside the
-# clone: every case imports the installed package, never the sources. Each must end well (the
-# driver prints "verdict: PASS", the other scripts exit 0). A loopback etcd is started for the
-# etcd:// case and stopped on exit. The last line is "N passed, M failed".
+# and installs holdfast_torch), makes the wheel (build/pytorch-wheel) and installs it in their
+# place, then runs each case below with that environment's python and torchrun, one after
+# another, from a directory outside the clone (test_slurm_recipes.sh and test_venv_foreign.sh
+# work in the clone, as the recipes do): every case imports the installed wheel, never the
+# sources (nothing of the clone named holdfast_torch is on a case's sys.path). Each must end
+# well (the driver prints "verdict: PASS", the other scripts exit 0). A loopback etcd is
+# started for the etcd:// case and stopped on exit. The last line is "N passed, M failed".
 # HOLDFAST_PYTORCH_ONLY=name,name runs only those cases. With --build-only it makes the
 # environments, the package and the multi-node tool, and runs nothing (tests/run does that in
 # the background while other suites run, then runs this with HOLDFAST_PYTORCH_INSTALLED=1: the
@@ -36,7 +38,8 @@ start=$SECONDS
 # environment's packages come in through a .pth file (PIP_NO_INDEX: pip may fetch nothing, so
 # the pinned torch is the cached one), and pip builds the extension once (its objects are kept
 # in build/python, so a rerun recompiles only what changed). Then `pip wheel` makes the wheel
-# (build/pytorch-wheel). torchrun here starts this environment's python (torch's own torchrun
+# (build/pytorch-wheel) and the wheel is installed in place of the directory's install: the
+# suite tests the wheel. torchrun here starts this environment's python (torch's own torchrun
 # would start the workers with the torch environment's python, which has no holdfast_torch).
 if [ "${HOLDFAST_PYTORCH_INSTALLED:-}" = 1 ] && [ -x "$env/bin/python" ] && compgen -G "$wheels/*.whl" >/dev/null; then
   python=$env/bin/python
@@ -45,7 +48,7 @@ else
   rm -rf "$env" "$wheels"
   # Without pip of its own: an ensurepip setuptools would shadow the torch environment's (the
   # build's), so pip and torchrun are those packages' own, run by this environment's python.
-  /usr/bin/python3 -m venv --without-pip "$env" ||
+  "$python" -m venv --without-pip "$env" ||  # the torch environment's Python version
     { echo "tests/pytorch/run.sh: no fresh environment" >&2; exit 1; }
   purelib() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
   purelib "$python" >"$(purelib "$env/bin/python")/holdfast-torch-env.pth"
@@ -65,7 +68,10 @@ else
     pip install --no-build-isolation ./packaging/python   # builds and installs holdfast_torch
     python -c "import holdfast_torch; print(holdfast_torch.__version__)"
     # [/snippet install]
+    # The wheel (the same build: only what changed is compiled again, here nothing), and the
+    # suite runs against it installed: pip replaces the directory's install with the wheel's.
     pip wheel -q --no-build-isolation --no-deps -w "$wheels" ./packaging/python
+    pip install -q --no-deps --force-reinstall "$wheels"/*.whl
   }
   (install) >"$scratch/install.log" 2>&1  # not in a condition: set -e stops at the first failure
   [ $? -eq 0 ] ||

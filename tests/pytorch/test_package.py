@@ -55,19 +55,25 @@ def the_installed_package_is_imported_with_the_library_version():
 @case
 def importing_takes_at_most_2_s_beyond_torch_and_compiles_nothing():
     # Each sample: a fresh interpreter imports torch, then holdfast_torch, timing the second
-    # import alone; a torch extension build would also leave its lock file and objects in
-    # TORCH_EXTENSIONS_DIR, pointed at an empty directory here.
-    code = ("import time, torch\n"
+    # import alone. A build at import needs torch's extension builder and setuptools (neither
+    # may be loaded after it), and a JIT build leaves its lock file and objects in
+    # TORCH_EXTENSIONS_DIR (pointed at an empty directory here).
+    code = ("import sys, time, torch\n"
             "t = time.perf_counter()\n"
             "import holdfast_torch\n"
-            "print(time.perf_counter() - t)")
+            "took = time.perf_counter() - t\n"
+            "print(sorted(m for m in ('torch.utils.cpp_extension', 'setuptools', 'distutils')"
+            " if m in sys.modules))\n"
+            "print(took)")
     with tempfile.TemporaryDirectory() as ext_dir:
         env = dict(os.environ, TORCH_EXTENSIONS_DIR=ext_dir)
         samples = []
         for _ in range(3):
             r = child(code, env=env)
             check(r.returncode == 0, f"import failed: {r.stderr[-2000:]}")
-            samples.append(float(r.stdout.split()[-1]))
+            builders, took = r.stdout.splitlines()[-2:]
+            check(builders == "[]", f"the import loaded a build tool: {builders}")
+            samples.append(float(took))
         check(not os.listdir(ext_dir), f"the import built something: {os.listdir(ext_dir)}")
     took = statistics.median(samples)
     print(f"import holdfast_torch after torch: median {took:.3f} s of {samples}", flush=True)
@@ -102,7 +108,8 @@ def another_torch_fails_at_import_naming_both_versions():
 
 @case
 def the_source_directory_is_refused_with_the_install_command():
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "packaging", "python"))
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "packaging", "python"),
+               PYTHONDONTWRITEBYTECODE="1")
     r = child("import holdfast_torch", env=env)
     check(r.returncode != 0, "the source directory imported")
     check("not an installed package" in r.stderr and
@@ -142,6 +149,12 @@ def the_wheel_holds_the_package_and_requires_its_torch():
     check(any(re.fullmatch(r"holdfast_torch/_C\.cpython-.*\.so", n) for n in names) and
           "holdfast_torch/__init__.py" in names, f"the wheel lacks the package: {names}")
     check(not any(n.endswith((".cpp", ".hpp")) for n in names), f"sources in the wheel: {names}")
+    # What this environment has installed is that wheel (run.sh installs it in place of the
+    # directory's install): pip records the wheel file as where the package came from.
+    r = child("from importlib.metadata import distribution\n"
+              "print(distribution('holdfast-torch').read_text('direct_url.json'))")
+    check(r.returncode == 0 and found[0] in r.stdout,
+          f"the installed package did not come from {found[0]}: {r.stdout} {r.stderr[-500:]}")
     import torch
     release = torch.__version__.split("+", 1)[0]
     check(f"Requires-Dist: torch=={release}" in meta, f"no torch=={release} requirement: {meta}")

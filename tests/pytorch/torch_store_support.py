@@ -77,7 +77,7 @@ def exit_now(code):
 
 
 def load_holdfast():
-    """The installed holdfast_torch package (tests/pytorch/run.sh installs the wheel)."""
+    """The installed holdfast_torch package (tests/pytorch/run.sh installs its wheel)."""
     import holdfast_torch
     return holdfast_torch
 

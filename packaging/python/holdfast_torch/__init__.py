@@ -133,26 +133,21 @@ class Preempted(SystemExit):
     """Raised by Handler.run after the agreed checkpoint; `code` is the preset's exit code."""
 
 
-_ext = None
+_check_torch_version()  # before the extension is loaded: under another torch it would not link
+from . import _C as _ext  # noqa: E402
+
+_ext._set_exception_classes({
+    "Error": Error, "AgreementTimeout": AgreementTimeout,
+    "AgreementUnreachable": AgreementUnreachable, "PeerError": PeerError,
+    "CorruptCache": CorruptCache, "FormatError": FormatError, "Preempted": Preempted,
+    "HangDetected": HangDetected,
+})
 
 
 def load_extension():
     """The compiled extension, holdfast_torch._C (built when the package was installed)."""
-    global _ext
-    if _ext is None:
-        from . import _C as ext
-        ext._set_exception_classes({
-            "Error": Error, "AgreementTimeout": AgreementTimeout,
-            "AgreementUnreachable": AgreementUnreachable, "PeerError": PeerError,
-            "CorruptCache": CorruptCache, "FormatError": FormatError, "Preempted": Preempted,
-            "HangDetected": HangDetected,
-        })
-        _ext = ext
     return _ext
 
-
-_check_torch_version()
-load_extension()
 
 # ---- Log lines: logging.getLogger("holdfast") -------------------------------------------------
 # The extension queues the library's lines (any thread, no GIL taken); they are handed to the
