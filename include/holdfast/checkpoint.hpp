@@ -60,5 +60,6 @@
 #include "checkpoint/reader_lock.hpp"
 #include "checkpoint/retention.hpp"
 #include "checkpoint/save_policy.hpp"
+#include "checkpoint/staging.hpp"
 #include "checkpoint/two_tier.hpp"
 #include "checkpoint/writer_lock.hpp"

@@ -5,8 +5,9 @@
 // This header holds the manager's public face (read_only, checkpoint_manager<Store>). Its state
 // is built in layers, each a part in checkpoint/manager/ that opens with its own guarantees:
 //   manager/saving.hpp     the save protocol: opening a writer, save(), its commit (in save() or
-//                          on one background thread), what each save records, should_save(),
-//                          repair()
+//                          on one background thread; a staged save's files written there from
+//                          the staging area, staging.hpp), what each save records,
+//                          should_save(), repair()
 //   manager/retaining.hpp  retention in each save: the policy's drops, the pin, the deletions
 //   manager/reading.hpp    the listings, restore()/restore_step() under LOCK_SH with their
 //                          integrity checks, verify_step(), the hang bounds checkpoints record
@@ -35,6 +36,7 @@
 #pragma once
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -59,6 +61,7 @@
 #include "names.hpp"              // checkpoint_info
 #include "options.hpp"            // checkpoint_options
 #include "retention.hpp"          // metric_order
+#include "staging.hpp"            // checkpoint_stage: staged writers
 
 HOLDFAST_NAMESPACE_BEGIN
 
@@ -136,12 +139,23 @@ class checkpoint_manager {
   /// A writer: true when its writer lock is a flock, false when it is the lease.
   bool uses_flock() const noexcept { return s_->lock.uses_flock(); }
 
-  /// Sets the writer save(step) uses.
+  /// Sets the writer save(step) uses: a writer of files, called as writer(dir[, step]), or a
+  /// staged writer, called as writer(stage[, step]) with a checkpoint_stage (staging.hpp).
   template <class Writer>
   void set_writer(Writer writer) {
-    s_->default_writer = [w = std::move(writer)](const std::string& d, std::int64_t st) mutable {
-      return detail::checkpoint_call_writer(w, d, st);
-    };
+    if constexpr (detail::checkpoint_stages_v<Writer>) {
+      s_->default_writer = nullptr;
+      s_->default_stager = [w = std::move(writer)](checkpoint_stage& stage,
+                                                   std::int64_t st) mutable {
+        detail::checkpoint_call_stager(w, stage, st);
+      };
+    } else {
+      s_->default_stager = nullptr;
+      s_->default_writer = [w = std::move(writer)](const std::string& d,
+                                                   std::int64_t st) mutable {
+        return detail::checkpoint_call_writer(w, d, st);
+      };
+    }
   }
   /// Sets the reader restore() uses.
   template <class Reader>
@@ -158,24 +172,19 @@ class checkpoint_manager {
 
   /// Saves a checkpoint of `step` with the writer given to set_writer (the Checkpointer call
   /// preemption_handler makes). Throws holdfast::error (EINVAL) when no writer was set.
-  checkpoint_info save(std::int64_t step) {
-    if (!s_->default_writer)
-      throw error(EINVAL, "checkpoint save", s_->dir,
-                  "no writer: call set_writer() first, or save(step, writer)");
-    return s_->save(step, s_->default_writer, nullptr);
-  }
+  checkpoint_info save(std::int64_t step) { return save_default(step, nullptr); }
 
   /// As save(step), recording `metrics` in the checkpoint's metadata.
   checkpoint_info save(std::int64_t step, const checkpoint_metrics& metrics) {
-    if (!s_->default_writer)
-      throw error(EINVAL, "checkpoint save", s_->dir,
-                  "no writer: call set_writer() first, or save(step, writer)");
-    return s_->save(step, s_->default_writer, &metrics);
+    return save_default(step, &metrics);
   }
 
   /// Saves a checkpoint of `step`: `writer(dir[, step])` fills a fresh directory, which is
   /// committed whole, then the pointer names it and retention runs. Returns the checkpoint
-  /// (with async_save, the one being committed). Throws holdfast::error (EROFS) when read_only.
+  /// (with async_save, the one being committed). A staged writer, `writer(stage[, step])`,
+  /// copies the state into the staging area instead: save() returns once it did, and the files
+  /// are written and committed on the background thread (always; wait_until_finished() waits
+  /// for the commit). Throws holdfast::error (EROFS) when read_only.
   template <class Writer>
   checkpoint_info save(std::int64_t step, Writer&& writer) {
     return s_->save(step, writer, nullptr);
@@ -187,8 +196,37 @@ class checkpoint_manager {
     return s_->save(step, writer, &metrics);
   }
 
-  /// Waits for the save in flight (async_save), and rethrows its failure, once.
+  /// Waits for the save in flight (async_save, or a staged save), and rethrows its failure, once.
   void wait_until_finished() { s_->finish_and_rethrow(); }
+
+  /// True while a save's background part (async_save, or a staged save) has not been waited for.
+  bool save_in_flight() const noexcept { return s_->inflight.joinable(); }
+
+  /// Calls `hook(checkpoint)` after each save committed (its pointer names it), on the thread
+  /// that committed it (save()'s, or the background save's); empty: none. It must be quick and
+  /// never call this manager; what it throws is logged and ignored. Set it while no save is in
+  /// flight.
+  void on_commit(std::function<void(const checkpoint_info&)> hook) {
+    s_->finish();
+    s_->on_commit = std::move(hook);
+  }
+
+  /// Maps and faults in a staging area for staged saves of `bytes` ahead of the first one
+  /// (restore() does it from the restored checkpoint's size when the writer is a staged one).
+  /// Waits for a save in flight first. Throws holdfast::error (ENOMEM) when the memory is not
+  /// given.
+  void reserve_staging(std::size_t bytes) {
+    s_->finish();
+    s_->staging.reserve(bytes);
+  }
+
+  /// With a staged writer set: sizes the staging area for a save as large as the checkpoint
+  /// directory `dir` (its files' sizes), as restore() does (two_tier_checkpoints gives the
+  /// durable copy it restored). Without one, does nothing. A failure is logged, never thrown.
+  void prepare_staging(const std::string& dir) noexcept { s_->prepare_staging_at(dir); }
+
+  /// Bytes the staging area holds mapped (0 before a staged save or reserve_staging()).
+  std::size_t staging_capacity() const noexcept { return s_->staging.capacity(); }
 
   /// True when a save of `step` is due: a writer, a step newer than every saved (or in-flight)
   /// one, and a multiple of save_interval_steps or save_interval elapsed since the last save.
@@ -209,7 +247,9 @@ class checkpoint_manager {
   /// (checkpoint_corrupt when there is none).
   std::optional<std::int64_t> restore() {
     s_->finish_and_rethrow();
-    return s_->read_latest(s_->default_reader);
+    auto step = s_->read_latest(s_->default_reader);
+    if (step) s_->prepare_staging(*step);
+    return step;
   }
 
   /// Loads the latest checkpoint with `reader(dir[, step])` and returns its step, or nothing.
@@ -219,7 +259,9 @@ class checkpoint_manager {
     reader_type r = [&reader](const std::string& d, std::int64_t st) {
       detail::checkpoint_call(reader, d, st);
     };
-    return s_->read_latest(r);
+    auto step = s_->read_latest(r);
+    if (step) s_->prepare_staging(*step);
+    return step;
   }
 
   /// Steps of every complete retained checkpoint that counts (holdfast's metadata, every
@@ -281,6 +323,7 @@ class checkpoint_manager {
   void restore_step(std::int64_t step) {
     s_->finish_and_rethrow();
     s_->read_step(step, s_->default_reader);
+    s_->prepare_staging(step);
   }
 
   /// Loads the checkpoint of exactly `step` with `reader(dir[, step])`; ENOENT as above.
@@ -291,6 +334,7 @@ class checkpoint_manager {
       detail::checkpoint_call(reader, d, st);
     };
     s_->read_step(step, r);
+    s_->prepare_staging(step);
   }
 
   /// Pins `step` (nullopt unpins): retention never deletes a checkpoint of the pinned step.
@@ -338,6 +382,14 @@ class checkpoint_manager {
   checkpoint_report repair() { return s_->repair(); }
 
  private:
+  checkpoint_info save_default(std::int64_t step, const checkpoint_metrics* metrics) {
+    if (s_->default_stager) return s_->save(step, s_->default_stager, metrics);
+    if (!s_->default_writer)
+      throw error(EINVAL, "checkpoint save", s_->dir,
+                  "no writer: call set_writer() first, or save(step, writer)");
+    return s_->save(step, s_->default_writer, metrics);
+  }
+
   class impl;
   std::unique_ptr<impl> s_;
 };

@@ -6,7 +6,10 @@
 //
 // Protocol:
 //   1. save(step): the local manager's save (the user's writer, crash-safe as manager.hpp
-//      says; synchronous). Then the step becomes the copier's one pending request: a newer
+//      says; synchronous, but for a staged writer's, which commits on the local manager's
+//      background thread: staging.hpp). Once the local tier committed it (the local manager's
+//      on_commit hook, on the thread that committed), the step becomes the copier's one
+//      pending request: a newer
 //      request replaces one not yet started (it is never copied), so the newest step's copy is
 //      the next to start. A preemption save (one after set_durable_deadline(t)) also abandons
 //      the copy in flight of another step when its own copy, at the copies' mean time, ends by
@@ -18,7 +21,9 @@
 //      (all but holdfast-metadata.json, which the durable save writes with the local copy's
 //      step, history, save time and metrics).
 // Guarantees:
-//   - save() returns once the local tier committed: a durable copy that hangs (a dead mount)
+//   - save() returns once the local tier committed (a staged save: once the state is staged;
+//     wait_until_finished() then waits for the local commit first, and throws its failure, as
+//     does the next save()): a durable copy that hangs (a dead mount)
 //     or fails never blocks or fails a save; a new request while a copy hangs replaces the
 //     pending one. Copies run in the order of the saves; at most one runs; a request replaced
 //     or a copy abandoned is logged, never reported as failed.
@@ -80,7 +85,8 @@
 //     to its thread (detached, logged), which owns what it uses.
 // Caveats:
 //   - Both managers' saves are synchronous here (async_save is turned off): the copier is the
-//     background part.
+//     background part; a staged writer's local saves alone commit on the local manager's
+//     background thread.
 //   - The handler tells set_durable_deadline() the end of a noticed worker's grace period and
 //     then does not wait for the copier before its preemption save; without a notice of its own
 //     (a peer's claim) only durable_wait bounds the wait after the save.
@@ -267,11 +273,13 @@ class two_tier_checkpoints {
 
   /// Saves `step` in the local tier, then asks the copier for its durable copy. Returns the
   /// local checkpoint.
-  checkpoint_info save(std::int64_t step) { return s_->request(s_->local.save(step)); }
-  /// As save(step), with `writer(dir[, step])`.
+  checkpoint_info save(std::int64_t step) {
+    return s_->save([&] { return s_->local.save(step); });
+  }
+  /// As save(step), with `writer(dir[, step])` or a staged `writer(stage[, step])`.
   template <class Writer>
   checkpoint_info save(std::int64_t step, Writer&& writer) {
-    return s_->request(s_->local.save(step, std::forward<Writer>(writer)));
+    return s_->save([&] { return s_->local.save(step, std::forward<Writer>(writer)); });
   }
   /// True when a save of `step` is due (the local tier's cadence).
   bool should_save(std::int64_t step) const { return s_->local.should_save(step); }
@@ -282,7 +290,10 @@ class two_tier_checkpoints {
   }
   /// Waits for the copier until durable_wait after the last save() returned; logs and keeps
   /// (unfinished()) what it did not copy. Never throws for a durable copy.
-  void wait_until_finished() { s_->wait_bounded(); }
+  void wait_until_finished() {
+    s_->local.wait_until_finished();  // a staged save's local commit; its failure is thrown
+    s_->wait_bounded();
+  }
   /// Bounds the next wait_until_finished() calls by `deadline` too (the grace period's end).
   void set_durable_deadline(std::chrono::steady_clock::time_point deadline) {
     s_->durable_deadline = deadline;
@@ -536,6 +547,8 @@ class two_tier_checkpoints {
     std::mutex m;
     std::condition_variable cv;
     std::optional<std::int64_t> pending, in_flight, failed, newest;  // newest: durable
+    // the deadline of the save being committed locally (set before it, read by its commit)
+    std::optional<std::chrono::steady_clock::time_point> save_deadline;
     std::optional<std::chrono::system_clock::time_point> copy_time;
     std::optional<std::chrono::steady_clock::duration> copy_mean;  // of the committed copies
     std::function<void(std::int64_t, std::chrono::duration<double>)> on_copy;
@@ -553,10 +566,16 @@ class two_tier_checkpoints {
                                       local_dir, local_mode, options.local, options.log)),
           local(std::move(local_dir), local_mode, local_options(options.local, sh.get())),
           durable_reader(read_only, sh->durable.directory(), durable_mode, options.durable) {
+      local.on_commit([this](const checkpoint_info& c) { request(c); });
       copier = std::thread([keep = sh, nice = options.copier_nice] { keep->run(nice); });
     }
 
     ~impl() {
+      try {
+        local.wait_until_finished();  // a staged save's local commit requests its copy
+      } catch (const std::exception& e) {
+        log(std::string("two-tier: the last local save failed: ") + e.what());
+      }
       auto left = sh->wait_until(std::chrono::steady_clock::now() + options.durable_wait);
       {
         std::lock_guard<std::mutex> l(sh->m);
@@ -601,15 +620,35 @@ class two_tier_checkpoints {
 
     void log(const std::string& line) const { detail::log_line(options.log, line); }
 
-    checkpoint_info request(checkpoint_info info) {
-      const std::optional<std::int64_t> replaced = sh->request(info.step, durable_deadline);
-      sh->cv.notify_all();
+    // A local save, then (its commit's hook, request()) the copier's request: a staged save's
+    // commits on the local manager's background thread, so the request is made there. The
+    // previous save is finished first, so the deadline the hook reads is this save's.
+    template <class Save>
+    checkpoint_info save(Save&& local_save) {
+      local.wait_until_finished();
+      {
+        std::lock_guard<std::mutex> l(sh->m);
+        sh->save_deadline = durable_deadline;
+      }
+      checkpoint_info info = local_save();
       last_save = std::chrono::steady_clock::now();
+      return info;
+    }
+
+    // The local commit's hook (on the thread that committed): the step becomes the copier's
+    // pending request.
+    void request(const checkpoint_info& info) {
+      std::optional<std::chrono::steady_clock::time_point> deadline;
+      {
+        std::lock_guard<std::mutex> l(sh->m);
+        deadline = sh->save_deadline;
+      }
+      const std::optional<std::int64_t> replaced = sh->request(info.step, deadline);
+      sh->cv.notify_all();
       if (replaced)
         log("two-tier: the durable copy of step " + std::to_string(*replaced) +
             " was replaced by step " + std::to_string(info.step) +
             "'s before it started (saves come faster than copies)");
-      return info;
     }
 
     void wait_bounded() {
@@ -724,6 +763,7 @@ class two_tier_checkpoints {
               "': " + e.what());
           durable_reader.restore_step(step, read);
           restored_hang = durable_reader.restored_hang_bounds();
+          prepare_local_staging(step);
           return;
         }
       }
@@ -731,6 +771,17 @@ class two_tier_checkpoints {
           ", restoring it from the durable tier '" + durable_reader.directory() + "'");
       durable_reader.restore_step(step, read);
       restored_hang = durable_reader.restored_hang_bounds();
+      prepare_local_staging(step);
+    }
+
+    // A restore from the durable tier sizes the local tier's staging area (a staged writer's)
+    // from the copy it loaded, as a local restore does from its own.
+    void prepare_local_staging(std::int64_t step) noexcept {
+      try {
+        for (const auto& c : durable_reader.checkpoints())
+          if (c.step == step) local.prepare_staging(c.path);
+      } catch (...) {  // not sized: the first save maps what it needs
+      }
     }
 
     // Checks the local copy of `id` at `dir` (the caller holds LOCK_SH on it) against the sums

@@ -18,7 +18,10 @@
 //   4. the pointer is published again without the deletions that were done.
 //   With checkpoint_options::async_save, step 1's writer runs in the caller's thread and the
 //   rest (a deferred write the writer returned, the syncs, the rename, steps 2-4) on one
-//   background thread.
+//   background thread. A staged writer (staging.hpp: called with a checkpoint_stage) always
+//   saves so, async_save or not: in the caller's thread it only copies the state into the
+//   staging area; the background thread writes the staged files into the staging directory
+//   (summing them as it writes), then steps 1's metadata and commit and 2-4 follow.
 //
 // Guarantees:
 //   - open_writer() creates the checkpoint directory (syncing the parent of each directory it
@@ -31,8 +34,11 @@
 //     the pointer is unchanged. So does a failed background save; its error is rethrown by
 //     wait_until_finished() and by the next save(), restore() or restore_step(), and logged by
 //     the destruction when nobody waited for it.
-//   - Async saves: at most one in flight (the next save() waits for it); restore(),
-//     restore_step(), repair(), wait_until_finished() and destruction wait for it.
+//   - Async saves: at most one in flight (the next save() waits for it, staged or not: the
+//     staging area is the in-flight save's until it committed); restore(), restore_step(),
+//     repair(), wait_until_finished() and destruction wait for it.
+//   - on_commit's hook is called with each checkpoint once its pointer names it (before the
+//     deletions), on the thread that committed it; what it throws is logged and ignored.
 //   - Every save records the history begin_history() set last (the handler's restore agreement
 //     sets the launch's, so checkpoints of one step from different launches never match), or
 //     none (unknown) before it is called; and the hang bounds set_hang_bounds() set last, or none
@@ -40,7 +46,8 @@
 //     saves alike).
 //   - Integrity (integrity.hpp): with checksums on (the default), the metadata records every
 //     file's size and CRC32C, summed after the writer and its deferred part ran and before the
-//     syncs, in the thread that commits (one read of what was just written); where the store
+//     syncs, in the thread that commits (one read of what was just written; a staged save's
+//     sums are taken over the staged bytes as they are written, with no read); where the store
 //     syncs files, each file's writeback is started as it is summed (Io::start_writeback, a
 //     hint), so the disk writes while the CPU sums and the syncs after wait for less.
 // Caveats:
@@ -79,6 +86,7 @@
 #include "../names.hpp"        // checkpoint_info, detail::checkpoint_name
 #include "../options.hpp"      // checkpoint_options
 #include "../pointer.hpp"      // detail::checkpoint_pointer
+#include "../staging.hpp"      // basic_staging_area, checkpoint_stage: staged saves
 #include "../writer_lock.hpp"  // detail::checkpoint_writer_lock
 #include "callables.hpp"       // detail::checkpoint_call_writer: the writer and its deferred part
 #include "retaining.hpp"       // detail::checkpoint_retaining: what this builds on
@@ -118,6 +126,7 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
   using typename base::view;
 
   using writer_fn = std::function<std::function<void()>(const std::string&, std::int64_t)>;
+  using stager_fn = std::function<void(checkpoint_stage&, std::int64_t)>;
 
   checkpoint_saving(std::string d, directory_commit m, checkpoint_options o, bool ro)
       : base(std::move(d), m, std::move(o), ro),
@@ -176,7 +185,9 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
     bool repairs = false;                        // the old pointer was bad: this save rewrites it
     std::optional<detail::json_value> metadata;  // written by commit(), with the files' sums
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
-    std::optional<std::uint64_t> bytes;  // the files' sizes summed (checksums on)
+    std::optional<std::uint64_t> bytes;  // the files' sizes summed (checksums on, or staged)
+    std::optional<checkpoint_stage> staged;            // a staged save's files
+    std::optional<detail::checkpoint_file_sums> sums;  // taken as the staged files were written
   };
 
   template <class Writer>
@@ -202,7 +213,13 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
         mode == directory_commit::rename ? path_of(scratch_name(".staging-", j.name)) : j.target;
     if (io_type::mkdir(j.work.c_str(), 0755) != 0) throw error(errno, "mkdir", j.work);
     try {
-      j.deferred = detail::checkpoint_call_writer(writer, j.work, step);
+      if constexpr (detail::checkpoint_stages_v<Writer>) {
+        staging.begin();
+        j.staged.emplace(staging);
+        detail::checkpoint_call_stager(writer, *j.staged, step);
+      } else {
+        j.deferred = detail::checkpoint_call_writer(writer, j.work, step);
+      }
       if (options.write_metadata)
         j.metadata = detail::checkpoint_metadata_json(step, j.time, metrics, history,
                                                       hang ? &*hang : nullptr);
@@ -215,7 +232,7 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
     prev_last_step = last_step;
     last_step = last_step ? std::max(*last_step, step) : step;
     last_save_time = j.time;
-    if (!options.async_save) {
+    if (!options.async_save && !j.staged) {
       try {
         commit(j);
       } catch (...) {
@@ -225,7 +242,8 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
       return info;
     }
     try {
-      inflight = std::thread([this, jb = std::move(j)]() mutable {
+      const bool staged = j.staged.has_value();
+      inflight = std::thread([this, jb = std::move(j), staged]() mutable {
         try {
           commit(jb);
         } catch (...) {
@@ -233,6 +251,7 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
           failure = std::current_exception();
           failed_step = jb.step;
         }
+        if (staged) settle_staging();
       });
     } catch (...) {  // no thread: nothing was committed
       discard(work);
@@ -240,6 +259,16 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
       throw;
     }
     return info;
+  }
+
+  // After a staged save's background part: the area reshaped to that save's size, off the
+  // caller's thread (staging.hpp). Memory not given is logged: the next save maps its own.
+  void settle_staging() noexcept {
+    try {
+      staging.settle();
+    } catch (const std::exception& e) {
+      log(std::string("checkpoint: the staging area was not resized: ") + e.what());
+    }
   }
 
   // Removes a directory a failed save made; the first error is the one reported.
@@ -253,6 +282,13 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
   // The committing half of a save: deferred write, syncs, rename or marker, pointer, retention.
   void commit(job& j) {
     try {
+      if (j.staged) {
+        constexpr bool syncs = durability_type::file != file_sync::none;
+        j.sums = detail::checkpoint_write_stage<io_type>(*j.staged, j.work, options.checksums,
+                                                         syncs);
+        j.bytes = j.staged->bytes();
+        j.staged.reset();  // the staged bytes are in the files
+      }
       if (j.deferred) j.deferred();
       if (j.metadata) write_metadata(j);
       if (mode == directory_commit::rename) {
@@ -285,6 +321,16 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
     if (j.repairs)
       log("checkpoint pointer '" + pointer_path() + "' rewritten by the save of '" + j.name + "'");
     log_committed(j);
+    if (on_commit) {
+      try {
+        on_commit(checkpoint_info{j.step, j.name, j.target});
+      } catch (const std::exception& e) {
+        log("checkpoint: the on_commit hook of step " + std::to_string(j.step) + " threw: " +
+            e.what());
+      } catch (...) {
+        log("checkpoint: the on_commit hook of step " + std::to_string(j.step) + " threw");
+      }
+    }
     delete_dropped(next);
   }
 
@@ -303,7 +349,7 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
   void write_metadata(job& j) const {
     constexpr bool syncs = durability_type::file != file_sync::none;
     if (options.checksums) {
-      const auto sums = detail::checkpoint_sum_files<io_type>(j.work, syncs);
+      const auto sums = j.sums ? std::move(*j.sums) : detail::checkpoint_sum_files<io_type>(j.work, syncs);
       std::uint64_t bytes = 0;
       for (const auto& f : sums) bytes += f.second.size;
       j.bytes = bytes;
@@ -347,6 +393,36 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
     }
   }
 
+  // Sizes the staging area for a save as large as the checkpoint of `step` (its files' sizes,
+  // a stat each), when the writer is a staged one: the first staged save after a restore then
+  // copies into memory already faulted in. A failure is logged: the save maps what it needs.
+  void prepare_staging(std::int64_t step) noexcept {
+    if (!default_stager) return;
+    try {
+      if (auto c = this->find_step(step)) prepare_staging_at(c->path);
+    } catch (const std::exception& e) {
+      log(std::string("checkpoint: the staging area was not sized at restore: ") + e.what());
+    }
+  }
+
+  // As prepare_staging, from the checkpoint directory `path` (of this tier or another).
+  void prepare_staging_at(const std::string& path) noexcept {
+    if (!default_stager) return;
+    try {
+      std::uint64_t bytes = 0;
+      for (const auto& name : detail::store_list_dir<io_type>(path)) {
+        struct stat st {};
+        if (name != detail::checkpoint_metadata_file_name &&
+            detail::store_lstat<io_type>(detail::store_join(path, name), st) &&
+            S_ISREG(st.st_mode))
+          bytes += static_cast<std::uint64_t>(st.st_size);
+      }
+      staging.reserve(static_cast<std::size_t>(bytes));
+    } catch (const std::exception& e) {
+      log(std::string("checkpoint: the staging area was not sized at restore: ") + e.what());
+    }
+  }
+
   bool should_save(std::int64_t step) const {
     if (read_only || step < 0) return false;
     if (last_step && step <= *last_step) return false;
@@ -366,7 +442,10 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
 
   // --- state -----------------------------------------------------------------------------------
 
-  writer_fn default_writer;         // set_writer's
+  writer_fn default_writer;         // set_writer's (a writer of files)
+  stager_fn default_stager;         // set_writer's (a staged writer); one of the two is set
+  std::function<void(const checkpoint_info&)> on_commit;  // called as each save committed
+  basic_staging_area<io_type> staging;                    // staged saves copy into it
   std::string history;              // what saves record ("": unknown); caller's thread
   std::optional<hang_bounds> hang;  // what saves record (set_hang_bounds); caller's thread
 
