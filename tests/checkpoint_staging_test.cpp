@@ -5,7 +5,7 @@
 // is reused (one region of the state's size, no growth over saves), restore() sizes it, bad
 // names and throwing writers leave no trace, a failed background write is rethrown and leaves
 // the previous latest, both commit modes, two tiers, and the handler's preemption save waits
-// for the staged commit. SIGKILL at random points: checkpoint_staging_kill_test.cpp.
+// for the staged commit. SIGKILL at random points: checkpoint_staging_process_test.cpp.
 #include <doctest/doctest.h>
 #include <sys/resource.h>
 #include <unistd.h>

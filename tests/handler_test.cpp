@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -1344,6 +1345,43 @@ TEST_CASE("threads: an async Checkpointer is waited for before and after the pre
   CHECK(calls->at(0) == "wait");  // a periodic save in flight finishes first
   CHECK(calls->at(1) == "save " + std::to_string(h.total_run_calls()));
   CHECK(calls->at(2) == "wait");  // the preemption save is measured to its durable end
+}
+
+TEST_CASE("threads: a staged preemption save is committed when run() returns, with the call's bytes") {
+  job j(1);
+  outcome o;
+  scenario sc;
+  sc.n = 1;
+  std::vector<std::int64_t> state(1 << 18);
+  holdfast::checkpoint_manager<> m(j.ckpt_dir(0), holdfast::directory_commit::rename);
+  std::int64_t staged_step = -1;
+  m.set_writer([&](holdfast::checkpoint_stage& stage, std::int64_t step) {
+    staged_step = step;
+    stage.write("state.bin", state.data(), state.size() * sizeof(std::int64_t));
+  });
+  handler_t h(make_config(j, 0, sc, &o), j.kv, {0, 1, "staged"}, std::move(m), opts(sc));
+  j.flags[0]->store(true);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  std::int64_t calls = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    std::fill(state.begin(), state.end(), calls);  // the step's state
+    ++calls;
+    if (h.run([] { busy(200); }) == run_status::stopped) break;
+    // the step after a save changes the state at once: the checkpoint must not see it
+    std::fill(state.begin(), state.end(), -1);
+  }
+  REQUIRE(staged_step >= 0);
+  // run() returned: the staged save's background commit was waited for.
+  CHECK(!h.checkpointer().save_in_flight());
+  auto l = h.checkpointer().latest();
+  REQUIRE(l);
+  CHECK(l->step == staged_step);
+  const std::string bytes = holdfast_test::read_file(l->path + "/state.bin");
+  REQUIRE(bytes.size() == state.size() * sizeof(std::int64_t));
+  std::int64_t first = 0;
+  std::memcpy(&first, bytes.data(), sizeof first);
+  CHECK(first == calls - 1);  // the state of the step run() saved at, not the one changed after
+  CHECK(h.checkpointer().verify_step(staged_step).status == holdfast::integrity_status::ok);
 }
 
 TEST_CASE("process: an async Checkpointer is waited for again before the Exit policy ends it") {

@@ -47,6 +47,7 @@
 #include <cstring>  // memcpy
 #include <string>
 #include <string_view>
+#include <type_traits>  // is_invocable: a staged writer
 #include <utility>
 #include <vector>
 
