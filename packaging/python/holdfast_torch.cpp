@@ -865,8 +865,17 @@ class py_checkpoints {
   std::optional<std::int64_t> latest_step() const noexcept {
     return one_ ? one_->latest_step() : two_->latest_step();
   }
-  /// Two tiers: waits for the copier at most durable_wait after the last save.
+  /// Waits for a staged (or async) save's commit; two tiers: then for the copier at most
+  /// durable_wait after the last save.
   void wait_until_finished() { one_ ? one_->wait_until_finished() : two_->wait_until_finished(); }
+  /// True while a staged (or async) save's local commit has not been waited for.
+  bool save_in_flight() const noexcept {
+    return one_ ? one_->save_in_flight() : two_->local().save_in_flight();
+  }
+  /// Bytes the (local tier's) staging area holds mapped.
+  std::size_t staging_capacity() const noexcept {
+    return one_ ? one_->staging_capacity() : two_->local().staging_capacity();
+  }
   /// The durable directory (the only one with one tier).
   const std::string& directory() const noexcept {
     return one_ ? one_->directory() : two_->durable_directory();
@@ -887,19 +896,81 @@ class py_checkpoints {
   mutable std::optional<two_tiers> two_;  // mutable: its local() (pinned, directory) is non-const
 };
 
+/// Copies what stage_fn(step) returned into a staged save (checkpoint/staging.hpp): the
+/// storages' bytes into tensors.bin at their offsets, then objects.pkl and index.json
+/// (holdfast_torch/state.py's format). stage_fn runs with the GIL; the copy runs without it,
+/// the tensors held alive by `keep` (released with the GIL), so the training thread's other
+/// Python threads run during the copy and the background write never touches Python.
+inline void stage_state(const py::object& stage_fn, holdfast::checkpoint_stage& stage,
+                        std::int64_t step) {
+  struct segment {
+    std::uintptr_t ptr;
+    std::size_t bytes;
+    std::uint64_t offset;
+  };
+  std::vector<segment> segments;
+  std::string objects, index;
+  std::optional<py::object> keep;
+  {
+    py::gil_scoped_acquire gil;
+    py::tuple r = stage_fn(step);
+    for (auto item : r[0].cast<py::list>()) {
+      auto t = item.cast<py::tuple>();
+      segments.push_back(
+          {t[0].cast<std::uintptr_t>(), t[1].cast<std::size_t>(), t[2].cast<std::uint64_t>()});
+    }
+    objects = r[1].cast<std::string>();
+    index = r[2].cast<std::string>();
+    keep.emplace(r[3]);
+  }
+  auto release = [&keep] {
+    py::gil_scoped_acquire gil;
+    keep.reset();
+  };
+  try {
+    static const unsigned char zeros[64] = {};
+    std::uint64_t at = 0;
+    for (const auto& s : segments) {
+      while (at < s.offset) {  // the alignment between storages (less than 64 bytes)
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(s.offset - at, 64));
+        stage.write("tensors.bin", zeros, n);
+        at += n;
+      }
+      stage.write("tensors.bin", reinterpret_cast<const void*>(s.ptr), s.bytes);
+      at += s.bytes;
+    }
+    if (segments.empty()) stage.write("tensors.bin", zeros, 0);
+    stage.write("objects.pkl", objects.data(), objects.size());
+    stage.write("index.json", index.data(), index.size());
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
+}
+
 /// State shared by the Python CheckpointManager object and every handler holding it.
 struct checkpoint_state {
   py::object save_fn;     // save(directory, step): fills the checkpoint directory
   py::object restore_fn;  // restore(directory, step): loads it
+  py::object stage_fn;    // state=: stage(step) -> (segments, objects, index, keep), or None
   // Destroyed first (members are destroyed in reverse order): its callbacks use the above.
   py_checkpoints manager;
 
-  checkpoint_state(py::object save, py::object restore, py_checkpoints m)
-      : save_fn(std::move(save)), restore_fn(std::move(restore)), manager(std::move(m)) {
-    manager.set_writer([this](const std::string& d, std::int64_t step) {
-      py::gil_scoped_acquire gil;
-      save_fn(d, step);
-    });
+  checkpoint_state(py::object save, py::object restore, py::object stage, py_checkpoints m)
+      : save_fn(std::move(save)),
+        restore_fn(std::move(restore)),
+        stage_fn(std::move(stage)),
+        manager(std::move(m)) {
+    if (!stage_fn.is_none())
+      manager.set_writer([this](holdfast::checkpoint_stage& st, std::int64_t step) {
+        stage_state(stage_fn, st, step);
+      });
+    else
+      manager.set_writer([this](const std::string& d, std::int64_t step) {
+        py::gil_scoped_acquire gil;
+        save_fn(d, step);
+      });
     manager.set_reader([this](const std::string& d, std::int64_t step) {
       py::gil_scoped_acquire gil;
       restore_fn(d, step);
@@ -935,9 +1006,11 @@ class py_checkpointer {
 // A deleter that takes the GIL: the state holds Python objects, and the last reference may be
 // dropped by a handler destroyed without the GIL.
 inline std::shared_ptr<checkpoint_state> make_checkpoint_state(py::object save, py::object restore,
+                                                               py::object stage,
                                                                py_checkpoints manager) {
   return std::shared_ptr<checkpoint_state>(
-      new checkpoint_state(std::move(save), std::move(restore), std::move(manager)),
+      new checkpoint_state(std::move(save), std::move(restore), std::move(stage),
+                           std::move(manager)),
       [](checkpoint_state* p) {
         py::gil_scoped_acquire gil;
         delete p;
@@ -953,7 +1026,7 @@ class py_checkpoint_manager {
   py_checkpoint_manager(const std::string& directory, py::object save, py::object restore,
                         std::size_t max_to_keep, bool async_save, const std::string& local_dir,
                         std::size_t local_max_to_keep, double durable_wait,
-                        const std::string& owner) {
+                        const std::string& owner, py::object stage) {
     holdfast::checkpoint_options o;
     o.max_to_keep = max_to_keep;
     o.async_save = async_save;
@@ -967,7 +1040,8 @@ class py_checkpoint_manager {
       else
         m.emplace(two_tiers(directory, local_dir, o, local_max_to_keep, durable_wait));
     }
-    s_ = make_checkpoint_state(std::move(save), std::move(restore), std::move(*m));
+    s_ = make_checkpoint_state(std::move(save), std::move(restore), std::move(stage),
+                               std::move(*m));
   }
   py_checkpointer checkpointer() const { return py_checkpointer(s_); }
   py_checkpoints& manager() const { return s_->manager; }
@@ -1760,17 +1834,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<ht::py_checkpoint_manager>(m, "CheckpointManager")
       .def(py::init<const std::string&, py::object, py::object, std::size_t, bool,
-                    const std::string&, std::size_t, double, const std::string&>(),
+                    const std::string&, std::size_t, double, const std::string&, py::object>(),
            py::arg("directory"), py::arg("save"), py::arg("restore"), py::arg("max_to_keep") = 3,
            py::arg("async_save") = false, py::arg("local_dir") = "",
-           py::arg("local_max_to_keep") = 2, py::arg("durable_wait") = 20.0, py::arg("owner") = "")
+           py::arg("local_max_to_keep") = 2, py::arg("durable_wait") = 20.0, py::arg("owner") = "",
+           py::arg("stage") = py::none())
       .def(
           "save",
           [](ht::py_checkpoint_manager& self, std::int64_t step) {
             py::gil_scoped_release nogil;
             return self.manager().save(step).path;
           },
-          py::arg("step"), "Saves a checkpoint of `step` through the save callable; its path.")
+          py::arg("step"),
+          "Saves a checkpoint of `step` through the save callable, or (stage=) stages it and "
+          "returns once its bytes are copied; its path.")
+      .def_property_readonly("save_in_flight",
+                             [](ht::py_checkpoint_manager& self) {
+                               return self.manager().save_in_flight();
+                             })
+      .def_property_readonly(
+          "staging_capacity",
+          [](ht::py_checkpoint_manager& self) { return self.manager().staging_capacity(); })
       .def(
           "restore",
           [](ht::py_checkpoint_manager& self) {

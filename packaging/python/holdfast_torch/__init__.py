@@ -44,6 +44,7 @@ Exceptions (each carries holdfast's message; Error and its subclasses also `errn
 
 import atexit
 import inspect
+from collections.abc import Mapping
 import logging
 import os
 import select
@@ -135,6 +136,7 @@ class Preempted(SystemExit):
 
 _check_torch_version()  # before the extension is loaded: under another torch it would not link
 from . import _C as _ext  # noqa: E402
+from . import state as _state_format  # noqa: E402  (the staged save's format: state=)
 
 _ext._set_exception_classes({
     "Error": Error, "AgreementTimeout": AgreementTimeout,
@@ -460,7 +462,20 @@ class _AutoSave:
 
 
 class CheckpointManager(_ext.CheckpointManager, _AutoSave):
-    """holdfast's checkpoint_manager on `directory`, written and read by Python callables.
+    """holdfast's checkpoint_manager on `directory`, saving a state dict or written and read by
+    Python callables.
+
+    state={"model": model, "optimizer": opt, ...}: a staged save (docs/saving.md). save(step)
+    takes each value's state_dict() (a value without one is saved as it is), copies every
+    tensor's bytes into holdfast's staging area with the GIL released (each storage once: tied
+    weights and views stay shared) and returns; a background thread of the C++ library writes
+    and commits the checkpoint, never taking the GIL. The checkpoint holds the bytes the tensors
+    had when save() was called. A save called while one is in flight waits for it (as does the
+    handler's preemption save: the one in flight is finished first). A restore loads each value
+    that has load_state_dict() in place; `loaded_state` is the whole dict as loaded. state= may
+    also be a callable returning the dict, with load_state=callable(dict) for the restore. The
+    format (holdfast_torch.state) is three files any torch reads without holdfast; CPU tensors
+    only in this version. async_save is ignored (a staged save always commits in the background).
 
     save(directory, step) fills a fresh checkpoint directory (e.g. torch.save of the state
     dicts); restore(directory, step) loads one. Both may also take only the directory. Each
@@ -486,21 +501,78 @@ class CheckpointManager(_ext.CheckpointManager, _AutoSave):
     """
 
     def __init__(self, directory=None, save=None, restore=None, max_to_keep=3, async_save=False,
-                 *, local_dir=None, durable_dir=None, local_max_to_keep=2, durable_wait=20.0,
-                 save_policy=None, mtbi_prior_s=86400.0, min_interval_s=30.0,
-                 max_interval_s=86400.0, group=None, owner=None):
+                 *, state=None, load_state=None, local_dir=None, durable_dir=None,
+                 local_max_to_keep=2, durable_wait=20.0, save_policy=None,
+                 mtbi_prior_s=86400.0, min_interval_s=30.0, max_interval_s=86400.0, group=None,
+                 owner=None):
         if durable_dir is not None:  # the durable tier's name for `directory`
             if directory is not None and os.fspath(directory) != os.fspath(durable_dir):
                 raise TypeError("CheckpointManager: directory and durable_dir differ")
             directory = durable_dir
         if directory is None:
             raise TypeError("CheckpointManager needs a directory (or durable_dir)")
+        self._io = None
+        stage = None
+        if state is not None:
+            if save is not None or restore is not None:
+                raise TypeError("CheckpointManager takes state= or save=/restore=, not both")
+            if not isinstance(state, Mapping) and not callable(state):
+                raise TypeError("state= takes a dict of state_dict() holders (model, optimizer, "
+                                "...) or a callable returning the state dict")
+            if load_state is not None and not callable(load_state):
+                raise TypeError("load_state= takes a callable(dict)")
+            # Not bound methods of self: the extension holds these, and a reference back to
+            # self would be a cycle Python's collector cannot see (the lock never released).
+            self._io = _StateIO(state, load_state)
+            stage, save, restore = self._io.stage, None, self._io.restore
+        elif load_state is not None:
+            raise TypeError("load_state= goes with state=")
         _start_log_pump()
-        super().__init__(os.fspath(directory), _adapt(save, "save"), _adapt(restore, "restore"),
-                         max_to_keep, async_save, os.fspath(local_dir) if local_dir else "",
-                         int(local_max_to_keep), float(durable_wait),
-                         _checkpoint_owner(owner))
+        super().__init__(os.fspath(directory), save and _adapt(save, "save"),
+                         _adapt(restore, "restore"), max_to_keep, async_save,
+                         os.fspath(local_dir) if local_dir else "", int(local_max_to_keep),
+                         float(durable_wait), _checkpoint_owner(owner), stage)
         self._init_save_policy(save_policy, mtbi_prior_s, min_interval_s, max_interval_s, group)
+
+
+    @property
+    def loaded_state(self):
+        """state=: the dict the last restore loaded (None before one)."""
+        return self._io.loaded if self._io is not None else None
+
+
+class _StateIO:
+    """CheckpointManager(state=...)'s stage and restore callables (holdfast_torch.state)."""
+
+    def __init__(self, state, load_state):
+        self.state, self.load_state, self.loaded = state, load_state, None
+
+    def state_dict(self):
+        """The dict a staged save writes: state() or each value's state_dict()."""
+        if isinstance(self.state, Mapping):
+            return {k: v.state_dict() if callable(getattr(v, "state_dict", None)) else v
+                    for k, v in self.state.items()}
+        out = self.state()
+        if not isinstance(out, Mapping):
+            raise TypeError(f"state() returned {type(out).__name__}, not a dict")
+        return out
+
+    def stage(self, step):
+        return _state_format.flatten(self.state_dict())
+
+    def restore(self, directory, step):
+        loaded = _state_format.load(directory)
+        if isinstance(self.state, Mapping):
+            for k, v in self.state.items():
+                if not callable(getattr(v, "load_state_dict", None)):
+                    continue
+                if k not in loaded:
+                    raise KeyError(f"holdfast: the checkpoint '{directory}' (step {step}) holds "
+                                   f"no {k!r} (it holds {sorted(map(str, loaded))})")
+                v.load_state_dict(loaded[k])
+        elif self.load_state is not None:
+            self.load_state(loaded)
+        self.loaded = loaded
 
 
 def _checkpoint_owner(owner):
