@@ -371,9 +371,14 @@ class Worker:
         # Every task writes its own checkpoint directory; the handler restores the newest step
         # all of them hold (its restore agreement) and saves there at the agreed step.
         ckpt_dir = "ckpt" if self.label == "run" else f"ckpt-{self.label}"
+        # On the CPU a staged save (state=): save() copies the tensors into holdfast's staging
+        # memory and returns, and the library writes them meanwhile (docs/saving.md). CUDA
+        # tensors are not staged by this version: there the callables above save with torch.
+        saving = (dict(state={"model": model, "optimizer": optimizer})
+                  if self.device.type == "cpu" else dict(save=save, restore=restore))
         ckpt = holdfast.CheckpointManager(
-            os.path.join(a.dir, ckpt_dir, f"rank-{self.rank}"), save=save, restore=restore,
-            max_to_keep=3, **self.two_tier_options(ckpt_dir))
+            os.path.join(a.dir, ckpt_dir, f"rank-{self.rank}"), max_to_keep=3, **saving,
+            **self.two_tier_options(ckpt_dir))
         grace = a.grace if a.grace > 0 else None
         hang = {}
         if a.hang != "none":  # every worker exits with HANG_EXIT once a verdict is recorded

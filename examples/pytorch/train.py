@@ -39,16 +39,6 @@ ddp = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
 
-def save(directory, step):
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, f"{directory}/state.pt")
-
-
-def restore(directory, step):
-    state = torch.load(f"{directory}/state.pt")
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["opt"])
-
-
 def train_step(step):
     g = torch.Generator().manual_seed(step * world + rank)  # the batch of (step, rank)
     x = torch.randn(16, 8, generator=g)
@@ -59,8 +49,9 @@ def train_step(step):
     time.sleep(a.step_time)  # the rest of a real step's work
 
 
+# A staged save: save() copies the state dicts' tensors and returns; C++ writes them meanwhile.
 ckpt = holdfast.CheckpointManager(os.path.join(a.dir, "ckpt", f"rank-{rank}"),
-                                  save=save, restore=restore)
+                                  state={"model": model, "opt": opt})
 try:
     with holdfast.Handler(preset=a.preset, store=a.store, checkpoints=ckpt,
                           notice_file=a.notice_file, grace=a.grace) as h:

@@ -95,6 +95,8 @@
 //   - Opening, and reading the durable tier (all_steps, restore), on a dead mount block as the
 //     mount does; saving does not.
 //   - The copier uses the durable manager alone; pin() reaches both managers (an atomic).
+//   - The local manager's on_commit hook is this object's (it requests each copy): replacing it
+//     through local() stops the durable copies.
 //   - Abandoning trades the copy in flight for the preemption step's: when the mean
 //     underestimates the preemption step's copy and it misses the deadline, the durable tier
 //     keeps neither (it keeps the step before).
