@@ -68,7 +68,8 @@ struct state {
     double sum = 0;
     for (double w : weights) sum += w;
     for (int i = 0; i < buffers; ++i) {
-      auto n = static_cast<std::size_t>(static_cast<double>(total_mib * mib) * weights[static_cast<std::size_t>(i)] / sum);
+      auto n = static_cast<std::size_t>(static_cast<double>(total_mib * mib) *
+                                        weights[static_cast<std::size_t>(i)] / sum);
       n = std::max<std::size_t>(n / 64 * 64, 64 * 1024);
       bufs.emplace_back(n, static_cast<unsigned char>(i * 13 + 7));
       total += n;
@@ -104,8 +105,8 @@ void bare_save(const state& s, const std::string& parent, int n) {
   const std::string dst = parent + "/bare-" + std::to_string(n);
   if (::mkdir(tmp.c_str(), 0755) != 0) throw holdfast::error(errno, "mkdir", tmp);
   for (int f = 0; f < 3; ++f) {
-    auto fd = holdfast::open_file<>(tmp + "/" + state::file_of(f), O_WRONLY | O_CREAT | O_EXCL,
-                                    0644);
+    auto fd =
+        holdfast::open_file<>(tmp + "/" + state::file_of(f), O_WRONLY | O_CREAT | O_EXCL, 0644);
     for (int i = f; i < buffers; i += 3)
       holdfast::write_all(fd, s.bufs[static_cast<std::size_t>(i)].data(),
                           s.bufs[static_cast<std::size_t>(i)].size());
@@ -236,7 +237,8 @@ int main(int argc, char** argv) {
     else if (a == "--dir" && i + 1 < argc)
       root = argv[++i];
     else {
-      std::fprintf(stderr, "usage: holdfast_staged_save_bench [--runs N] [--mib M ...] [--dir D]\n");
+      std::fprintf(stderr,
+                   "usage: holdfast_staged_save_bench [--runs N] [--mib M ...] [--dir D]\n");
       return 2;
     }
   }

@@ -133,7 +133,8 @@ holdfast::checkpoint_options options() {
 
 }  // namespace
 
-TEST_CASE("staged saves: 100 SIGKILLs in the copy, the write and the commit never leave a torn step") {
+TEST_CASE(
+    "staged saves: 100 SIGKILLs in the copy, the write and the commit never leave a torn step") {
   holdfast_test::temp_dir disk("staged-kill");
   const std::string root = disk / "store";
   void* mem =
@@ -181,16 +182,16 @@ TEST_CASE("staged saves: 100 SIGKILLs in the copy, the write and the commit neve
     if (l) CHECK(restored == *l);
     for (const auto& e : fs::directory_iterator(m.directory())) {
       const std::string name = e.path().filename().string();
-      const bool ours = name == "latest" || name.rfind("step-", 0) == 0 ||
-                        name.find("lock") != std::string::npos;
+      const bool ours =
+          name == "latest" || name.rfind("step-", 0) == 0 || name.find("lock") != std::string::npos;
       CHECK_MESSAGE(ours, "left in the checkpoint directory: " << name);
     }
     if (l) newest = *l;
   }
   MESSAGE("kills: " << kills << " (in the staged copy " << landed[copying]
                     << ", the background write " << landed[writing] << ", the commit "
-                    << landed[committing] << ", between saves " << landed[idle]
-                    << "), newest step " << newest);
+                    << landed[committing] << ", between saves " << landed[idle] << "), newest step "
+                    << newest);
   CHECK(landed[copying] > 0);
   CHECK(landed[writing] > 0);
   CHECK(landed[committing] > 0);
@@ -213,8 +214,7 @@ TEST_CASE("staged saves: resident memory does not grow over 50 saves of 256 MiB"
   constexpr std::size_t tensors = 200;
   constexpr std::size_t each = (std::size_t{256} << 20) / tensors / 64 * 64;
   std::vector<std::vector<unsigned char>> state;
-  for (std::size_t i = 0; i < tensors; ++i)
-    state.emplace_back(each, static_cast<unsigned char>(i));
+  for (std::size_t i = 0; i < tensors; ++i) state.emplace_back(each, static_cast<unsigned char>(i));
   const std::size_t total = tensors * each;
   holdfast::checkpoint_options o = options();
   holdfast::checkpoint_manager<> m(ram / "ckpt", holdfast::directory_commit::rename, o);

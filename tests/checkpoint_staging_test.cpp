@@ -216,10 +216,11 @@ TEST_CASE("bad staged names and writers that throw leave no trace") {
     CHECK(entries(m.directory()) == before);
     CHECK(read_file(m.pointer_path()) == latest);
   }
-  CHECK_THROWS_WITH(m.save(2, [](checkpoint_stage& stage) {
-    stage.write("a.bin", "a", 1);
-    throw std::runtime_error("the model is not ready");
-  }),
+  CHECK_THROWS_WITH(m.save(2,
+                           [](checkpoint_stage& stage) {
+                             stage.write("a.bin", "a", 1);
+                             throw std::runtime_error("the model is not ready");
+                           }),
                     "the model is not ready");
   CHECK(entries(m.directory()) == before);
   CHECK(!m.save_in_flight());
@@ -227,7 +228,8 @@ TEST_CASE("bad staged names and writers that throw leave no trace") {
   CHECK(m.all_steps() == std::vector<std::int64_t>{1});
 }
 
-TEST_CASE("a failed background write is rethrown once, leaves the previous latest, and saves go on") {
+TEST_CASE(
+    "a failed background write is rethrown once, leaves the previous latest, and saves go on") {
   holdfast_test::shm_temp_dir tmp("staged-fault");
   using S = local_store<fault_io>;
   auto st = S::create(tmp / "store");
@@ -251,7 +253,7 @@ TEST_CASE("a failed background write is rethrown once, leaves the previous lates
     if (op == io_op::write || op == io_op::fsync || op == io_op::renameat2) CHECK(returned);
     CHECK(e.errnum() == ENOSPC);
     CHECK(e.path().find(m.directory()) == 0);  // it names the file or directory
-    CHECK_NOTHROW(m.wait_until_finished());   // rethrown once
+    CHECK_NOTHROW(m.wait_until_finished());    // rethrown once
     CHECK(entries(m.directory()) == before);   // the staging directory is gone
     CHECK(m.latest()->step == 1);
     CHECK(holds(m.latest()->path, state(200000, 2.0f)));
@@ -271,7 +273,8 @@ TEST_CASE("a save called while a staged save is in flight waits for it; both com
   int committed = 0;
   m.on_commit([&](const holdfast::checkpoint_info&) { ++committed; });
   for (int i = 0; i < 6; ++i)
-    m.save(i + 1, [&, i](checkpoint_stage& stage) { states[static_cast<std::size_t>(i)].stage(stage); });
+    m.save(i + 1,
+           [&, i](checkpoint_stage& stage) { states[static_cast<std::size_t>(i)].stage(stage); });
   m.wait_until_finished();
   CHECK(committed == 6);
   CHECK(m.all_steps().size() == 6);

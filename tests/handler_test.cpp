@@ -5,10 +5,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <holdfast/handler.hpp>
 #include <holdfast/kv/any.hpp>
@@ -1347,7 +1347,8 @@ TEST_CASE("threads: an async Checkpointer is waited for before and after the pre
   CHECK(calls->at(2) == "wait");  // the preemption save is measured to its durable end
 }
 
-TEST_CASE("threads: a staged preemption save is committed when run() returns, with the call's bytes") {
+TEST_CASE(
+    "threads: a staged preemption save is committed when run() returns, with the call's bytes") {
   job j(1);
   outcome o;
   scenario sc;

@@ -151,8 +151,7 @@ class checkpoint_manager {
       };
     } else {
       s_->default_stager = nullptr;
-      s_->default_writer = [w = std::move(writer)](const std::string& d,
-                                                   std::int64_t st) mutable {
+      s_->default_writer = [w = std::move(writer)](const std::string& d, std::int64_t st) mutable {
         return detail::checkpoint_call_writer(w, d, st);
       };
     }

@@ -52,12 +52,12 @@
 #include <vector>
 
 #include "../detail/crc32c.hpp"
-#include "../detail/detect.hpp"  // io_start_writeback: the writeback hint, where Io has it
+#include "../detail/detect.hpp"  // detect: whether the Io has start_writeback (io.hpp)
 #include "../error.hpp"
 #include "../io.hpp"
-#include "../store.hpp"      // store_join
-#include "integrity.hpp"     // checkpoint_file_sums, checkpoint_json_name
-#include "metadata.hpp"      // checkpoint_metadata_file_name
+#include "../store/fs_helpers.hpp"  // store_join
+#include "integrity.hpp"            // checkpoint_file_sums, checkpoint_json_name
+#include "metadata.hpp"             // checkpoint_metadata_file_name
 
 HOLDFAST_NAMESPACE_BEGIN
 
@@ -99,8 +99,7 @@ class basic_staging_area {
   /// size or larger (at most twice): what a save of `bytes` needs, ahead of the save.
   void reserve(std::size_t bytes) {
     if (bytes == 0) return;
-    if (regions_.size() == 1 && regions_[0].size >= bytes && regions_[0].size / 2 <= bytes)
-      return;
+    if (regions_.size() == 1 && regions_[0].size >= bytes && regions_[0].size / 2 <= bytes) return;
     release();
     regions_.push_back(map(bytes));
   }
@@ -297,8 +296,8 @@ checkpoint_file_sums checkpoint_write_stage(const checkpoint_stage& stage, const
   checkpoint_file_sums out;
   out.reserve(stage.files().size());
   for (const auto& f : stage.files()) {
-    auto fd = open_file<Io>(store_join(dir, f.name), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW,
-                            0644);
+    auto fd =
+        open_file<Io>(store_join(dir, f.name), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
     checkpoint_file_sum s;
     for (const auto& r : f.ranges) {
       for (std::size_t at = 0; at < r.size; at += checkpoint_stage_chunk) {

@@ -185,8 +185,8 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
     bool repairs = false;                        // the old pointer was bad: this save rewrites it
     std::optional<detail::json_value> metadata;  // written by commit(), with the files' sums
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
-    std::optional<std::uint64_t> bytes;  // the files' sizes summed (checksums on, or staged)
-    std::optional<checkpoint_stage> staged;            // a staged save's files
+    std::optional<std::uint64_t> bytes;      // the files' sizes summed (checksums on, or staged)
+    std::optional<checkpoint_stage> staged;  // a staged save's files
     std::optional<detail::checkpoint_file_sums> sums;  // taken as the staged files were written
   };
 
@@ -284,8 +284,8 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
     try {
       if (j.staged) {
         constexpr bool syncs = durability_type::file != file_sync::none;
-        j.sums = detail::checkpoint_write_stage<io_type>(*j.staged, j.work, options.checksums,
-                                                         syncs);
+        j.sums =
+            detail::checkpoint_write_stage<io_type>(*j.staged, j.work, options.checksums, syncs);
         j.bytes = j.staged->bytes();
         j.staged.reset();  // the staged bytes are in the files
       }
@@ -325,8 +325,8 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
       try {
         on_commit(checkpoint_info{j.step, j.name, j.target});
       } catch (const std::exception& e) {
-        log("checkpoint: the on_commit hook of step " + std::to_string(j.step) + " threw: " +
-            e.what());
+        log("checkpoint: the on_commit hook of step " + std::to_string(j.step) +
+            " threw: " + e.what());
       } catch (...) {
         log("checkpoint: the on_commit hook of step " + std::to_string(j.step) + " threw");
       }
@@ -349,7 +349,8 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
   void write_metadata(job& j) const {
     constexpr bool syncs = durability_type::file != file_sync::none;
     if (options.checksums) {
-      const auto sums = j.sums ? std::move(*j.sums) : detail::checkpoint_sum_files<io_type>(j.work, syncs);
+      const auto sums =
+          j.sums ? std::move(*j.sums) : detail::checkpoint_sum_files<io_type>(j.work, syncs);
       std::uint64_t bytes = 0;
       for (const auto& f : sums) bytes += f.second.size;
       j.bytes = bytes;
@@ -413,8 +414,7 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
       for (const auto& name : detail::store_list_dir<io_type>(path)) {
         struct stat st {};
         if (name != detail::checkpoint_metadata_file_name &&
-            detail::store_lstat<io_type>(detail::store_join(path, name), st) &&
-            S_ISREG(st.st_mode))
+            detail::store_lstat<io_type>(detail::store_join(path, name), st) && S_ISREG(st.st_mode))
           bytes += static_cast<std::uint64_t>(st.st_size);
       }
       staging.reserve(static_cast<std::size_t>(bytes));
@@ -442,8 +442,8 @@ class checkpoint_saving : public checkpoint_retaining<Io, Durability> {
 
   // --- state -----------------------------------------------------------------------------------
 
-  writer_fn default_writer;         // set_writer's (a writer of files)
-  stager_fn default_stager;         // set_writer's (a staged writer); one of the two is set
+  writer_fn default_writer;  // set_writer's (a writer of files)
+  stager_fn default_stager;  // set_writer's (a staged writer); one of the two is set
   std::function<void(const checkpoint_info&)> on_commit;  // called as each save committed
   basic_staging_area<io_type> staging;                    // staged saves copy into it
   std::string history;              // what saves record ("": unknown); caller's thread
