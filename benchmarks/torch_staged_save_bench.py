@@ -27,9 +27,11 @@ non-contiguous (a transposed view), --sizes MiB in all. Sections (each figure th
             no save; interleaved A/B, median of 9; and the same at torch's default threads.
   memory    the staging area against the state; resident memory after save 50 minus after
             save 5 (50 saves to /dev/shm), as a share of the state.
-  preempt   the preemption save: --workers processes of 256 MiB each (file:// store, a notice
-            file), from the notice to every task committed locally, against the same number of
-            processes each writing its own 256 MiB bare (write + fsync + rename) at once.
+  preempt   the preemption save: --workers processes of 256 MiB each (file:// store, the
+            generic preset), from the notice (SIGTERM to every task at once) to every task
+            committed locally, against the same number of processes each writing its own
+            256 MiB bare (write + fsync + rename) at once (started by a file they poll every
+            0.5 ms).
 
 Sizes above the machine's memory fail early. Files go to --dir (default: a fresh temp dir on
 the disk under /tmp), removed at the end.
@@ -40,6 +42,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -300,8 +303,7 @@ WORKER = textwrap.dedent("""
     ckpt = hf.CheckpointManager(os.path.join(d, f"ckpt-{task}"), state=lambda: state,
                                 load_state=lambda s: None)
     with hf.Handler(store="file://" + os.path.join(d, "kv"), checkpoints=ckpt, task=task,
-                    num_tasks=n, run_id="bench", restart=0, notice_file=go,
-                    watch_interval=0.005) as h:
+                    num_tasks=n, run_id="bench", restart=0, watch_interval=0.005) as h:
         ckpt.save(0)  # the staging area sized, as after a restore
         ckpt.wait_until_finished()
         print("ready", flush=True)
@@ -336,7 +338,11 @@ def section_preempt(base, workers, reps, mib=256):
                 os.sync()  # the holdfast workers' first save is on the disk, as the bare ones'
                 time.sleep(0.5)
                 t0 = time.time()
-                open(os.path.join(d, "go"), "w").close()
+                if mode == "holdfast":  # the notice: SIGTERM to every task, as a scheduler sends
+                    for p in procs:
+                        p.send_signal(signal.SIGTERM)
+                else:
+                    open(os.path.join(d, "go"), "w").close()
                 ends = []
                 for p in procs:
                     out = p.stdout.readline().split()

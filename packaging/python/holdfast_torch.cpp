@@ -1040,8 +1040,8 @@ class py_checkpoint_manager {
       else
         m.emplace(two_tiers(directory, local_dir, o, local_max_to_keep, durable_wait));
     }
-    s_ = make_checkpoint_state(std::move(save), std::move(restore), std::move(stage),
-                               std::move(*m));
+    s_ =
+        make_checkpoint_state(std::move(save), std::move(restore), std::move(stage), std::move(*m));
   }
   py_checkpointer checkpointer() const { return py_checkpointer(s_); }
   py_checkpoints& manager() const { return s_->manager; }
@@ -1848,10 +1848,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("step"),
           "Saves a checkpoint of `step` through the save callable, or (stage=) stages it and "
           "returns once its bytes are copied; its path.")
-      .def_property_readonly("save_in_flight",
-                             [](ht::py_checkpoint_manager& self) {
-                               return self.manager().save_in_flight();
-                             })
+      .def_property_readonly(
+          "save_in_flight",
+          [](ht::py_checkpoint_manager& self) { return self.manager().save_in_flight(); })
       .def_property_readonly(
           "staging_capacity",
           [](ht::py_checkpoint_manager& self) { return self.manager().staging_capacity(); })

@@ -472,7 +472,8 @@ class CheckpointManager(_ext.CheckpointManager, _AutoSave):
     and commits the checkpoint, never taking the GIL. The checkpoint holds the bytes the tensors
     had when save() was called. A save called while one is in flight waits for it (as does the
     handler's preemption save: the one in flight is finished first). A restore loads each value
-    that has load_state_dict() in place; `loaded_state` is the whole dict as loaded. state= may
+    that has load_state_dict() in place; `loaded_state` is the dict as loaded, those values
+    replaced by None (no second copy of the state is kept). state= may
     also be a callable returning the dict, with load_state=callable(dict) for the restore. The
     format (holdfast_torch.state) is three files any torch reads without holdfast; CPU tensors
     only in this version. async_save is ignored (a staged save always commits in the background).
@@ -537,7 +538,9 @@ class CheckpointManager(_ext.CheckpointManager, _AutoSave):
 
     @property
     def loaded_state(self):
-        """state=: the dict the last restore loaded (None before one)."""
+        """state=: the dict the last restore loaded (None before one, and with load_state=),
+        each value loaded into its object (load_state_dict) replaced by None, so no second
+        copy of the state is kept."""
         return self._io.loaded if self._io is not None else None
 
 
@@ -570,8 +573,10 @@ class _StateIO:
                     raise KeyError(f"holdfast: the checkpoint '{directory}' (step {step}) holds "
                                    f"no {k!r} (it holds {sorted(map(str, loaded))})")
                 v.load_state_dict(loaded[k])
+                loaded[k] = None  # in the object now: not a second copy held here
         elif self.load_state is not None:
             self.load_state(loaded)
+            loaded = None  # load_state has it
         self.loaded = loaded
 
 
