@@ -265,7 +265,7 @@ TEST_CASE(
   CHECK(holds(m.latest()->path, s));
 }
 
-TEST_CASE("a save called while a staged save is in flight waits for it; both commit") {
+TEST_CASE("a save called while a staged save is in flight waits for it, and both commit") {
   holdfast_test::shm_temp_dir tmp("staged-wait");
   checkpoint_manager<> m(tmp / "ckpt", directory_commit::rename, quiet(0));
   std::vector<state> states;
