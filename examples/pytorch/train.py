@@ -50,8 +50,10 @@ def train_step(step):
 
 
 # A staged save: save() copies the state dicts' tensors and returns; C++ writes them meanwhile.
+# [snippet staged]
 ckpt = holdfast.CheckpointManager(os.path.join(a.dir, "ckpt", f"rank-{rank}"),
                                   state={"model": model, "opt": opt})
+# [/snippet staged]
 try:
     with holdfast.Handler(preset=a.preset, store=a.store, checkpoints=ckpt,
                           notice_file=a.notice_file, grace=a.grace) as h:
