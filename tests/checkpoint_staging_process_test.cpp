@@ -155,6 +155,10 @@ TEST_CASE(
     for (int i = 0; i < 20000 && shared_board->up.load() == 0; ++i)
       std::this_thread::sleep_for(500us);
     REQUIRE(shared_board->up.load() == 1);
+    // Every tenth life waits for one commit first, so the run advances however slow the disk.
+    if (k % 10 == 9)
+      for (int i = 0; i < 20000 && shared_board->committed.load() < 0; ++i)
+        std::this_thread::sleep_for(500us);
     std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
     c.kill(SIGKILL);
     auto r = c.wait(30s);
@@ -179,6 +183,10 @@ TEST_CASE(
       REQUIRE(l);
       CHECK(*l >= committed);
     }
+    if (l)
+      CHECK(*l >= newest);  // a kill never takes back a step an earlier life committed
+    else
+      CHECK(newest == 0);
     if (l) CHECK(restored == *l);
     for (const auto& e : fs::directory_iterator(m.directory())) {
       const std::string name = e.path().filename().string();
@@ -195,7 +203,7 @@ TEST_CASE(
   CHECK(landed[copying] > 0);
   CHECK(landed[writing] > 0);
   CHECK(landed[committing] > 0);
-  CHECK(newest > kills);  // the run advanced
+  CHECK(newest >= kills / 10);  // the run advanced: at least the lives that waited for a commit
   ::munmap(mem, sizeof(board));
 }
 
